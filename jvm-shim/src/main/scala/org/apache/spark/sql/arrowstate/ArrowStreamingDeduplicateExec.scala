@@ -1,0 +1,212 @@
+package org.apache.spark.sql.arrowstate
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonAST.JValue
+import org.json4s.JsonDSL._
+import org.json4s.jackson.JsonMethods.{compact, render}
+
+import org.apache.spark.{SparkContext, TaskContext}
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
+import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
+import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{StructField, StructType}
+import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
+
+/** Metrics every arrowstate operator reports besides Spark's own. */
+case class ArrowStateMetric(name: String, desc: String, kind: String)
+  extends StatefulOperatorCustomMetric {
+  override def createSQLMetric(sc: SparkContext): SQLMetric = kind match {
+    case "timing" => SQLMetrics.createTimingMetric(sc, desc)
+    case "size" => SQLMetrics.createSizeMetric(sc, desc)
+    case _ => SQLMetrics.createMetric(sc, desc)
+  }
+}
+
+object ArrowStateMetrics {
+  val all: Seq[StatefulOperatorCustomMetric] = Seq(
+    ArrowStateMetric("pythonWorkerTimeMs", "time waiting on the Python state worker", "timing"),
+    ArrowStateMetric("arrowBytesToPython", "Arrow bytes sent to Python", "size"),
+    ArrowStateMetric("arrowBytesFromPython", "Arrow bytes received from Python", "size"),
+    ArrowStateMetric("stateLoadTimeMs", "time to load state from checkpoint", "timing"),
+    ArrowStateMetric("stateCacheHits", "state versions found loaded in the worker", "sum"),
+    ArrowStateMetric("stateCacheMisses", "state versions loaded from checkpoint files", "sum"))
+}
+
+object ArrowStateVersion {
+  lazy val version: String = {
+    val props = new java.util.Properties()
+    val in = getClass.getResourceAsStream("/arrowstate.properties")
+    if (in != null) try props.load(in) finally in.close()
+    props.getProperty("version", "unknown")
+  }
+}
+
+/** Header fields common to every family, for one partition. */
+object StateHeader {
+  def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
+      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = compact(render(
+    ("shimVersion" -> ArrowStateVersion.version) ~
+      ("family" -> family) ~
+      ("stateKey" -> stateKey) ~
+      ("operatorId" -> info.operatorId) ~
+      ("partitionId" -> partitionId) ~
+      ("version" -> info.storeVersion) ~
+      ("drop" -> drop.toList) ~
+      ("conf" -> conf) ~
+      ("operator" -> operator)))
+}
+
+/**
+ * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
+ * worker. Only the key columns (and the event-time column) cross to Python; the worker answers
+ * each batch with a keep-mask, so the rows themselves never leave the JVM.
+ */
+case class ArrowStreamingDeduplicateExec(
+    keyExpressions: Seq[Attribute],
+    child: SparkPlan,
+    stateInfo: Option[StatefulOperatorStateInfo],
+    eventTimeWatermarkForLateEvents: Option[Long],
+    eventTimeWatermarkForEviction: Option[Long],
+    withinWatermark: Boolean)
+  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+
+  override def nodeName: String = "ArrowStreamingDeduplicate"
+
+  override def shortName: String =
+    if (withinWatermark) StatefulOperatorsUtils.DEDUPLICATE_WITHIN_WATERMARK_EXEC_OP_NAME
+    else StatefulOperatorsUtils.DEDUPLICATE_EXEC_OP_NAME
+
+  override def output: Seq[Attribute] = child.output
+  override def outputPartitioning: Partitioning = child.outputPartitioning
+
+  override def requiredChildDistribution: Seq[Distribution] =
+    StatefulOperatorPartitioning.getCompatibleDistribution(keyExpressions, getStateInfo, conf) :: Nil
+
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
+    StatefulOperatorCustomSumMetric("numDroppedDuplicateRows", "number of duplicates dropped") +:
+      ArrowStateMetrics.all
+
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+
+  /** Spark's own node for the same query: it owns the state schema checks. */
+  private def sparkTwin: StatefulOperator =
+    if (withinWatermark) {
+      StreamingDeduplicateWithinWatermarkExec(keyExpressions, child, stateInfo,
+        eventTimeWatermarkForLateEvents, eventTimeWatermarkForEviction)
+    } else {
+      StreamingDeduplicateExec(keyExpressions, child, stateInfo,
+        eventTimeWatermarkForLateEvents, eventTimeWatermarkForEviction)
+    }
+
+  override def validateAndMaybeEvolveStateSchema(
+      hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int)
+    : List[StateSchemaValidationResult] =
+    sparkTwin.validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
+
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName ${keyExpressions.mkString("[", ", ", "]")}" +
+      (if (withinWatermark) " withinWatermark" else "") +
+      s", ${stateInfo.getOrElse("no state info")}" +
+      s", lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
+      s", evictionWatermark = $eventTimeWatermarkForEviction"
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val opMetrics = metrics // created on the driver, shipped with the closure
+    val info = getStateInfo
+    val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
+      allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
+    val eventTimeKeyIndex =
+      eventTime.map(et => keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
+    val sent: Seq[Attribute] =
+      keyExpressions ++ eventTime.filter(_ => eventTimeKeyIndex < 0).toSeq
+    val sentSchema = StructType(sent.zipWithIndex.map { case (a, i) =>
+      StructField(s"c$i", a.dataType, a.nullable)
+    })
+    val operator: JValue =
+      ("keyCount" -> keyExpressions.size) ~
+        ("eventTimeIndex" -> (if (eventTimeKeyIndex >= 0) eventTimeKeyIndex
+                              else if (eventTime.isDefined) keyExpressions.size else -1)) ~
+        ("evictByKey" -> (eventTimeKeyIndex >= 0)) ~
+        ("withinWatermark" -> withinWatermark) ~
+        ("delayMs" -> eventTime.filter(_ => withinWatermark)
+          .map(_.metadata.getLong(EventTimeWatermark.delayKey))) ~
+        ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
+        ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
+    val settings = Map(
+      "minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong)
+    val minVersionsToRetain = conf.minBatchesToRetain
+    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val timeZone = conf.sessionLocalTimeZone
+    val hadoopConf = sparkContext.broadcast(
+      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+
+    val coordinator = Some(session.streams.stateStoreCoordinator)
+    val reportCommits = conf.stateStoreCommitValidationEnabled
+
+    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
+        reportCommits, { (partitionId, rows, reporter) =>
+      val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
+      val exchange = new StateExchange(
+        dir.toString, new StateFiles(dir, hadoopConf.value.value), opMetrics.get)
+      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
+      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+      val project = UnsafeProjection.create(sent, child.output)
+      val numOutputRows = opMetrics("numOutputRows")
+
+      exchange.begin(
+        StateHeader("deduplicate", info, partitionId, dir.toString,
+          exchange.staleKeysToDrop, settings, operator),
+        encoder.schemaIpc, info.storeVersion)
+
+      val kept = rows.map(_.copy()).grouped(batchSize).flatMap { group =>
+        exchange.exchange(encoder.encode(group.iterator.map(project))) match {
+          case Some(answer) =>
+            val keep = ArrowBatches.readMask(answer)
+            group.iterator.zip(keep.iterator).collect { case (row, true) =>
+              numOutputRows += 1
+              row
+            }
+          case None => Iterator.empty
+        }
+      }
+      CompletionIterator[InternalRow, Iterator[InternalRow]](kept, {
+        exchange.endInput().foreach(_ => ())
+        exchange.commit(info.storeVersion + 1, minVersionsToRetain)
+        reporter.committed(info.storeVersion + 1)
+      })
+    })
+  }
+
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
+
+object ArrowStreamingDeduplicateExec {
+  def build(
+      keyExpressions: Seq[Attribute],
+      child: SparkPlan,
+      stateInfo: Option[StatefulOperatorStateInfo],
+      lateEventsWatermark: Option[Long],
+      evictionWatermark: Option[Long],
+      withinWatermark: Boolean): Either[String, SparkPlan] = {
+    val conf = SQLConf.get
+    val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
+      allowMultipleEventTimeColumns = true)
+    val badColumn = (keyExpressions ++ eventTime).iterator.flatMap { a =>
+      ArrowBatches.unsupportedReason(a.dataType).map(r => s"column ${a.name}: unsupported $r")
+    }.nextOption()
+    ArrowStateOverrides.commonUnsupportedReason(stateInfo, conf).orElse(badColumn) match {
+      case Some(reason) => Left(reason)
+      case None => Right(ArrowStreamingDeduplicateExec(keyExpressions, child, stateInfo,
+        lateEventsWatermark, evictionWatermark, withinWatermark))
+    }
+  }
+}

@@ -1,0 +1,279 @@
+package org.apache.spark.sql.arrowstate
+
+import java.io._
+import java.nio.channels.Channels
+import java.nio.charset.StandardCharsets.UTF_8
+
+import scala.collection.mutable
+
+import org.apache.spark.{SparkEnv, TaskContext}
+import org.apache.spark.api.python.{PythonException, PythonWorker}
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.execution.metric.SQLMetric
+
+/** Frame tags of the worker protocol; `python/arrowstate/protocol.py` has the same numbers. */
+object Protocol {
+  val Version = 1
+  val Ready = 0
+  val NeedFiles = 1
+  val Data = 2
+  val NoData = 3
+  val End = 4
+  val Committed = 5
+  val Error = -1
+}
+
+/** One Python process that holds the state of any number of operator partitions. */
+class PythonStateWorker(val handle: PythonWorker, val id: Int) {
+  private val channel = handle.channel
+  if (!channel.isBlocking) {
+    // Spark's factory hands out a channel registered with a selector; we use plain streams.
+    Option(handle.selectionKey).foreach(_.cancel())
+    Option(handle.selector).foreach(_.selectNow())
+    channel.configureBlocking(true)
+  }
+  channel.socket().setTcpNoDelay(true)
+  val in = new DataInputStream(new BufferedInputStream(Channels.newInputStream(channel), 1 << 16))
+  val out = new DataOutputStream(new BufferedOutputStream(Channels.newOutputStream(channel), 1 << 16))
+  /** State keys whose copy in this process went stale because another worker took them over. */
+  val staleStateKeys: mutable.Set[String] = mutable.Set.empty
+}
+
+/**
+ * The executor's pool of Python state workers. A partition's state stays loaded in the worker
+ * that last ran it; a task borrows that worker exclusively when it is free, else another one
+ * (which reloads from the checkpoint). The pool grows to the number of concurrent tasks.
+ */
+object PythonStateWorkers extends Logging {
+  private val WorkerModule = "arrowstate.worker"
+  private val DaemonModule = "pyspark.daemon"
+
+  private val idle = mutable.LinkedHashSet[PythonStateWorker]()
+  private val holderOf = mutable.HashMap[String, PythonStateWorker]()
+  private var nextId = 0
+
+  private def pythonExec: String = {
+    val conf = SparkEnv.get.conf
+    conf.getOption("spark.pyspark.python")
+      .orElse(sys.env.get("PYSPARK_PYTHON"))
+      .getOrElse("python3")
+  }
+
+  private def envVars: Map[String, String] = Map(
+    "SPARK_BUFFER_SIZE" -> "65536",
+    "ARROWSTATE_WORKER" -> "1")
+
+  /** Returns a worker for `stateKey` and the state keys that worker must forget first. */
+  def borrow(stateKey: String): (PythonStateWorker, Seq[String]) = {
+    val chosen = synchronized {
+      val preferred = holderOf.get(stateKey).filter(idle.contains)
+      val w = preferred.orElse(idle.headOption)
+      w.foreach(idle -= _)
+      w
+    }
+    val worker = chosen.getOrElse(create())
+    synchronized {
+      holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
+      holderOf(stateKey) = worker
+      val drops = worker.staleStateKeys.toSeq
+      worker.staleStateKeys.clear()
+      (worker, drops)
+    }
+  }
+
+  def giveBack(worker: PythonStateWorker): Unit = synchronized { idle += worker }
+
+  /** Kills a worker whose protocol state is unknown (error, abort); its state reloads later. */
+  def destroy(worker: PythonStateWorker): Unit = {
+    synchronized {
+      idle -= worker
+      holderOf.filterInPlace((_, w) => w ne worker)
+    }
+    try {
+      SparkEnv.get.destroyPythonWorker(pythonExec, WorkerModule, DaemonModule, envVars,
+        worker.handle)
+    } catch {
+      case e: Exception => logWarning(s"arrowstate: could not stop Python worker ${worker.id}", e)
+    }
+  }
+
+  private def create(): PythonStateWorker = {
+    val (handle, _) = SparkEnv.get.createPythonWorker(
+      pythonExec, WorkerModule, DaemonModule, envVars, false)
+    val id = synchronized { nextId += 1; nextId }
+    logInfo(s"arrowstate: started Python state worker $id ($pythonExec)")
+    new PythonStateWorker(handle, id)
+  }
+}
+
+/**
+ * One task's conversation with its worker about one operator partition:
+ * begin (load the state version), exchange Arrow batches, end input, commit.
+ * Any failure before commit destroys the worker, so no half-applied state survives.
+ */
+class StateExchange(
+    stateKey: String,
+    files: StateFiles,
+    metrics: String => Option[SQLMetric]) extends Logging {
+
+  private val (worker, drops) = PythonStateWorkers.borrow(stateKey)
+  private val in = worker.in
+  private val out = worker.out
+  private var finished = false
+  private var pythonNanos = 0L
+  private var bytesToPython = 0L
+  private var bytesFromPython = 0L
+
+  Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
+    if (!finished) PythonStateWorkers.destroy(worker)
+  })
+
+  def staleKeysToDrop: Seq[String] = drops
+
+  private def timed[T](body: => T): T = {
+    val t0 = System.nanoTime()
+    try body finally pythonNanos += System.nanoTime() - t0
+  }
+
+  private def writeBytes(b: Array[Byte]): Unit = {
+    out.writeInt(b.length)
+    out.write(b)
+  }
+
+  private def readBytes(): Array[Byte] = {
+    val n = in.readInt()
+    val b = new Array[Byte](n)
+    in.readFully(b)
+    b
+  }
+
+  private def readTag(): Int = {
+    val tag = try in.readInt() catch {
+      case e: EOFException =>
+        throw new IOException(
+          s"arrowstate: Python state worker ${worker.id} exited unexpectedly " +
+            "(see the executor log for its output)", e)
+    }
+    if (tag == Protocol.Error) {
+      val traceback = new String(readBytes(), UTF_8)
+      throw new PythonException(s"arrowstate Python worker failed:\n$traceback", null)
+    }
+    tag
+  }
+
+  /** Sends the header and the input schema; serves the state files if the worker asks. */
+  def begin(headerJson: String, inputSchemaIpc: Array[Byte], version: Long): Unit = timed {
+    out.writeInt(Protocol.Version)
+    writeBytes(headerJson.getBytes(UTF_8))
+    writeBytes(inputSchemaIpc)
+    out.flush()
+    var tag = readTag()
+    if (tag == Protocol.NeedFiles) {
+      val chain = files.chainFor(version)
+      out.writeInt(chain.size)
+      chain.foreach { p =>
+        writeBytes(p.toString.getBytes(UTF_8))
+        writeBytes(files.read(p))
+      }
+      out.flush()
+      tag = readTag()
+    }
+    require(tag == Protocol.Ready, s"arrowstate: unexpected frame $tag from Python worker")
+  }
+
+  /** Sends one Arrow batch; returns the worker's answer to it, if it has one. */
+  def exchange(batchIpc: Array[Byte]): Option[Array[Byte]] = timed {
+    out.writeInt(Protocol.Data)
+    writeBytes(batchIpc)
+    out.flush()
+    bytesToPython += batchIpc.length
+    readAnswer()
+  }
+
+  private def readAnswer(): Option[Array[Byte]] = readTag() match {
+    case Protocol.Data =>
+      val b = readBytes()
+      bytesFromPython += b.length
+      Some(b)
+    case Protocol.NoData => None
+    case other => throw new IllegalStateException(s"arrowstate: unexpected frame $other")
+  }
+
+  /** Ends the input; returns the batches the worker emits after seeing all of it. */
+  def endInput(): Iterator[Array[Byte]] = {
+    timed {
+      out.writeInt(Protocol.End)
+      out.flush()
+    }
+    new Iterator[Array[Byte]] {
+      private var nextBatch: Option[Array[Byte]] = fetch()
+      private def fetch(): Option[Array[Byte]] = timed {
+        readTag() match {
+          case Protocol.End => None
+          case Protocol.Data =>
+            val b = readBytes()
+            bytesFromPython += b.length
+            Some(b)
+          case other => throw new IllegalStateException(s"arrowstate: unexpected frame $other")
+        }
+      }
+      override def hasNext: Boolean = nextBatch.isDefined
+      override def next(): Array[Byte] = {
+        val b = nextBatch.get
+        nextBatch = fetch()
+        b
+      }
+    }
+  }
+
+  /**
+   * Writes the new version's delta (and snapshot, when the worker made one) atomically, tells
+   * the worker it is committed and adds the worker's metrics to the operator's SQL metrics.
+   */
+  def commit(newVersion: Long, minVersionsToRetain: Int): Unit = {
+    val (delta, snapshot) = timed {
+      val d = readBytes()
+      val s = if (in.readBoolean()) Some(readBytes()) else None
+      (d, s)
+    }
+    val commitStart = System.nanoTime()
+    files.write(files.deltaPath(newVersion), delta)
+    snapshot.foreach { s =>
+      files.write(files.snapshotPath(newVersion), s)
+      files.cleanup(newVersion, minVersionsToRetain)
+    }
+    val commitMs = (System.nanoTime() - commitStart) / 1000000
+    val metricsJson = timed {
+      out.writeInt(Protocol.Committed)
+      out.flush()
+      require(readTag() == Protocol.Committed, "arrowstate: worker did not confirm the commit")
+      new String(readBytes(), UTF_8)
+    }
+    finished = true
+    PythonStateWorkers.giveBack(worker)
+
+    val reported = WorkerMetrics.parse(metricsJson)
+    def add(name: String, v: Long): Unit = metrics(name).foreach(_ += v)
+    reported.foreach { case (k, v) => add(k, v) }
+    add("commitTimeMs", commitMs + reported.getOrElse("pythonCommitTimeMs", 0L))
+    add("numStateStoreInstances", 1)
+    add("pythonWorkerTimeMs", pythonNanos / 1000000)
+    add("arrowBytesToPython", bytesToPython)
+    add("arrowBytesFromPython", bytesFromPython)
+  }
+}
+
+object WorkerMetrics {
+  /** The worker sends a flat JSON object of integer metrics. */
+  def parse(json: String): Map[String, Long] = {
+    import org.json4s._
+    import org.json4s.jackson.JsonMethods
+    JsonMethods.parse(json) match {
+      case JObject(fields) => fields.collect {
+        case (k, JInt(v)) => k -> v.toLong
+        case (k, JLong(v)) => k -> v
+      }.toMap
+      case _ => Map.empty
+    }
+  }
+}

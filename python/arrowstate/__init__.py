@@ -1,0 +1,50 @@
+"""arrowstate: stateful Structured Streaming operators with their state in Python.
+
+    import arrowstate
+    spark = arrowstate.configure(SparkSession.builder.master("local[2]")).getOrCreate()
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ._version import SUPPORTED_PYSPARK, __version__
+
+try:
+    import pyspark as _pyspark
+except ImportError as e:  # pragma: no cover - pyspark is a dependency
+    raise ImportError(f"arrowstate needs pyspark {SUPPORTED_PYSPARK}.x") from e
+
+if not _pyspark.__version__.startswith(SUPPORTED_PYSPARK + "."):
+    raise ImportError(
+        f"arrowstate {__version__} supports pyspark {SUPPORTED_PYSPARK}.x only; "
+        f"this environment has pyspark {_pyspark.__version__}")
+
+from .shim import jar_path  # noqa: E402
+
+EXTENSION_CLASS = "org.apache.spark.sql.arrowstate.ArrowStateExtensions"
+
+__all__ = ["configure", "jar_path", "EXTENSION_CLASS", "__version__"]
+
+
+def _append(existing: str | None, item: str) -> str:
+    parts = [x for x in (existing or "").split(",") if x.strip()]
+    if item not in parts:
+        parts.append(item)
+    return ",".join(parts)
+
+
+def configure(builder):
+    """Adds arrowstate to a SparkSession builder, keeping whatever the user set.
+
+    Appends the shim jar to `spark.jars` and the extension to `spark.sql.extensions`. When
+    neither `spark.pyspark.python` nor PYSPARK_PYTHON names the workers' Python, sets it to
+    this interpreter, so workers import the same arrowstate (a virtual environment included).
+    """
+    options = builder._options  # the builder keeps its settings here; it has no getter
+    builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
+    builder.config("spark.sql.extensions",
+                   _append(options.get("spark.sql.extensions"), EXTENSION_CLASS))
+    if "spark.pyspark.python" not in options and not os.environ.get("PYSPARK_PYTHON"):
+        builder.config("spark.pyspark.python", sys.executable)
+    return builder

@@ -1,0 +1,121 @@
+"""Streaming deduplication, as Spark's StreamingDeduplicateExec and its WithinWatermark twin.
+
+Per partition and micro-batch (see shared/reference/StreamingDeduplicateExec.adoc):
+1. rows whose event time is at or below the late-events watermark are dropped and counted;
+2. a row whose key is in state is a duplicate and dropped; otherwise it is output and its
+   key stored (for the WithinWatermark variant with `expiresAt = event time + delay`);
+3. after all input, keys the eviction watermark closes are removed: by the key's own event
+   time, or by `expiresAt` for the WithinWatermark variant.
+The worker receives only the key columns (and the event-time column) and answers each batch
+with a keep-mask, so rows stay in the JVM.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Hashable
+
+import numpy as np
+import pyarrow as pa
+
+from . import keys as keycodec
+from .store import TimeIndex, VersionedState
+
+MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])
+
+
+class Deduplicate:
+    family = "deduplicate"
+
+    def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
+        self.key_count = operator["keyCount"]
+        self.event_time_index = operator["eventTimeIndex"]
+        self.evict_by_key = operator["evictByKey"]
+        self.within_watermark = operator["withinWatermark"]
+        self.delay_micros = int(operator.get("delayMs") or 0) * 1000
+        late = operator.get("lateEventsWatermarkMs")
+        evict = operator.get("evictionWatermarkMs")
+        self.late_threshold = None if late is None else late * 1000
+        self.evict_threshold = None if evict is None else evict * 1000
+        self.key_fields = list(input_schema)[: self.key_count]
+        self.value_fields = ([pa.field("expiresAtMicros", pa.int64(), nullable=False)]
+                             if self.within_watermark else [])
+        self.metrics = {"numUpdatedStateRows": 0, "numRemovedStateRows": 0,
+                        "numRowsDroppedByWatermark": 0, "numDroppedDuplicateRows": 0,
+                        "allUpdatesTimeMs": 0, "allRemovalsTimeMs": 0}
+        self._update_ns = 0
+
+    # -- state ----------------------------------------------------------------------------
+    def new_state(self) -> VersionedState:
+        state = VersionedState(self.key_fields, self.value_fields)
+        state.index = TimeIndex()
+        return state
+
+    def _expiry(self, key: Hashable, value: Any) -> int | None:
+        if self.within_watermark:
+            return value[0]
+        if self.evict_by_key:
+            t = key[self.event_time_index]
+            return t[1] if isinstance(t, tuple) else t  # a window expires with its end
+        return None
+
+    def rebuild_index(self, state: VersionedState) -> None:
+        state.index = TimeIndex()
+        for key, value in state.data.items():
+            expiry = self._expiry(key, value)
+            if expiry is not None:
+                state.index.add(expiry, key)
+
+    # -- one micro-batch ------------------------------------------------------------------
+    def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch:
+        start = time.perf_counter_ns()
+        n = batch.num_rows
+        keep = np.ones(n, dtype=bool)
+        event_micros = valid_time = None
+        if self.event_time_index >= 0 and (self.late_threshold is not None
+                                           or self.within_watermark):
+            event_micros, valid_time = keycodec.event_time_micros(
+                batch.column(self.event_time_index))
+        if self.late_threshold is not None and event_micros is not None:
+            late = valid_time & (event_micros <= self.late_threshold)
+            self.metrics["numRowsDroppedByWatermark"] += int(late.sum())
+            keep &= ~late
+
+        row_keys = keycodec.rows(batch.columns[: self.key_count])
+        data, index = state.data, state.index
+        updated = duplicates = 0
+        for i in np.flatnonzero(keep).tolist():
+            key = row_keys[i]
+            if key in data:
+                keep[i] = False
+                duplicates += 1
+                continue
+            if self.within_watermark:
+                value = (int(event_micros[i]) + self.delay_micros,)
+            else:
+                value = None
+            state.put(key, value)
+            updated += 1
+            expiry = self._expiry(key, value)
+            if expiry is not None:
+                index.add(expiry, key)
+        self.metrics["numUpdatedStateRows"] += updated
+        self.metrics["numDroppedDuplicateRows"] += duplicates
+        self._update_ns += time.perf_counter_ns() - start
+        return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
+
+    def finish(self, state: VersionedState) -> list[pa.RecordBatch]:
+        self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000
+        start = time.perf_counter_ns()
+        if self.evict_threshold is not None and (self.within_watermark or self.evict_by_key):
+            data = state.data
+
+            def current_expiry(key: Hashable) -> int | None:
+                return self._expiry(key, data[key]) if key in data else None
+
+            removed = 0
+            for key in state.index.pop_until(self.evict_threshold, current_expiry):
+                state.remove(key)
+                removed += 1
+            self.metrics["numRemovedStateRows"] += removed
+        self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
+        return []

@@ -1,0 +1,112 @@
+"""Arrow columns <-> hashable Python values, for keys and values held in state.
+
+Two keys are equal here exactly when Spark's binary row encoding makes them equal: floats
+compare by their bits after Spark's normalisation (-0.0 is 0.0, every NaN is one NaN), structs
+by their fields, and a null struct differs from a struct of nulls. The conversion back gives
+the same Arrow type, so state files hold plain typed columns.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_INT_VIEW = {pa.float64(): (pa.int64(), np.int64), pa.float32(): (pa.int32(), np.int32)}
+
+
+def _numeric(arr: pa.Array, as_type: pa.DataType) -> list:
+    if arr.type != as_type:
+        arr = arr.view(as_type) if pa.types.is_temporal(arr.type) else arr.cast(as_type)
+    if arr.null_count == 0:
+        return arr.to_numpy(zero_copy_only=False).tolist()
+    return arr.to_pylist()
+
+
+def _float_bits(arr: pa.Array) -> list:
+    int_type, np_int = _INT_VIEW[arr.type]
+    values = arr.to_numpy(zero_copy_only=False)
+    values = np.where(values == 0, values.dtype.type(0), values)   # -0.0 -> 0.0
+    values = np.where(np.isnan(values), values.dtype.type(np.nan), values)
+    bits = values.view(np_int).tolist()
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        bits = [b if ok else None for b, ok in zip(bits, valid)]
+    return bits
+
+
+def _tupled(v: Any) -> Any:
+    return tuple(_tupled(x) for x in v) if isinstance(v, list) else v
+
+
+def column_values(arr: pa.Array | pa.ChunkedArray) -> list:
+    """One hashable Python value per row of an Arrow column."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_null(t):
+        return [None] * len(arr)
+    if pa.types.is_boolean(t) or pa.types.is_integer(t):
+        return _numeric(arr, t)
+    if pa.types.is_date32(t):
+        return _numeric(arr, pa.int32())
+    if pa.types.is_timestamp(t):
+        return _numeric(arr, pa.int64())
+    if pa.types.is_floating(t):
+        return _float_bits(arr)
+    if pa.types.is_struct(t):
+        children = [column_values(child) for child in arr.flatten()]
+        rows = list(zip(*children)) if children else [()] * len(arr)
+        if arr.null_count:
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            rows = [r if ok else None for r, ok in zip(rows, valid)]
+        return rows
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [_tupled(v) for v in arr.to_pylist()]
+    # strings, binary, decimals: Python's own values hash and compare like Spark's bytes.
+    return arr.to_pylist()
+
+
+def column_array(values: Sequence[Any], t: pa.DataType) -> pa.Array:
+    """The inverse of column_values."""
+    if pa.types.is_date32(t):
+        return pa.array(values, pa.int32()).view(t)
+    if pa.types.is_timestamp(t):
+        return pa.array(values, pa.int64()).view(t)
+    if pa.types.is_floating(t):
+        return pa.array(values, _INT_VIEW[t][0]).view(t)
+    if pa.types.is_struct(t):
+        fields = list(t)
+        children = [column_array([None if r is None else r[i] for r in values], f.type)
+                    for i, f in enumerate(fields)]
+        mask = pa.array([r is None for r in values], pa.bool_())
+        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.array([None if v is None else list(v) for v in values], t)
+    return pa.array(values, t)
+
+
+def rows(columns: Sequence[pa.Array]) -> list[tuple]:
+    """Row tuples of several columns."""
+    if not columns:
+        return []
+    return list(zip(*(column_values(c) for c in columns)))
+
+
+def columns(row_tuples: Sequence[tuple], types: Sequence[pa.DataType]) -> list[pa.Array]:
+    """Columns of row tuples: the inverse of rows()."""
+    transposed = list(zip(*row_tuples)) if row_tuples else [()] * len(types)
+    return [column_array(list(c), t) for c, t in zip(transposed, types)]
+
+
+def event_time_micros(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Event time in microseconds and its validity; a window struct counts by its end."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_struct(arr.type):
+        arr = arr.flatten()[1]
+        valid = valid & arr.is_valid().to_numpy(zero_copy_only=False)
+    micros = pc.fill_null(arr.view(pa.int64()), 0).to_numpy(zero_copy_only=False)
+    return micros, valid

@@ -1,0 +1,63 @@
+"""Framing between the JVM operator and the Python state worker.
+
+Integers are big-endian (Java's DataOutputStream); byte strings are length-prefixed; every
+record batch is a self-contained Arrow IPC stream. The tags mirror `Protocol` in the shim.
+"""
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO
+
+import pyarrow as pa
+
+VERSION = 1
+READY, NEED_FILES, DATA, NO_DATA, END, COMMITTED, ERROR = 0, 1, 2, 3, 4, 5, -1
+
+_INT = struct.Struct("!i")
+
+
+def read_exact(f: BinaryIO, n: int) -> bytes:
+    b = f.read(n)
+    if b is None or len(b) != n:
+        raise EOFError("arrowstate: the JVM closed the connection")
+    return b
+
+
+def read_int(f: BinaryIO) -> int:
+    return _INT.unpack(read_exact(f, 4))[0]
+
+
+def write_int(f: BinaryIO, v: int) -> None:
+    f.write(_INT.pack(v))
+
+
+def read_bytes(f: BinaryIO) -> bytes:
+    return read_exact(f, read_int(f))
+
+
+def write_bytes(f: BinaryIO, b: bytes) -> None:
+    write_int(f, len(b))
+    f.write(b)
+
+
+def read_bool(f: BinaryIO) -> bool:
+    return read_exact(f, 1) != b"\x00"
+
+
+def write_bool(f: BinaryIO, v: bool) -> None:
+    f.write(b"\x01" if v else b"\x00")
+
+
+def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_batch(payload: bytes) -> pa.RecordBatch:
+    return pa.ipc.open_stream(payload).read_next_batch()
+
+
+def ipc_schema(payload: bytes) -> pa.Schema:
+    return pa.ipc.open_stream(payload).schema

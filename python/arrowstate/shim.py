@@ -1,0 +1,119 @@
+"""Builds and finds the JVM shim jar.
+
+The jar is compiled from the Scala sources with the Scala compiler that the pyspark wheel
+carries, against the very Spark jars it will run with, so installing needs no download.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ._version import __version__
+
+log = logging.getLogger("arrowstate")
+
+JAR_NAME = f"arrowstate-shim_2.13-{__version__}.jar"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def spark_jars_dir() -> Path:
+    """The jars of the Spark that pyspark runs: SPARK_HOME's if set, else the wheel's."""
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home) / "jars"
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def scala_sources() -> list[Path]:
+    """The shim's sources: from a source checkout, or as shipped inside the package."""
+    for root in (_PACKAGE_DIR.parent.parent / "jvm-shim" / "src" / "main" / "scala",
+                 _PACKAGE_DIR / "shim_src"):
+        files = sorted(root.rglob("*.scala")) if root.is_dir() else []
+        if files:
+            return files
+    raise FileNotFoundError("arrowstate: the JVM shim's Scala sources are not installed")
+
+
+def _jar_dirs() -> list[Path]:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "arrowstate"
+    return [_PACKAGE_DIR / "jars", cache]
+
+
+def jar_version(jar: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(jar) as z:
+            for line in z.read("arrowstate.properties").decode().splitlines():
+                if line.startswith("version="):
+                    return line.split("=", 1)[1].strip()
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def find_jar() -> Path | None:
+    for d in _jar_dirs():
+        jar = d / JAR_NAME
+        if jar.is_file() and jar_version(jar) == __version__:
+            return jar
+    return None
+
+
+def build_jar(quiet: bool = False) -> Path:
+    """Compiles the shim into the package (or the user cache if the package is read-only)."""
+    jars = spark_jars_dir()
+    all_jars = sorted(str(p) for p in jars.glob("*.jar"))
+    compiler = [str(p) for p in sorted(jars.glob("scala-compiler-*.jar"))
+                + sorted(jars.glob("scala-library-*.jar"))
+                + sorted(jars.glob("scala-reflect-*.jar"))]
+    if len(compiler) < 3:
+        raise RuntimeError(f"arrowstate: no Scala compiler among the Spark jars in {jars}")
+    java = shutil.which("java") or (os.environ.get("JAVA_HOME", "") + "/bin/java")
+    with tempfile.TemporaryDirectory(prefix="arrowstate-build-") as tmp:
+        classes = Path(tmp) / "classes"
+        classes.mkdir()
+        cmd = [java, "-cp", os.pathsep.join(compiler), "scala.tools.nsc.Main",
+               "-nowarn", "-cp", os.pathsep.join(all_jars), "-d", str(classes),
+               *map(str, scala_sources())]
+        if not quiet:
+            print(f"arrowstate: compiling the JVM shim against {jars}", file=sys.stderr)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError("arrowstate: compiling the JVM shim failed:\n"
+                               + done.stdout + done.stderr)
+        last_error: Exception | None = None
+        for d in _jar_dirs():
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                target = d / JAR_NAME
+                partial = d / (JAR_NAME + ".tmp")
+                with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+                    z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+                    z.writestr("arrowstate.properties", f"version={__version__}\n")
+                    for f in sorted(classes.rglob("*.class")):
+                        z.write(f, f.relative_to(classes).as_posix())
+                os.replace(partial, target)
+                return target
+            except OSError as e:
+                last_error = e
+        raise RuntimeError(f"arrowstate: cannot write the shim jar: {last_error}")
+
+
+def jar_path(build: bool = True) -> str:
+    """The shim jar matching this package's version, building it once if needed."""
+    jar = find_jar()
+    if jar is None:
+        if not build:
+            raise FileNotFoundError(
+                f"arrowstate: no shim jar for version {__version__}; "
+                "run `python -m arrowstate build`")
+        log.warning("arrowstate: building the JVM shim for version %s (once)", __version__)
+        jar = build_jar(quiet=True)
+    return str(jar)

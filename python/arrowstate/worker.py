@@ -1,0 +1,141 @@
+"""The Python state worker: started by Spark's Python worker factory in each executor.
+
+One process serves one task at a time and keeps every operator partition it has run in
+memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
+A task's conversation (see protocol.py):
+  header, input schema -> [state files if asked] -> READY
+  DATA batch -> DATA answer | NO_DATA   (repeated)
+  END -> DATA batch* END
+  delta, snapshot? -> COMMITTED -> COMMITTED, metrics
+Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
+and the state is reloaded from the checkpoint by whoever runs the retry.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any, BinaryIO
+
+from . import protocol as p
+from ._version import __version__
+from .dedup import Deduplicate
+from .store import VersionedState
+
+FAMILIES = {Deduplicate.family: Deduplicate}
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.states: dict[str, VersionedState] = {}
+
+    def serve_task(self, f: BinaryIO) -> None:
+        header: dict[str, Any] = json.loads(p.read_bytes(f))
+        input_schema = p.ipc_schema(p.read_bytes(f))
+        if header.get("shimVersion") != __version__:
+            raise RuntimeError(
+                f"arrowstate: the JVM shim is version {header.get('shimVersion')} but the "
+                f"Python package is {__version__}; rebuild with `python -m arrowstate build`")
+        for stale in header["drop"]:
+            self.states.pop(stale, None)
+        op = FAMILIES[header["family"]](header["operator"], input_schema)
+        key, version, conf = header["stateKey"], header["version"], header["conf"]
+
+        state = self.states.pop(key, None)
+        metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0}
+        if state is not None and state.version == version:
+            metrics["stateCacheHits"] = 1
+        else:
+            metrics["stateCacheMisses"] = 1
+            start = time.perf_counter()
+            state = op.new_state()
+            if version > 0:
+                p.write_int(f, p.NEED_FILES)
+                f.flush()
+                files = [(p.read_bytes(f).decode(), p.read_bytes(f))
+                         for _ in range(p.read_int(f))]
+                state.load(files, version)
+            op.rebuild_index(state)
+            metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
+        p.write_int(f, p.READY)
+        f.flush()
+
+        while (tag := p.read_int(f)) == p.DATA:
+            answer = op.process(state, p.ipc_to_batch(p.read_bytes(f)))
+            if answer is None:
+                p.write_int(f, p.NO_DATA)
+            else:
+                p.write_int(f, p.DATA)
+                p.write_bytes(f, p.batch_to_ipc(answer))
+            f.flush()
+        if tag != p.END:
+            raise RuntimeError(f"arrowstate: unexpected frame {tag} from the JVM")
+        for batch in op.finish(state):
+            p.write_int(f, p.DATA)
+            p.write_bytes(f, p.batch_to_ipc(batch))
+        p.write_int(f, p.END)
+
+        start = time.perf_counter()
+        delta, snapshot = state.commit_files(version + 1, int(conf["minDeltasForSnapshot"]))
+        commit_ms = int((time.perf_counter() - start) * 1000)
+        p.write_bytes(f, delta)
+        p.write_bool(f, snapshot is not None)
+        if snapshot is not None:
+            p.write_bytes(f, snapshot)
+        f.flush()
+        if p.read_int(f) != p.COMMITTED:
+            raise RuntimeError("arrowstate: the JVM did not commit")
+        state.mark_committed(version + 1, snapshot is not None)
+        self.states[key] = state
+
+        metrics.update(op.metrics)
+        metrics["numTotalStateRows"] = len(state)
+        metrics["stateMemory"] = state.memory_bytes()
+        metrics["pythonCommitTimeMs"] = commit_ms
+        p.write_int(f, p.COMMITTED)
+        p.write_bytes(f, json.dumps(metrics).encode())
+        f.flush()
+
+    def serve(self, f: BinaryIO) -> None:
+        while True:
+            try:
+                proto = p.read_int(f)
+            except EOFError:
+                return
+            try:
+                if proto != p.VERSION:
+                    raise RuntimeError(f"arrowstate: unknown protocol version {proto}")
+                self.serve_task(f)
+            except EOFError:
+                return
+            except BaseException:
+                p.write_int(f, p.ERROR)
+                p.write_bytes(f, traceback.format_exc().encode())
+                f.flush()
+                raise
+
+
+def main() -> None:
+    from pyspark.util import local_connect_and_auth
+
+    conn_info = os.environ.get("PYTHON_WORKER_FACTORY_SOCK_PATH",
+                               int(os.environ.get("PYTHON_WORKER_FACTORY_PORT", -1)))
+    sock_file, sock = local_connect_and_auth(conn_info,
+                                             os.environ.get("PYTHON_WORKER_FACTORY_SECRET"))
+    sock.settimeout(None)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    p.write_int(sock_file, os.getpid())
+    sock_file.flush()
+    try:
+        Worker().serve(sock_file)
+    except BaseException:
+        traceback.print_exc(file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
