@@ -7,7 +7,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 import scala.collection.mutable
 
 import org.apache.spark.{SparkEnv, TaskContext}
-import org.apache.spark.api.python.{PythonException, PythonWorker}
+import org.apache.spark.api.python.PythonWorker
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.metric.SQLMetric
 
@@ -22,6 +22,9 @@ object Protocol {
   val Committed = 5
   val Error = -1
 }
+
+/** An exception raised in the Python state worker, with its Python traceback. */
+class ArrowStatePythonException(message: String) extends RuntimeException(message)
 
 /** One Python process that holds the state of any number of operator partitions. */
 class PythonStateWorker(val handle: PythonWorker, val id: Int) {
@@ -63,9 +66,20 @@ object PythonStateWorkers extends Logging {
     "SPARK_BUFFER_SIZE" -> "65536",
     "ARROWSTATE_WORKER" -> "1")
 
-  /** Returns a worker for `stateKey` and the state keys that worker must forget first. */
+  /**
+   * Returns a worker for `stateKey` and the state keys that worker must forget first.
+   * When the worker holding the state is busy with another task, waits up to
+   * `spark.arrowstate.worker.affinityWaitMs` for it: reloading state costs more than waiting
+   * for one task, the longest such a wait lasts. Only then another worker takes over.
+   */
   def borrow(stateKey: String): (PythonStateWorker, Seq[String]) = {
+    val waitMs = SparkEnv.get.conf.getLong("spark.arrowstate.worker.affinityWaitMs", 10000L)
     val chosen = synchronized {
+      val deadline = System.currentTimeMillis() + waitMs
+      def holderBusy = holderOf.get(stateKey).exists(w => !idle.contains(w))
+      while (holderBusy && System.currentTimeMillis() < deadline) {
+        wait(math.max(1L, deadline - System.currentTimeMillis()))
+      }
       val preferred = holderOf.get(stateKey).filter(idle.contains)
       val w = preferred.orElse(idle.headOption)
       w.foreach(idle -= _)
@@ -81,13 +95,17 @@ object PythonStateWorkers extends Logging {
     }
   }
 
-  def giveBack(worker: PythonStateWorker): Unit = synchronized { idle += worker }
+  def giveBack(worker: PythonStateWorker): Unit = synchronized {
+    idle += worker
+    notifyAll()
+  }
 
   /** Kills a worker whose protocol state is unknown (error, abort); its state reloads later. */
   def destroy(worker: PythonStateWorker): Unit = {
     synchronized {
       idle -= worker
       holderOf.filterInPlace((_, w) => w ne worker)
+      notifyAll()
     }
     try {
       SparkEnv.get.destroyPythonWorker(pythonExec, WorkerModule, DaemonModule, envVars,
@@ -156,7 +174,7 @@ class StateExchange(
     }
     if (tag == Protocol.Error) {
       val traceback = new String(readBytes(), UTF_8)
-      throw new PythonException(s"arrowstate Python worker failed:\n$traceback", null)
+      throw new ArrowStatePythonException(s"arrowstate Python worker failed:\n$traceback")
     }
     tag
   }

@@ -1,0 +1,107 @@
+"""Differential harness: one streaming query, the same input micro-batches, run with
+arrowstate off (Spark's own operators, the oracle) and on; every batch's output rows and
+state figures must match.
+
+Input arrives as one Parquet file per micro-batch, read with maxFilesPerTrigger=1 and
+processed with processAllAvailable(), so batch ids line up between the two runs (no-data
+batches included, which Spark runs when the watermark moves).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+
+STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",
+                 "numRowsDroppedByWatermark")
+_run_ids = itertools.count()
+
+
+@dataclass
+class Run:
+    outputs: dict[int, list] = field(default_factory=dict)
+    figures: dict[int, list[dict]] = field(default_factory=dict)
+    custom: dict[int, list[dict]] = field(default_factory=dict)
+    plans: list[str] = field(default_factory=list)
+
+
+def _sortable(row) -> str:
+    return repr(tuple(row))
+
+
+def _as_text(outputs: dict[int, list]) -> dict[int, list[str]]:
+    return {bid: [_sortable(r) for r in rows] for bid, rows in outputs.items()}
+
+
+def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
+              batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
+              *, arrowstate: bool, output_mode: str = "append",
+              restart_after: Sequence[int] = (), custom_metrics: Sequence[str] = (),
+              between_batches: Callable[[int, str], None] | None = None) -> Run:
+    """Runs the query over `batches`; restarts it from its checkpoint after the given ones."""
+    run_dir = os.path.join(workdir, f"run{next(_run_ids)}-{'on' if arrowstate else 'off'}")
+    source, checkpoint = os.path.join(run_dir, "in"), os.path.join(run_dir, "ck")
+    os.makedirs(source)
+    spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
+    result = Run()
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        result.outputs[batch_id] = sorted((tuple(r) for r in df.collect()), key=_sortable)
+
+    def start():
+        stream = (spark.readStream.schema(from_arrow_schema(schema))
+                  .option("maxFilesPerTrigger", 1).parquet(source))
+        return (build(stream).writeStream.foreachBatch(collect).outputMode(output_mode)
+                .option("checkpointLocation", checkpoint).start())
+
+    def harvest(query) -> None:
+        for progress in query.recentProgress:
+            ops = progress["stateOperators"]
+            if not ops:
+                continue
+            bid = progress["batchId"]
+            result.figures[bid] = [{k: op[k] for k in STATE_FIGURES} for op in ops]
+            result.custom[bid] = [{k: op["customMetrics"].get(k) for k in custom_metrics}
+                                  for op in ops]
+        if query.lastProgress is not None:
+            result.plans.append(query._jsq.explainInternal(False))
+
+    query = start()
+    try:
+        for i, rows in enumerate(batches):
+            if between_batches is not None:
+                between_batches(i, checkpoint)
+            pq.write_table(pa.Table.from_pylist(list(rows), schema=schema),
+                           os.path.join(source, f"{i:05d}.parquet"))
+            query.processAllAvailable()
+            if i in restart_after:
+                harvest(query)
+                query.stop()
+                query = start()
+        harvest(query)
+    finally:
+        query.stop()
+    return result
+
+
+def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
+                batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
+                *, expect_node: str | None, **kwargs) -> tuple[Run, Run]:
+    """Runs off and on and asserts equal outputs and state figures per batch."""
+    spark_run = run_query(spark, str(tmp_path), schema, batches, build,
+                          arrowstate=False, **kwargs)
+    ours = run_query(spark, str(tmp_path), schema, batches, build, arrowstate=True, **kwargs)
+    # compared as text so that NaN equals NaN, as it does for Spark
+    assert _as_text(ours.outputs) == _as_text(spark_run.outputs)
+    assert ours.figures == spark_run.figures
+    assert sorted(ours.outputs) == sorted(ours.figures), "a batch ran without progress"
+    if expect_node is not None:
+        assert all(expect_node in plan for plan in ours.plans), ours.plans
+        assert not any(expect_node in plan for plan in spark_run.plans)
+    return spark_run, ours
