@@ -1,0 +1,78 @@
+"""Runs the differential deduplication case on a standalone cluster (one master, two
+workers on loopback), so arrowstate's operator and Python workers run inside executor JVMs
+that are not the driver's. Started by test_cluster.py in its own process, since a process
+holds one SparkContext. Prints one JSON line with what it saw."""
+import datetime as dt
+import glob
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+import arrowstate  # noqa: E402
+from harness import _as_text, run_query  # noqa: E402
+
+
+def parent_commands() -> list[str]:
+    """The command line of the parent of each arrowstate Python worker."""
+    parents = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                if b"arrowstate.worker" not in f.read().split(b"\0"):
+                    continue
+            with open(path.replace("cmdline", "stat")) as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                parents.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return parents
+
+
+def main(master: str) -> None:
+    spark = arrowstate.configure(
+        SparkSession.builder.master(master).appName("arrowstate-cluster-test")
+        .config("spark.executor.memory", "768m")
+        .config("spark.cores.max", "2")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    schema = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+
+    def ev(u, s):
+        return {"user": u, "ts": dt.datetime.fromtimestamp(s, dt.timezone.utc)}
+
+    batches = [[ev(f"u{i % 7}", i) for i in range(20)],
+               [ev(f"u{i % 9}", i) for i in range(30)],
+               [ev("late", 1), ev("x", 200), ev("u1", 1)],
+               [ev("y", 300), ev("u2", 2)]]
+
+    def build(df):
+        return df.withWatermark("ts", "60 seconds").dropDuplicates(["user", "ts"])
+
+    workdir = tempfile.mkdtemp(prefix="arrowstate-cluster-")
+    off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
+    on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
+                   custom_metrics=["stateCacheHits", "stateCacheMisses"])
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    print(json.dumps({
+        "same_outputs": _as_text(on.outputs) == _as_text(off.outputs),
+        "same_figures": on.figures == off.figures,
+        "batches": len(on.outputs),
+        "arrow_node_in_plan": all("ArrowStreamingDeduplicate" in p for p in on.plans),
+        "executors": executors,
+        "cache_hits": sum(c[0]["stateCacheHits"] or 0 for c in on.custom.values()),
+        "worker_parents": parent_commands(),
+    }))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,80 @@
+"""arrowstate on a real multi-process cluster: a standalone master and two workers started
+on loopback with the pyspark wheel's bin/spark-class."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pyspark
+import pytest
+
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory):
+    env = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_NO_DAEMONIZE="1")
+    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    port = free_port()
+    procs = []
+
+    def start(name, *args):
+        log = open(logs / f"{name}.log", "w")
+        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))
+
+    try:
+        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+              "--port", str(port), "--webui-port", str(free_port()))
+        wait_for_port(port, 60)
+        for i in range(2):
+            work_dir = tmp_path_factory.mktemp(f"worker{i}")
+            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker",
+                  f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1",
+                  "--memory", "1g", "--webui-port", str(free_port()),
+                  "--work-dir", str(work_dir))
+        yield f"spark://127.0.0.1:{port}", env, logs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster):
+    master, env, logs = standalone_cluster
+    app = os.path.join(os.path.dirname(__file__), "cluster_app.py")
+    done = subprocess.run([sys.executable, app, master], env=env, capture_output=True,
+                          text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    seen = json.loads(lines[-1])
+    assert seen["same_outputs"] and seen["same_figures"], seen
+    assert seen["arrow_node_in_plan"], seen
+    assert seen["executors"] == 2, seen
+    assert seen["cache_hits"] > 0, "state must stay loaded in the executors' workers"
+    parents = seen["worker_parents"]
+    assert parents and all("CoarseGrainedExecutorBackend" in p for p in parents), parents
