@@ -2,6 +2,7 @@
 import datetime as dt
 import decimal
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -87,9 +88,10 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
 def test_time_index_pops_only_what_expires_and_skips_stale_entries():
     index = TimeIndex()
     current = {"a": 5, "b": 10, "c": 20}
-    for k, t in current.items():
-        index.add(t, k)
-    index.add(7, "b")            # b moved from 7 to 10 earlier: a stale entry
+    index.add_many(np.array([7], dtype=np.int64), ["b"])   # b moved on to 10: stale
+    index.add_many(np.array(list(current.values()), dtype=np.int64), list(current))
     assert list(index.pop_until(10, current.get)) == ["a", "b"]
     assert list(index.pop_until(15, current.get)) == []
     assert len(index) == 1
+    del current["c"]
+    assert list(index.pop_until(25, current.get)) == [] and len(index) == 0

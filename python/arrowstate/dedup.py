@@ -60,10 +60,13 @@ class Deduplicate:
 
     def rebuild_index(self, state: VersionedState) -> None:
         state.index = TimeIndex()
+        keys, times = [], []
         for key, value in state.data.items():
             expiry = self._expiry(key, value)
             if expiry is not None:
-                state.index.add(expiry, key)
+                keys.append(key)
+                times.append(expiry)
+        state.index.add_many(np.array(times, dtype=np.int64), keys)
 
     # -- one micro-batch ------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -81,25 +84,30 @@ class Deduplicate:
             keep &= ~late
 
         row_keys = keycodec.rows(batch.columns[: self.key_count])
-        data, index = state.data, state.index
-        updated = duplicates = 0
-        for i in np.flatnonzero(keep).tolist():
+        data = state.data
+        fresh: dict[Hashable, int] = {}  # new keys of this batch -> their first row
+        candidates = np.flatnonzero(keep).tolist()
+        for i in candidates:
             key = row_keys[i]
-            if key in data:
-                keep[i] = False
-                duplicates += 1
-                continue
-            if self.within_watermark:
-                value = (int(event_micros[i]) + self.delay_micros,)
-            else:
-                value = None
-            state.put(key, value)
-            updated += 1
-            expiry = self._expiry(key, value)
-            if expiry is not None:
-                index.add(expiry, key)
-        self.metrics["numUpdatedStateRows"] += updated
-        self.metrics["numDroppedDuplicateRows"] += duplicates
+            if key not in data:
+                fresh.setdefault(key, i)
+        new_rows = np.fromiter(fresh.values(), dtype=np.int64, count=len(fresh))
+        new_keys = list(fresh)
+        keep[:] = False
+        keep[new_rows] = True
+        columns = [c.take(new_rows) for c in batch.columns[: self.key_count]]
+        values = None
+        if self.within_watermark:
+            expires = event_micros[new_rows] + self.delay_micros
+            columns.append(pa.array(expires, pa.int64()))
+            values = [(e,) for e in expires.tolist()]
+            state.index.add_many(expires, new_keys)
+        elif self.evict_by_key:
+            times, valid = keycodec.event_time_micros(columns[self.event_time_index])
+            state.index.add_many(times[valid], [k for k, ok in zip(new_keys, valid) if ok])
+        state.put_rows(new_keys, values, columns)
+        self.metrics["numUpdatedStateRows"] += len(new_keys)
+        self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_keys)
         self._update_ns += time.perf_counter_ns() - start
         return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
 
@@ -112,10 +120,9 @@ class Deduplicate:
             def current_expiry(key: Hashable) -> int | None:
                 return self._expiry(key, data[key]) if key in data else None
 
-            removed = 0
-            for key in state.index.pop_until(self.evict_threshold, current_expiry):
+            expired = list(state.index.pop_until(self.evict_threshold, current_expiry))
+            for key in expired:
                 state.remove(key)
-                removed += 1
-            self.metrics["numRemovedStateRows"] += removed
+            self.metrics["numRemovedStateRows"] += len(expired)
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         return []

@@ -12,6 +12,7 @@ import itertools
 import sys
 from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from . import keys as keycodec
@@ -35,6 +36,7 @@ class VersionedState:
         self.last_snapshot_version = 0
         self._puts: dict[Hashable, Any] = {}
         self._removes: set[Hashable] = set()
+        self._arrow_puts: list[list[pa.Array]] = []
         self._bytes_per_entry = 0.0
         self.index: Any = None  # a family's own index over the data (rebuilt on load)
 
@@ -47,13 +49,24 @@ class VersionedState:
         self._puts[key] = value
         self._removes.discard(key)
 
+    def put_rows(self, keys: Sequence[Hashable], values: Sequence[Any] | None,
+                 columns: Sequence[pa.Array]) -> None:
+        """Puts many keys whose key and value columns are at hand in Arrow: the delta takes
+        those columns as they are instead of encoding the keys again."""
+        if self._puts or self._removes:
+            for k in keys:
+                self._puts.pop(k, None)
+                self._removes.discard(k)
+        if values is None:
+            self.data.update(dict.fromkeys(keys))
+        else:
+            self.data.update(zip(keys, values))
+        self._arrow_puts.append(list(columns))
+
     def remove(self, key: Hashable) -> None:
         del self.data[key]
         self._puts.pop(key, None)
         self._removes.add(key)
-
-    def has_changes(self) -> bool:
-        return bool(self._puts or self._removes)
 
     # -- files -------------------------------------------------------------------------
     def _schema(self, kind: str, version: int) -> pa.Schema:
@@ -64,10 +77,15 @@ class VersionedState:
                                            b"version": str(version).encode()})
 
     def _encode(self, kind: str, version: int, puts: Iterable[tuple[Hashable, Any]],
-                removes: Iterable[Hashable]) -> bytes:
+                removes: Iterable[Hashable], arrow_puts: Sequence[list[pa.Array]] = ()
+                ) -> bytes:
+        """Puts are applied before removes on load; Arrow puts before the other puts."""
         schema = self._schema(kind, version)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema) as writer:
+            for cols in arrow_puts:
+                ops = pa.array(np.full(len(cols[0]), OP_PUT, dtype=np.int8))
+                writer.write_batch(pa.RecordBatch.from_arrays(cols + [ops], schema=schema))
             for chunk_puts in _chunks(puts, 65536):
                 writer.write_batch(self._batch(schema, chunk_puts, OP_PUT))
             for chunk_removes in _chunks(((k, None) for k in removes), 65536):
@@ -87,7 +105,8 @@ class VersionedState:
     def commit_files(self, new_version: int, min_deltas_for_snapshot: int
                      ) -> tuple[bytes, bytes | None]:
         """The delta for new_version and, when it is time for one, a snapshot."""
-        delta = self._encode("delta", new_version, self._puts.items(), self._removes)
+        delta = self._encode("delta", new_version, self._puts.items(), self._removes,
+                             self._arrow_puts)
         snapshot = None
         if new_version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot):
             snapshot = self._encode("snapshot", new_version, self.data.items(), ())
@@ -100,6 +119,7 @@ class VersionedState:
             self.last_snapshot_version = new_version
         self._puts.clear()
         self._removes.clear()
+        self._arrow_puts.clear()
 
     def load(self, files: Sequence[tuple[str, bytes]], version: int) -> None:
         """Applies a snapshot and the deltas after it, in order, to reach `version`."""
@@ -135,13 +155,14 @@ class VersionedState:
         self.version = version
         self._puts.clear()
         self._removes.clear()
+        self._arrow_puts.clear()
         self._sample_entry_size(force=True)
 
     # -- memory ---------------------------------------------------------------------------
     def _sample_entry_size(self, force: bool = False) -> None:
         """Estimates bytes per entry from a few recent entries; never walks the whole state."""
         sample = list(itertools.islice(self._puts.items(), 32))
-        if not sample and force:
+        if not sample and (force or self._arrow_puts):
             sample = list(itertools.islice(self.data.items(), 32))
         if sample:
             size = sum(_deep_size(k) + _deep_size(v) for k, v in sample) / len(sample)
@@ -157,29 +178,51 @@ class VersionedState:
 class TimeIndex:
     """Keys ordered by the time they expire, so eviction touches only what it evicts.
 
-    Entries are never updated in place: a key whose time changes gets a new entry, and an
-    entry whose key was removed or moved is skipped when popped.
+    Keys arrive a batch at a time: each batch becomes a bucket sorted by time (one numpy
+    argsort), and a heap orders the buckets by their earliest time. An entry is never
+    updated in place: a key whose time changes gets a new entry, and an entry whose key was
+    removed or moved is skipped when it comes up.
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Hashable]] = []
+        self._buckets: list[tuple[int, int, "_Bucket"]] = []
         self._seq = itertools.count()
+        self._size = 0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._size
 
-    def add(self, time: int, key: Hashable) -> None:
-        heapq.heappush(self._heap, (time, next(self._seq), key))
+    def add_many(self, times: np.ndarray, keys: Sequence[Hashable]) -> None:
+        if len(keys) == 0:
+            return
+        order = np.argsort(times, kind="stable")
+        bucket = _Bucket(np.asarray(times)[order], [keys[i] for i in order.tolist()])
+        heapq.heappush(self._buckets, (int(bucket.times[0]), next(self._seq), bucket))
+        self._size += len(keys)
 
     def pop_until(self, threshold: int, current_time: Callable[[Hashable], int | None]
                   ) -> Iterator[Hashable]:
         """Yields each key whose current time is <= threshold, once."""
-        heap = self._heap
-        while heap and heap[0][0] <= threshold:
-            time, _, key = heapq.heappop(heap)
-            now = current_time(key)
-            if now is not None and now == time:
-                yield key
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= threshold:
+            _, seq, bucket = heapq.heappop(buckets)
+            cut = int(np.searchsorted(bucket.times, threshold, side="right"))
+            expired = bucket.keys[bucket.start:cut]
+            times = bucket.times[bucket.start:cut].tolist()
+            self._size -= cut - bucket.start
+            bucket.start = cut
+            if cut < len(bucket.keys):
+                heapq.heappush(buckets, (int(bucket.times[cut]), seq, bucket))
+            for key, time in zip(expired, times):
+                if current_time(key) == time:
+                    yield key
+
+
+class _Bucket:
+    __slots__ = ("times", "keys", "start")
+
+    def __init__(self, times: np.ndarray, keys: list) -> None:
+        self.times, self.keys, self.start = times, keys, 0
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
