@@ -7,7 +7,6 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -32,22 +31,6 @@ def write_batches(directory: str, rows: int, batches: int, keys: int, seed: int 
                           "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
                           "value": pa.array(rng.random(per_batch))})
         pq.write_table(table, os.path.join(directory, f"{b:05d}.parquet"))
-
-
-def worker_rss_bytes() -> int:
-    total = 0
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                if b"arrowstate.worker" not in f.read().split(b"\0"):
-                    continue
-            with open(cmdline.replace("cmdline", "status")) as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
 
 
 def jvm_heap_used(spark) -> int:
@@ -93,6 +76,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     import arrowstate
+    from arrowstate.procinfo import rss_bytes, state_worker_pids
 
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
@@ -121,7 +105,7 @@ def main() -> None:
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
                 "jvm_heap_used_mb": round(jvm_heap_used(spark) / 2**20),
-                "python_workers_rss_mb": round(worker_rss_bytes() / 2**20),
+                "python_workers_rss_mb": round(sum(map(rss_bytes, state_worker_pids())) / 2**20),
             }), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)

@@ -3,7 +3,6 @@ workers on loopback), so arrowstate's operator and Python workers run inside exe
 that are not the driver's. Started by test_cluster.py in its own process, since a process
 holds one SparkContext. Prints one JSON line with what it saw."""
 import datetime as dt
-import glob
 import json
 import os
 import sys
@@ -15,24 +14,8 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
+from arrowstate.procinfo import parent_command, state_worker_pids  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
-
-
-def parent_commands() -> list[str]:
-    """The command line of the parent of each arrowstate Python worker."""
-    parents = []
-    for path in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(path, "rb") as f:
-                if b"arrowstate.worker" not in f.read().split(b"\0"):
-                    continue
-            with open(path.replace("cmdline", "stat")) as f:
-                ppid = f.read().rsplit(")", 1)[1].split()[1]
-            with open(f"/proc/{ppid}/cmdline", "rb") as f:
-                parents.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
-        except OSError:
-            continue
-    return parents
 
 
 def main(master: str) -> None:
@@ -69,7 +52,7 @@ def main(master: str) -> None:
         "arrow_node_in_plan": all("ArrowStreamingDeduplicate" in p for p in on.plans),
         "executors": executors,
         "cache_hits": sum(c[0]["stateCacheHits"] or 0 for c in on.custom.values()),
-        "worker_parents": parent_commands(),
+        "worker_parents": [parent_command(p) for p in state_worker_pids()],
     }))
     spark.stop()
 

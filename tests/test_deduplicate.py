@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from arrowstate.procinfo import state_worker_pids
 from harness import assert_same, run_query
 
 NODE = "ArrowStreamingDeduplicate"
@@ -22,17 +23,10 @@ def ev(user, second, v=0):
 
 def kill_state_workers():
     """SIGKILLs every arrowstate Python worker of this machine's Spark."""
-    killed = 0
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"arrowstate.worker" in args:
-            os.kill(int(cmdline.split("/")[2]), signal.SIGKILL)
-            killed += 1
-    return killed
+    pids = state_worker_pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def test_no_watermark_with_empty_batch_and_null_keys(spark, tmp_path):

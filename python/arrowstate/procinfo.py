@@ -1,0 +1,37 @@
+"""Finds this machine's arrowstate Python workers (Linux /proc), for benchmarks and tests."""
+from __future__ import annotations
+
+import glob
+
+
+def state_worker_pids() -> list[int]:
+    pids = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                if b"arrowstate.worker" in f.read().split(b"\0"):
+                    pids.append(int(path.split("/")[2]))
+        except OSError:
+            continue
+    return pids
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def parent_command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = f.read().rsplit(")", 1)[1].split()[1]
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
