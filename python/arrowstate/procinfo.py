@@ -19,12 +19,10 @@ def state_worker_pids() -> list[int]:
 def rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+            lines = f.readlines()
+    except OSError:  # the process ended meanwhile
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("VmRSS:")), 0)
 
 
 def parent_command(pid: int) -> str:

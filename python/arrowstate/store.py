@@ -22,7 +22,7 @@ OP_PUT, OP_REMOVE = 1, 0
 
 
 class CorruptStateFile(RuntimeError):
-    pass
+    """A state file that is not what its name says; the message names the file."""
 
 
 class VersionedState:
