@@ -199,3 +199,25 @@ def test_snapshots_and_retention(spark, tmp_path):
             assert all(x in versions for x in range(base + 1, v + 1)), names
         assert not any(n.endswith((".delta", ".snapshot")) and "arrowstate" not in n
                        for n in names), "Spark's own store files must not appear"
+
+
+def test_reloaded_state_still_evicts_by_watermark(spark, tmp_path):
+    """A worker that reloads state from files rebuilds its eviction index."""
+    batches = [
+        [ev("a", 10), ev("b", 11)],
+        [ev("c", 40), ev("a", 12)],
+        [ev("d", 200), ev("b", 11)],     # after the reload: evicts a, b, c
+        [ev("a", 10), ev("e", 201)],
+    ]
+
+    def kill_before_third(i, _checkpoint):
+        if i == 2:
+            kill_state_workers()
+
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"]),
+        expect_node=NODE, custom_metrics=["stateCacheMisses"],
+        between_batches=kill_before_third)
+    assert ours.custom[2][0]["stateCacheMisses"] > 0
+    assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) >= 3
