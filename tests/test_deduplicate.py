@@ -219,5 +219,6 @@ def test_reloaded_state_still_evicts_by_watermark(spark, tmp_path):
         lambda df: df.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"]),
         expect_node=NODE, custom_metrics=["stateCacheMisses"],
         between_batches=kill_before_third)
-    assert ours.custom[2][0]["stateCacheMisses"] > 0
+    # batch ids run ahead of file numbers here: no-data batches run when the watermark moves
+    assert any(c[0]["stateCacheMisses"] for bid, c in ours.custom.items() if bid > 0)
     assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) >= 3
