@@ -13,7 +13,7 @@ KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz=
 VALUE_FIELDS = [pa.field("v0", pa.int64())]
 
 
-def test_keys_round_trip_every_supported_type():
+def test_keys_of_every_supported_type_are_hashable_and_distinct():
     cols = [
         pa.array([1, None, 3], pa.int32()),
         pa.array(["a", None, "c"]),
@@ -27,10 +27,10 @@ def test_keys_round_trip_every_supported_type():
                                    names=["a", "b"], mask=pa.array([False, False, True])),
         pa.array([[1, 2], None, []], pa.list_(pa.int64())),
     ]
-    rows = keys.rows(cols)
-    back = keys.columns(rows, [c.type for c in cols])
-    for original, restored in zip(cols, back):
-        assert original.equals(restored), (original, restored)
+    rows = keys.rows(cols, 3)
+    assert len(set(rows)) == 3
+    assert rows == keys.rows([c.slice(0) for c in cols], 3)
+    assert keys.rows([], 2) == [(), ()]
 
 
 def test_float_keys_compare_like_spark():
@@ -53,18 +53,32 @@ def _ts(s):
     return int(s * 1_000_000)
 
 
+def _put(state, key, value):
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([key[0]]), pa.array([key[1]], pa.timestamp("us", tz="UTC")),
+         pa.array([value], pa.int64())], names=["a", "b", "c"])
+    state.put_rows([key], batch)
+
+
+def _contents(state):
+    rows = state.take(state.live_ids())
+    return dict(zip(state.data, rows.column(2).to_pylist()))
+
+
 def test_delta_and_snapshot_chain_loads_each_version():
     state = _state()
     files = []
     expected = {}
     for version in range(1, 8):
-        state.put((f"k{version}", _ts(version)), (version,))
+        _put(state, (f"k{version}", _ts(version)), version)
+        _put(state, ("same", _ts(0)), version)
         if version % 3 == 0:
-            state.remove((f"k{version - 1}", _ts(version - 1)))
+            removed = state.pop_rows([(f"k{version - 1}", _ts(version - 1))])
+            assert removed.column(2).to_pylist() == [version - 1]
         delta, snapshot = state.commit_files(version, min_deltas_for_snapshot=4)
         files.append((version, delta, snapshot))
         state.mark_committed(version, snapshot is not None)
-        expected[version] = dict(state.data)
+        expected[version] = _contents(state)
     assert [v for v, _, s in files if s is not None] == [4]
     for target in range(1, 8):
         chain = ([(f"{target}.delta", d) for v, d, _ in files if v <= target] if target < 4
@@ -72,14 +86,36 @@ def test_delta_and_snapshot_chain_loads_each_version():
                  + [(f"{v}.delta", d) for v, d, _ in files if 4 < v <= target])
         loaded = _state()
         loaded.load(chain, target)
-        assert loaded.data == expected[target] and loaded.version == target
+        assert _contents(loaded) == expected[target] and loaded.version == target
+
+
+def test_rows_survive_chunk_merges_and_compaction():
+    state = VersionedState([pa.field("k", pa.int64())], [pa.field("v", pa.string())])
+    expected = {}
+    for round_ in range(40):
+        ks = np.arange(round_ * 3000, round_ * 3000 + 5000) % 20000
+        values = [f"{k}-{round_}" for k in ks.tolist()]
+        state.put_rows([(k,) for k in ks.tolist()],
+                       pa.RecordBatch.from_arrays([pa.array(ks), pa.array(values)], ["k", "v"]))
+        expected.update(zip(ks.tolist(), values))
+        gone = [(k,) for k in range(round_, 20000, 97) if (k,) in state.data]
+        state.pop_rows(gone)
+        for (k,) in gone:
+            expected.pop(k, None)
+        state.mark_committed(round_ + 1, False)
+    assert len(state._chunks) <= 12
+    rows = state.take(state.live_ids())
+    assert dict(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist())) == expected
+    probe = [(5,), (-1,), (19999,)]
+    ids = state.lookup(probe)
+    assert ids[1] == -1 and (ids[0] >= 0) == ((5,) in state.data)
 
 
 def test_corrupt_or_foreign_file_is_refused_with_its_name():
     with pytest.raises(CorruptStateFile, match="3.delta"):
         _state().load([("3.delta", b"garbage")], 3)
     other = VersionedState([pa.field("k0", pa.int64())], [])
-    other.put((1,))
+    other.put_rows([(1,)], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
     delta, _ = other.commit_files(1, 10)
     with pytest.raises(CorruptStateFile, match="columns"):
         _state().load([("1.delta", delta)], 1)
@@ -90,8 +126,12 @@ def test_time_index_pops_only_what_expires_and_skips_stale_entries():
     current = {"a": 5, "b": 10, "c": 20}
     index.add_many(np.array([7], dtype=np.int64), ["b"])   # b moved on to 10: stale
     index.add_many(np.array(list(current.values()), dtype=np.int64), list(current))
-    assert list(index.pop_until(10, current.get)) == ["a", "b"]
-    assert list(index.pop_until(15, current.get)) == []
+
+    def is_current(key, time):
+        return current.get(key) == time
+
+    assert list(index.pop_until(10, is_current)) == ["a", "b"]
+    assert list(index.pop_until(15, is_current)) == []
     assert len(index) == 1
     del current["c"]
-    assert list(index.pop_until(25, current.get)) == [] and len(index) == 0
+    assert list(index.pop_until(25, is_current)) == [] and len(index) == 0

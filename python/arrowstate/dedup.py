@@ -11,6 +11,7 @@ with a keep-mask, so rows stay in the JVM.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Hashable
 
@@ -50,23 +51,22 @@ class Deduplicate:
         state.index = TimeIndex()
         return state
 
-    def _expiry(self, key: Hashable, value: Any) -> int | None:
+    def _expiry_micros(self, rows: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        """When each stored row expires, and whether it does (a null event time never does)."""
         if self.within_watermark:
-            return value[0]
-        if self.evict_by_key:
-            t = key[self.event_time_index]
-            return t[1] if isinstance(t, tuple) else t  # a window expires with its end
+            expires = rows.column(self.key_count).to_numpy(zero_copy_only=False)
+            return expires, np.ones(len(expires), dtype=bool)
+        if self.evict_by_key:  # a window expires with its end
+            return keycodec.event_time_micros(rows.column(self.event_time_index))
         return None
 
     def rebuild_index(self, state: VersionedState) -> None:
         state.index = TimeIndex()
-        keys, times = [], []
-        for key, value in state.data.items():
-            expiry = self._expiry(key, value)
-            if expiry is not None:
-                keys.append(key)
-                times.append(expiry)
-        state.index.add_many(np.array(times, dtype=np.int64), keys)
+        expiry = self._expiry_micros(state.take(state.live_ids()))
+        if expiry is not None:
+            times, valid = expiry
+            state.index.add_many(times[valid],
+                                 list(itertools.compress(state.data.keys(), valid.tolist())))
 
     # -- one micro-batch ------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -83,7 +83,7 @@ class Deduplicate:
             self.metrics["numRowsDroppedByWatermark"] += int(late.sum())
             keep &= ~late
 
-        row_keys = keycodec.rows(batch.columns[: self.key_count])
+        row_keys = keycodec.rows(batch.columns[: self.key_count], n)
         data = state.data
         fresh: dict[Hashable, int] = {}  # new keys of this batch -> their first row
         candidates = np.flatnonzero(keep).tolist()
@@ -96,16 +96,15 @@ class Deduplicate:
         keep[:] = False
         keep[new_rows] = True
         columns = [c.take(new_rows) for c in batch.columns[: self.key_count]]
-        values = None
         if self.within_watermark:
-            expires = event_micros[new_rows] + self.delay_micros
-            columns.append(pa.array(expires, pa.int64()))
-            values = [(e,) for e in expires.tolist()]
-            state.index.add_many(expires, new_keys)
-        elif self.evict_by_key:
-            times, valid = keycodec.event_time_micros(columns[self.event_time_index])
-            state.index.add_many(times[valid], [k for k, ok in zip(new_keys, valid) if ok])
-        state.put_rows(new_keys, values, columns)
+            columns.append(pa.array(event_micros[new_rows] + self.delay_micros, pa.int64()))
+        stored = pa.RecordBatch.from_arrays(columns, schema=state.schema)
+        state.put_rows(new_keys, stored)
+        expiry = self._expiry_micros(stored)
+        if expiry is not None:
+            times, valid = expiry
+            state.index.add_many(times[valid],
+                                 list(itertools.compress(new_keys, valid.tolist())))
         self.metrics["numUpdatedStateRows"] += len(new_keys)
         self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_keys)
         self._update_ns += time.perf_counter_ns() - start
@@ -116,13 +115,9 @@ class Deduplicate:
         start = time.perf_counter_ns()
         if self.evict_threshold is not None and (self.within_watermark or self.evict_by_key):
             data = state.data
-
-            def current_expiry(key: Hashable) -> int | None:
-                return self._expiry(key, data[key]) if key in data else None
-
-            expired = list(state.index.pop_until(self.evict_threshold, current_expiry))
-            for key in expired:
-                state.remove(key)
+            expired = dict.fromkeys(
+                state.index.pop_until(self.evict_threshold, lambda key, _: key in data))
+            state.pop_rows(list(expired))
             self.metrics["numRemovedStateRows"] += len(expired)
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         return []

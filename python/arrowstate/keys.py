@@ -2,8 +2,8 @@
 
 Two keys are equal here exactly when Spark's binary row encoding makes them equal: floats
 compare by their bits after Spark's normalisation (-0.0 is 0.0, every NaN is one NaN), structs
-by their fields, and a null struct differs from a struct of nulls. The conversion back gives
-the same Arrow type, so state files hold plain typed columns.
+by their fields, and a null struct differs from a struct of nulls. Only the dict of live keys
+holds these values: state rows themselves stay in Arrow.
 """
 from __future__ import annotations
 
@@ -68,36 +68,11 @@ def column_values(arr: pa.Array | pa.ChunkedArray) -> list:
     return arr.to_pylist()
 
 
-def column_array(values: Sequence[Any], t: pa.DataType) -> pa.Array:
-    """The inverse of column_values."""
-    if pa.types.is_date32(t):
-        return pa.array(values, pa.int32()).view(t)
-    if pa.types.is_timestamp(t):
-        return pa.array(values, pa.int64()).view(t)
-    if pa.types.is_floating(t):
-        return pa.array(values, _INT_VIEW[t][0]).view(t)
-    if pa.types.is_struct(t):
-        fields = list(t)
-        children = [column_array([None if r is None else r[i] for r in values], f.type)
-                    for i, f in enumerate(fields)]
-        mask = pa.array([r is None for r in values], pa.bool_())
-        return pa.StructArray.from_arrays(children, fields=fields, mask=mask)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.array([None if v is None else list(v) for v in values], t)
-    return pa.array(values, t)
-
-
-def rows(columns: Sequence[pa.Array]) -> list[tuple]:
-    """Row tuples of several columns."""
+def rows(columns: Sequence[pa.Array], num_rows: int) -> list[tuple]:
+    """Row tuples of several columns (empty tuples when there are none: a global key)."""
     if not columns:
-        return []
+        return [()] * num_rows
     return list(zip(*(column_values(c) for c in columns)))
-
-
-def columns(row_tuples: Sequence[tuple], types: Sequence[pa.DataType]) -> list[pa.Array]:
-    """Columns of row tuples: the inverse of rows()."""
-    transposed = list(zip(*row_tuples)) if row_tuples else [()] * len(types)
-    return [column_array(list(c), t) for c, t in zip(transposed, types)]
 
 
 def event_time_micros(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 VERSION = 1
-READY, NEED_FILES, DATA, NO_DATA, END, COMMITTED, ERROR = 0, 1, 2, 3, 4, 5, -1
+READY, NEED_FILES, DATA, NO_DATA, END, COMMITTED, LOOKUP, ERROR = 0, 1, 2, 3, 4, 5, 6, -1
 
 _INT = struct.Struct("!i")
 

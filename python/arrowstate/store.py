@@ -1,16 +1,21 @@
 """The versioned state of one operator partition, held in memory between micro-batches.
 
-Like Spark's state store: a task works on version V and commits V + 1 as a delta (the rows
-put and removed); every few versions a full snapshot is made so loading stays short. Files
-are Arrow IPC streams of typed key and value columns plus an `__op` column (1 put, 0 remove),
-data only. The JVM writes and reads them through Hadoop's filesystem layer.
+Rows stay Arrow: each put appends a record batch (a "chunk") of key and value columns, and a
+dict maps every live key to its row's global id. Lookups, evictions, snapshots and deltas
+are Arrow `take`s, so values never turn into Python objects and keep their exact types.
+Replaced and removed rows are dead until a compaction rewrites the live ones.
+
+Like Spark's state store, a task works on version V and commits V + 1 as a delta (the puts
+and removes, in order); every few versions a full snapshot is made so loading stays short.
+Files are Arrow IPC streams of the key and value columns plus an `__op` column (1 put,
+0 remove). The JVM writes and reads them through Hadoop's filesystem layer.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import sys
-from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +24,7 @@ from . import keys as keycodec
 
 FORMAT = b"arrowstate-state-1"
 OP_PUT, OP_REMOVE = 1, 0
+_MIN_DEAD_FOR_COMPACTION = 65536
 
 
 class CorruptStateFile(RuntimeError):
@@ -26,126 +32,157 @@ class CorruptStateFile(RuntimeError):
 
 
 class VersionedState:
-    """Key -> value mapping with the changes since the last committed version."""
+    """Key -> Arrow row mapping with the changes since the last committed version."""
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field]):
-        self.key_fields = list(key_fields)
-        self.value_fields = list(value_fields)
-        self.data: dict[Hashable, Any] = {}
+        self.key_count = len(key_fields)
+        fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
+        fields += [pa.field(f"v{i}", f.type) for i, f in enumerate(value_fields)]
+        self.schema = pa.schema(fields)
+        self.data: dict[Hashable, int] = {}   # key -> global row id
         self.version = 0
         self.last_snapshot_version = 0
-        self._puts: dict[Hashable, Any] = {}
-        self._removes: set[Hashable] = set()
-        self._arrow_puts: list[list[pa.Array]] = []
-        self._bytes_per_entry = 0.0
-        self.index: Any = None  # a family's own index over the data (rebuilt on load)
+        self.index = None  # a family's own index over the data (rebuilt on load)
+        self._chunks: list[pa.RecordBatch] = []
+        self._starts: list[int] = []           # global id of each chunk's first row
+        self._next_id = 0
+        self._dead = 0
+        self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
+        self._key_bytes = 0.0
 
-    # -- reading and changing ------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.data)
 
-    def put(self, key: Hashable, value: Any = None) -> None:
-        self.data[key] = value
-        self._puts[key] = value
-        self._removes.discard(key)
+    # -- changing ---------------------------------------------------------------------------
+    def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
+        """Stores one row per key; `batch` holds the key then the value columns."""
+        if len(keys) == 0:
+            return
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        self._insert(keys, batch)
+        self._changes.append(_with_op(batch, OP_PUT))
 
-    def put_rows(self, keys: Sequence[Hashable], values: Sequence[Any] | None,
-                 columns: Sequence[pa.Array]) -> None:
-        """Puts many keys whose key and value columns are at hand in Arrow: the delta takes
-        those columns as they are instead of encoding the keys again."""
-        if self._puts or self._removes:
-            for k in keys:
-                self._puts.pop(k, None)
-                self._removes.discard(k)
-        if values is None:
-            self.data.update(dict.fromkeys(keys))
-        else:
-            self.data.update(zip(keys, values))
-        self._arrow_puts.append(list(columns))
+    def pop_rows(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
+        """Removes keys that are present and returns their rows."""
+        data = self.data
+        ids = np.fromiter((data.pop(k) for k in keys), dtype=np.int64, count=len(keys))
+        rows = self.take(ids)
+        self._dead += len(ids)
+        if len(ids):
+            removed = rows.columns[: self.key_count] + [
+                pa.nulls(len(ids), f.type) for f in list(self.schema)[self.key_count:]]
+            self._changes.append(_with_op(
+                pa.RecordBatch.from_arrays(removed, schema=self.schema), OP_REMOVE))
+        return rows
 
-    def remove(self, key: Hashable) -> None:
-        del self.data[key]
-        self._puts.pop(key, None)
-        self._removes.add(key)
+    def _insert(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
+        before = len(self.data)
+        start = self._next_id
+        self.data.update(zip(keys, range(start, start + len(keys))))
+        self._dead += len(keys) - (len(self.data) - before)
+        self._chunks.append(batch)
+        self._starts.append(start)
+        self._next_id += batch.num_rows
+        # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
+        while len(self._chunks) >= 2 and (self._chunks[-1].num_rows
+                                          >= self._chunks[-2].num_rows):
+            last = self._chunks.pop()
+            self._starts.pop()
+            self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
 
-    # -- files -------------------------------------------------------------------------
-    def _schema(self, kind: str, version: int) -> pa.Schema:
-        fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(self.key_fields)]
-        fields += [pa.field(f"v{i}", f.type) for i, f in enumerate(self.value_fields)]
-        fields.append(pa.field("__op", pa.int8()))
-        return pa.schema(fields, metadata={b"format": FORMAT, b"kind": kind.encode(),
-                                           b"version": str(version).encode()})
+    # -- reading ----------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """Each key's row id, -1 where the key is absent."""
+        get = self.data.get
+        return np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
 
-    def _encode(self, kind: str, version: int, puts: Iterable[tuple[Hashable, Any]],
-                removes: Iterable[Hashable], arrow_puts: Sequence[list[pa.Array]] = ()
-                ) -> bytes:
-        """Puts are applied before removes on load; Arrow puts before the other puts."""
-        schema = self._schema(kind, version)
+    def take(self, ids: np.ndarray) -> pa.RecordBatch:
+        """Rows by global id, in the order given."""
+        if len(ids) == 0:
+            return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.schema],
+                                              schema=self.schema)
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        starts = np.asarray(self._starts, dtype=np.int64)
+        chunk_of = np.searchsorted(starts, sorted_ids, side="right") - 1
+        bounds = np.searchsorted(chunk_of, np.arange(len(self._chunks) + 1))
+        parts = [self._chunks[c].take(pa.array(sorted_ids[lo:hi] - starts[c]))
+                 for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+        rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        if np.any(order[1:] < order[:-1]):
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            rows = rows.take(pa.array(inverse))
+        return rows
+
+    def live_ids(self) -> np.ndarray:
+        """Every live row id, in the dict's key order."""
+        return np.fromiter(self.data.values(), dtype=np.int64, count=len(self.data))
+
+    def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        ids = np.sort(self.live_ids())
+        for lo in range(0, len(ids), max(1, batch_size)):
+            yield self.take(ids[lo:lo + batch_size])
+
+    # -- files ------------------------------------------------------------------------------
+    def _file_schema(self, kind: str, version: int) -> pa.Schema:
+        return self.schema.append(pa.field("__op", pa.int8())).with_metadata(
+            {b"format": FORMAT, b"kind": kind.encode(), b"version": str(version).encode()})
+
+    def _encode(self, kind: str, version: int, batches: Sequence[pa.RecordBatch]) -> bytes:
+        schema = self._file_schema(kind, version)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema) as writer:
-            for cols in arrow_puts:
-                ops = pa.array(np.full(len(cols[0]), OP_PUT, dtype=np.int8))
-                writer.write_batch(pa.RecordBatch.from_arrays(cols + [ops], schema=schema))
-            for chunk_puts in _chunks(puts, 65536):
-                writer.write_batch(self._batch(schema, chunk_puts, OP_PUT))
-            for chunk_removes in _chunks(((k, None) for k in removes), 65536):
-                writer.write_batch(self._batch(schema, chunk_removes, OP_REMOVE))
+            for b in batches:
+                writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=schema))
         return sink.getvalue().to_pybytes()
-
-    def _batch(self, schema: pa.Schema, items: list, op: int) -> pa.RecordBatch:
-        key_cols = keycodec.columns([k for k, _ in items], [f.type for f in self.key_fields])
-        if op == OP_PUT and self.value_fields:
-            value_cols = keycodec.columns([v for _, v in items],
-                                          [f.type for f in self.value_fields])
-        else:
-            value_cols = [pa.nulls(len(items), f.type) for f in self.value_fields]
-        ops = pa.array([op] * len(items), pa.int8())
-        return pa.RecordBatch.from_arrays(key_cols + value_cols + [ops], schema=schema)
 
     def commit_files(self, new_version: int, min_deltas_for_snapshot: int
                      ) -> tuple[bytes, bytes | None]:
         """The delta for new_version and, when it is time for one, a snapshot."""
-        delta = self._encode("delta", new_version, self._puts.items(), self._removes,
-                             self._arrow_puts)
+        delta = self._encode("delta", new_version, self._changes)
         snapshot = None
         if new_version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot):
-            snapshot = self._encode("snapshot", new_version, self.data.items(), ())
+            snapshot = self._encode("snapshot", new_version,
+                                    [_with_op(b, OP_PUT) for b in self.all_rows(1 << 20)])
         return delta, snapshot
 
     def mark_committed(self, new_version: int, made_snapshot: bool) -> None:
-        self._sample_entry_size()
         self.version = new_version
         if made_snapshot:
             self.last_snapshot_version = new_version
-        self._puts.clear()
-        self._removes.clear()
-        self._arrow_puts.clear()
+        self._changes.clear()
+        if self._dead > max(len(self.data), _MIN_DEAD_FOR_COMPACTION):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrites the live rows into one chunk: O(live), run once dead rows outnumber them."""
+        ids = self.live_ids()
+        order = np.argsort(ids, kind="stable")
+        rows = self.take(ids[order])
+        new_ids = np.empty_like(ids)
+        new_ids[order] = np.arange(len(ids))
+        self.data = dict(zip(self.data.keys(), new_ids.tolist()))
+        self._chunks, self._starts = [rows], [0]
+        self._next_id, self._dead = rows.num_rows, 0
 
     def load(self, files: Sequence[tuple[str, bytes]], version: int) -> None:
         """Applies a snapshot and the deltas after it, in order, to reach `version`."""
         self.data.clear()
+        self._chunks, self._starts, self._next_id, self._dead = [], [], 0, 0
         for name, payload in files:
             try:
                 reader = pa.ipc.open_stream(payload)
                 meta = reader.schema.metadata or {}
                 if meta.get(b"format") != FORMAT:
                     raise CorruptStateFile("not an arrowstate state file")
-                expected = [f.type for f in self.key_fields + self.value_fields]
+                expected = [f.type for f in self.schema]
                 actual = [f.type for f in reader.schema][:-1]
                 if actual != expected:
                     raise CorruptStateFile(
                         f"its columns {actual} are not this operator's {expected}")
-                nk = len(self.key_fields)
                 for batch in reader:
-                    cols = batch.columns
-                    ks = keycodec.rows(cols[:nk])
-                    ops = cols[-1].to_pylist()
-                    vs = keycodec.rows(cols[nk:-1]) if self.value_fields else [None] * len(ks)
-                    for k, v, op in zip(ks, vs, ops):
-                        if op == OP_PUT:
-                            self.data[k] = v
-                        else:
-                            self.data.pop(k, None)
+                    self._apply(batch)
                 if meta.get(b"kind") == b"snapshot":
                     self.last_snapshot_version = int(meta[b"version"])
             except CorruptStateFile as e:
@@ -153,26 +190,39 @@ class VersionedState:
             except (pa.ArrowInvalid, pa.ArrowException, ValueError, KeyError) as e:
                 raise CorruptStateFile(f"arrowstate: state file {name} is corrupt: {e}") from e
         self.version = version
-        self._puts.clear()
-        self._removes.clear()
-        self._arrow_puts.clear()
-        self._sample_entry_size(force=True)
+        self._changes.clear()
 
-    # -- memory ---------------------------------------------------------------------------
-    def _sample_entry_size(self, force: bool = False) -> None:
-        """Estimates bytes per entry from a few recent entries; never walks the whole state."""
-        sample = list(itertools.islice(self._puts.items(), 32))
-        if not sample and (force or self._arrow_puts):
-            sample = list(itertools.islice(self.data.items(), 32))
-        if sample:
-            size = sum(_deep_size(k) + _deep_size(v) for k, v in sample) / len(sample)
-            size += 100  # dict slot and hash overhead
-            self._bytes_per_entry = (size if not self._bytes_per_entry
-                                     else 0.8 * self._bytes_per_entry + 0.2 * size)
+    def _apply(self, batch: pa.RecordBatch) -> None:
+        """Replays a file batch: runs of puts and removes, in order."""
+        ops = batch.column(batch.num_columns - 1).to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero(np.diff(ops)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ops)]):
+            run = pa.RecordBatch.from_arrays(batch.slice(lo, hi - lo).columns[:-1],
+                                             schema=self.schema)
+            run_keys = keycodec.rows(run.columns[: self.key_count], run.num_rows)
+            if ops[lo] == OP_PUT:
+                self._insert(run_keys, run)
+            else:
+                for k in run_keys:
+                    self.data.pop(k, None)
+                self._dead += len(run_keys)
 
+    # -- memory -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        extra = len(self.index) * 72 if self.index is not None else 0
-        return int(len(self.data) * self._bytes_per_entry) + extra
+        """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk)."""
+        sample = list(itertools.islice(self.data, 32))
+        if sample:
+            size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id
+            self._key_bytes = size if not self._key_bytes else 0.8 * self._key_bytes + 0.2 * size
+        index = len(self.index) * 72 if self.index is not None else 0
+        return (sum(c.nbytes for c in self._chunks) + int(len(self.data) * self._key_bytes)
+                + index)
+
+
+def _with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
+    ops = pa.array(np.full(batch.num_rows, op, dtype=np.int8))
+    return pa.RecordBatch.from_arrays(batch.columns + [ops],
+                                      names=batch.schema.names + ["__op"])
 
 
 class TimeIndex:
@@ -200,9 +250,9 @@ class TimeIndex:
         heapq.heappush(self._buckets, (int(bucket.times[0]), next(self._seq), bucket))
         self._size += len(keys)
 
-    def pop_until(self, threshold: int, current_time: Callable[[Hashable], int | None]
+    def pop_until(self, threshold: int, is_current: Callable[[Hashable, int], bool]
                   ) -> Iterator[Hashable]:
-        """Yields each key whose current time is <= threshold, once."""
+        """Yields each key with an entry at or below threshold that is still current."""
         buckets = self._buckets
         while buckets and buckets[0][0] <= threshold:
             _, seq, bucket = heapq.heappop(buckets)
@@ -214,7 +264,7 @@ class TimeIndex:
             if cut < len(bucket.keys):
                 heapq.heappush(buckets, (int(bucket.times[cut]), seq, bucket))
             for key, time in zip(expired, times):
-                if current_time(key) == time:
+                if is_current(key, time):
                     yield key
 
 
@@ -225,13 +275,7 @@ class _Bucket:
         self.times, self.keys, self.start = times, keys, 0
 
 
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    it = iter(items)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
-
-
-def _deep_size(v: Any) -> int:
+def _deep_size(v: object) -> int:
     if isinstance(v, tuple):
         return sys.getsizeof(v) + sum(_deep_size(x) for x in v)
     return sys.getsizeof(v)

@@ -4,7 +4,8 @@ One process serves one task at a time and keeps every operator partition it has 
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
 A task's conversation (see protocol.py):
   header, input schema -> [state files if asked] -> READY
-  DATA batch -> DATA answer | NO_DATA   (repeated)
+  DATA batch -> DATA answer | NO_DATA   (repeated, with LOOKUP batches between: reads
+  LOOKUP batch -> DATA answer | NO_DATA  of the state version being updated)
   END -> DATA batch* END
   delta, snapshot? -> COMMITTED -> COMMITTED, metrics
 Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
@@ -22,10 +23,11 @@ from typing import Any, BinaryIO
 
 from . import protocol as p
 from ._version import __version__
+from .aggregate import Aggregate
 from .dedup import Deduplicate
 from .store import VersionedState
 
-FAMILIES = {Deduplicate.family: Deduplicate}
+FAMILIES = {family.family: family for family in (Deduplicate, Aggregate)}
 
 
 class Worker:
@@ -63,8 +65,9 @@ class Worker:
         p.write_int(f, p.READY)
         f.flush()
 
-        while (tag := p.read_int(f)) == p.DATA:
-            answer = op.process(state, p.ipc_to_batch(p.read_bytes(f)))
+        while (tag := p.read_int(f)) in (p.DATA, p.LOOKUP):
+            batch = p.ipc_to_batch(p.read_bytes(f))
+            answer = op.process(state, batch) if tag == p.DATA else op.lookup(state, batch)
             if answer is None:
                 p.write_int(f, p.NO_DATA)
             else:

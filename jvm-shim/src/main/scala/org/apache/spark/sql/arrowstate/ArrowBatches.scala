@@ -3,14 +3,18 @@ package org.apache.spark.sql.arrowstate
 import java.io.{ByteArrayInputStream, ByteArrayOutputStream}
 import java.nio.channels.Channels
 
+import scala.jdk.CollectionConverters._
+
 import org.apache.arrow.memory.BufferAllocator
 import org.apache.arrow.vector.{BitVector, VectorSchemaRoot}
 import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter}
 
 import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.execution.arrow.ArrowWriter
 import org.apache.spark.sql.types._
 import org.apache.spark.sql.util.ArrowUtils
+import org.apache.spark.sql.vectorized.{ArrowColumnVector, ColumnVector, ColumnarBatch}
 
 /** Turns rows into self-contained Arrow IPC stream messages, one record batch each. */
 class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoCloseable {
@@ -46,34 +50,68 @@ class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoClos
 }
 
 object ArrowBatches {
-  /** Reads the single boolean column of a mask batch the worker sent back. */
-  def readMask(bytes: Array[Byte]): Array[Boolean] = {
-    val allocator = ArrowUtils.rootAllocator.newChildAllocator("arrowstate-mask", 0, Long.MaxValue)
+  /** The schema rows of these columns cross to Python with (positional names). */
+  def schemaOf(attributes: Seq[Attribute]): StructType =
+    StructType(attributes.zipWithIndex.map { case (a, i) =>
+      StructField(s"c$i", a.dataType, a.nullable)
+    })
+
+  private def withBatch[T](bytes: Array[Byte])(read: VectorSchemaRoot => T): T = {
+    val allocator = ArrowUtils.rootAllocator.newChildAllocator("arrowstate-read", 0, Long.MaxValue)
     try {
       val reader = new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
       try {
         require(reader.loadNextBatch(), "arrowstate: empty answer from the Python worker")
-        val v = reader.getVectorSchemaRoot.getVector(0).asInstanceOf[BitVector]
-        Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
+        read(reader.getVectorSchemaRoot)
       } finally reader.close()
     } finally allocator.close()
   }
 
-  /** Why arrowstate cannot carry a column of this type, if it cannot. */
-  def unsupportedReason(dt: DataType): Option[String] = dt match {
+  /** Reads the single boolean column of a mask batch the worker sent back. */
+  def readMask(bytes: Array[Byte]): Array[Boolean] = withBatch(bytes) { root =>
+    val v = root.getVector(0).asInstanceOf[BitVector]
+    Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
+  }
+
+  /** Reads a batch the worker sent back into rows of the given Spark types (copied). */
+  def readRows(bytes: Array[Byte], schema: StructType): Array[InternalRow] = withBatch(bytes) {
+    root =>
+      val columns: Array[ColumnVector] =
+        root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
+      require(columns.length == schema.length,
+        s"arrowstate: the worker sent ${columns.length} columns, expected ${schema.length}")
+      val batch = new ColumnarBatch(columns, root.getRowCount)
+      val toUnsafe = UnsafeProjection.create(schema)
+      batch.rowIterator().asScala.map(r => toUnsafe(r).copy(): InternalRow).toArray
+  }
+
+  /** Why arrowstate cannot hold values of this type in state (they only round-trip). */
+  def unsupportedValueReason(dt: DataType): Option[String] = dt match {
+    case BooleanType | ByteType | ShortType | IntegerType | LongType | FloatType | DoubleType |
+         DateType | TimestampType | TimestampNTZType | BinaryType | NullType | _: StringType |
+         _: DecimalType => None
+    case s: StructType => s.fields.iterator.flatMap(f => unsupportedValueReason(f.dataType))
+      .nextOption()
+    case ArrayType(e, _) => unsupportedValueReason(e)
+    case MapType(k, v, _) => unsupportedValueReason(k).orElse(unsupportedValueReason(v))
+    case other => Some(s"type ${other.sql}")
+  }
+
+  /** Why arrowstate cannot use a column of this type as a key, if it cannot. */
+  def unsupportedKeyReason(dt: DataType): Option[String] = dt match {
     case BooleanType | ByteType | ShortType | IntegerType | LongType | FloatType | DoubleType |
          DateType | TimestampType | TimestampNTZType | BinaryType | NullType => None
     case _: DecimalType => None
     case s: StringType =>
       if (s.supportsBinaryEquality) None
       else Some(s"string with collation ${s.typeName} (keys compare by collation)")
-    case s: StructType => s.fields.iterator.map(f => unsupportedReason(f.dataType)).collectFirst {
+    case s: StructType => s.fields.iterator.map(f => unsupportedKeyReason(f.dataType)).collectFirst {
       case Some(r) => r
     }
     case ArrayType(e, _) => e match {
       case _: StructType | _: ArrayType | _: MapType | FloatType | DoubleType =>
         Some(s"type ${dt.sql} (arrays of ${e.sql})")
-      case _ => unsupportedReason(e)
+      case _ => unsupportedKeyReason(e)
     }
     case other => Some(s"type ${other.sql}")
   }

@@ -9,7 +9,7 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StreamingDeduplicateExec, StreamingDeduplicateWithinWatermarkExec}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperatorStateInfo, StateStoreSaveExec, StreamingDeduplicateExec, StreamingDeduplicateWithinWatermarkExec}
 import org.apache.spark.sql.internal.SQLConf
 
 /** Entry point named in `spark.sql.extensions`. */
@@ -59,6 +59,11 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
         ArrowStreamingDeduplicateExec.build(d.keyExpressions, d.child, d.stateInfo,
           d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
           withinWatermark = true)
+    }),
+    OperatorFamily("aggregate", ArrowStateConf.AggregateEnabled, {
+      case s: StateStoreSaveExec => ArrowStateStoreAggregate.build(s)
+      case _: SessionWindowStateStoreSaveExec =>
+        Left("session windows (session_window) keep Spark's own state store operators")
     })
   )
 

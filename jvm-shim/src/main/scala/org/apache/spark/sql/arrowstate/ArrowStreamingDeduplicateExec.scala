@@ -3,65 +3,18 @@ package org.apache.spark.sql.arrowstate
 import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.JValue
 import org.json4s.JsonDSL._
-import org.json4s.jackson.JsonMethods.{compact, render}
 
-import org.apache.spark.{SparkContext, TaskContext}
+import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.types.{StructField, StructType}
 import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
-
-/** Metrics every arrowstate operator reports besides Spark's own. */
-case class ArrowStateMetric(name: String, desc: String, kind: String)
-  extends StatefulOperatorCustomMetric {
-  override def createSQLMetric(sc: SparkContext): SQLMetric = kind match {
-    case "timing" => SQLMetrics.createTimingMetric(sc, desc)
-    case "size" => SQLMetrics.createSizeMetric(sc, desc)
-    case _ => SQLMetrics.createMetric(sc, desc)
-  }
-}
-
-object ArrowStateMetrics {
-  val all: Seq[StatefulOperatorCustomMetric] = Seq(
-    ArrowStateMetric("pythonWorkerTimeMs", "time waiting on the Python state worker", "timing"),
-    ArrowStateMetric("arrowBytesToPython", "Arrow bytes sent to Python", "size"),
-    ArrowStateMetric("arrowBytesFromPython", "Arrow bytes received from Python", "size"),
-    ArrowStateMetric("stateLoadTimeMs", "time to load state from checkpoint", "timing"),
-    ArrowStateMetric("stateCacheHits", "state versions found loaded in the worker", "sum"),
-    ArrowStateMetric("stateCacheMisses", "state versions loaded from checkpoint files", "sum"))
-}
-
-object ArrowStateVersion {
-  lazy val version: String = {
-    val props = new java.util.Properties()
-    val in = getClass.getResourceAsStream("/arrowstate.properties")
-    if (in != null) try props.load(in) finally in.close()
-    props.getProperty("version", "unknown")
-  }
-}
-
-/** Header fields common to every family, for one partition. */
-object StateHeader {
-  def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = compact(render(
-    ("shimVersion" -> ArrowStateVersion.version) ~
-      ("family" -> family) ~
-      ("stateKey" -> stateKey) ~
-      ("operatorId" -> info.operatorId) ~
-      ("partitionId" -> partitionId) ~
-      ("version" -> info.storeVersion) ~
-      ("drop" -> drop.toList) ~
-      ("conf" -> conf) ~
-      ("operator" -> operator)))
-}
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
@@ -127,9 +80,7 @@ case class ArrowStreamingDeduplicateExec(
       eventTime.map(et => keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
     val sent: Seq[Attribute] =
       keyExpressions ++ eventTime.filter(_ => eventTimeKeyIndex < 0).toSeq
-    val sentSchema = StructType(sent.zipWithIndex.map { case (a, i) =>
-      StructField(s"c$i", a.dataType, a.nullable)
-    })
+    val sentSchema = ArrowBatches.schemaOf(sent)
     val operator: JValue =
       ("keyCount" -> keyExpressions.size) ~
         ("eventTimeIndex" -> (if (eventTimeKeyIndex >= 0) eventTimeKeyIndex
@@ -140,31 +91,23 @@ case class ArrowStreamingDeduplicateExec(
           .map(_.metadata.getLong(EventTimeWatermark.delayKey))) ~
         ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
         ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
-    val settings = Map(
-      "minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong)
     val minVersionsToRetain = conf.minBatchesToRetain
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val timeZone = conf.sessionLocalTimeZone
-    val hadoopConf = sparkContext.broadcast(
-      new SerializableConfiguration(session.sessionState.newHadoopConf()))
-
+    val opener = StatePartitionOpener("deduplicate", info, operator,
+      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
+      timeZone, sparkContext.broadcast(
+        new SerializableConfiguration(session.sessionState.newHadoopConf())))
     val coordinator = Some(session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
 
     new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
         reportCommits, { (partitionId, rows, reporter) =>
-      val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
-      val exchange = new StateExchange(
-        dir.toString, new StateFiles(dir, hadoopConf.value.value), opMetrics.get)
+      val exchange = opener.open(partitionId)
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
       val project = UnsafeProjection.create(sent, child.output)
       val numOutputRows = opMetrics("numOutputRows")
-
-      exchange.begin(
-        StateHeader("deduplicate", info, partitionId, dir.toString,
-          exchange.staleKeysToDrop, settings, operator),
-        encoder.schemaIpc, info.storeVersion)
 
       val kept = rows.map(_.copy()).grouped(batchSize).flatMap { group =>
         exchange.exchange(encoder.encode(group.iterator.map(project))) match {
@@ -179,7 +122,7 @@ case class ArrowStreamingDeduplicateExec(
       }
       CompletionIterator[InternalRow, Iterator[InternalRow]](kept, {
         exchange.endInput().foreach(_ => ())
-        exchange.commit(info.storeVersion + 1, minVersionsToRetain)
+        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
         reporter.committed(info.storeVersion + 1)
       })
     })
@@ -201,7 +144,7 @@ object ArrowStreamingDeduplicateExec {
     val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
       allowMultipleEventTimeColumns = true)
     val badColumn = (keyExpressions ++ eventTime).iterator.flatMap { a =>
-      ArrowBatches.unsupportedReason(a.dataType).map(r => s"column ${a.name}: unsupported $r")
+      ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"column ${a.name}: unsupported $r")
     }.nextOption()
     ArrowStateOverrides.commonUnsupportedReason(stateInfo, conf).orElse(badColumn) match {
       case Some(reason) => Left(reason)

@@ -20,6 +20,7 @@ object Protocol {
   val NoData = 3
   val End = 4
   val Committed = 5
+  val Lookup = 6
   val Error = -1
 }
 
@@ -129,10 +130,7 @@ object PythonStateWorkers extends Logging {
  * begin (load the state version), exchange Arrow batches, end input, commit.
  * Any failure before commit destroys the worker, so no half-applied state survives.
  */
-class StateExchange(
-    stateKey: String,
-    files: StateFiles,
-    metrics: String => Option[SQLMetric]) extends Logging {
+class StateExchange(stateKey: String, files: StateFiles) extends Logging {
 
   private val (worker, drops) = PythonStateWorkers.borrow(stateKey)
   private val in = worker.in
@@ -200,8 +198,13 @@ class StateExchange(
   }
 
   /** Sends one Arrow batch; returns the worker's answer to it, if it has one. */
-  def exchange(batchIpc: Array[Byte]): Option[Array[Byte]] = timed {
-    out.writeInt(Protocol.Data)
+  def exchange(batchIpc: Array[Byte]): Option[Array[Byte]] = send(Protocol.Data, batchIpc)
+
+  /** Asks what the state (the version being updated) holds for a batch of keys. */
+  def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = send(Protocol.Lookup, keysIpc)
+
+  private def send(tag: Int, batchIpc: Array[Byte]): Option[Array[Byte]] = timed {
+    out.writeInt(tag)
     writeBytes(batchIpc)
     out.flush()
     bytesToPython += batchIpc.length
@@ -248,7 +251,8 @@ class StateExchange(
    * Writes the new version's delta (and snapshot, when the worker made one) atomically, tells
    * the worker it is committed and adds the worker's metrics to the operator's SQL metrics.
    */
-  def commit(newVersion: Long, minVersionsToRetain: Int): Unit = {
+  def commit(
+      newVersion: Long, minVersionsToRetain: Int, metrics: String => Option[SQLMetric]): Unit = {
     val (delta, snapshot) = timed {
       val d = readBytes()
       val s = if (in.readBoolean()) Some(readBytes()) else None
@@ -293,5 +297,26 @@ object WorkerMetrics {
       }.toMap
       case _ => Map.empty
     }
+  }
+}
+
+object StateExchange {
+  private val open = new java.util.concurrent.ConcurrentHashMap[(Long, String), StateExchange]()
+
+  /**
+   * The task's exchange for one state partition, begun on first use. Both operators of a
+   * streaming aggregation (restore and save, in the same task) share it: one worker, one
+   * state version, one commit.
+   */
+  def forTask(stateKey: String, files: => StateFiles)(begin: StateExchange => Unit)
+    : StateExchange = {
+    val context = TaskContext.get()
+    val id = (context.taskAttemptId(), stateKey)
+    open.computeIfAbsent(id, { _ =>
+      val exchange = new StateExchange(stateKey, files)
+      context.addTaskCompletionListener[Unit](_ => open.remove(id))
+      begin(exchange)
+      exchange
+    })
   }
 }

@@ -1,0 +1,84 @@
+package org.apache.spark.sql.arrowstate
+
+import org.json4s.JsonAST.JValue
+import org.json4s.JsonDSL._
+import org.json4s.jackson.JsonMethods.{compact, render}
+
+import org.apache.spark.SparkContext
+import org.apache.spark.broadcast.Broadcast
+import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
+import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.types.StructType
+import org.apache.spark.util.SerializableConfiguration
+
+/** Metrics every arrowstate operator reports besides Spark's own. */
+case class ArrowStateMetric(name: String, desc: String, kind: String)
+  extends StatefulOperatorCustomMetric {
+  override def createSQLMetric(sc: SparkContext): SQLMetric = kind match {
+    case "timing" => SQLMetrics.createTimingMetric(sc, desc)
+    case "size" => SQLMetrics.createSizeMetric(sc, desc)
+    case _ => SQLMetrics.createMetric(sc, desc)
+  }
+}
+
+object ArrowStateMetrics {
+  val all: Seq[StatefulOperatorCustomMetric] = Seq(
+    ArrowStateMetric("pythonWorkerTimeMs", "time waiting on the Python state worker", "timing"),
+    ArrowStateMetric("arrowBytesToPython", "Arrow bytes sent to Python", "size"),
+    ArrowStateMetric("arrowBytesFromPython", "Arrow bytes received from Python", "size"),
+    ArrowStateMetric("stateLoadTimeMs", "time to load state from checkpoint", "timing"),
+    ArrowStateMetric("stateCacheHits", "state versions found loaded in the worker", "sum"),
+    ArrowStateMetric("stateCacheMisses", "state versions loaded from checkpoint files", "sum"))
+}
+
+object ArrowStateVersion {
+  lazy val version: String = {
+    val props = new java.util.Properties()
+    val in = getClass.getResourceAsStream("/arrowstate.properties")
+    if (in != null) try props.load(in) finally in.close()
+    props.getProperty("version", "unknown")
+  }
+}
+
+/** Header fields common to every family, for one partition. */
+object StateHeader {
+  def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
+      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = compact(render(
+    ("shimVersion" -> ArrowStateVersion.version) ~
+      ("family" -> family) ~
+      ("stateKey" -> stateKey) ~
+      ("operatorId" -> info.operatorId) ~
+      ("partitionId" -> partitionId) ~
+      ("version" -> info.storeVersion) ~
+      ("drop" -> drop.toList) ~
+      ("conf" -> conf) ~
+      ("operator" -> operator)))
+}
+
+
+/**
+ * Made on the driver: opens a task's exchange with the Python worker for one partition of an
+ * operator's state (header, the schema of the rows sent, the version to update).
+ */
+case class StatePartitionOpener(
+    family: String,
+    info: StatefulOperatorStateInfo,
+    operator: JValue,
+    settings: Map[String, Long],
+    sentSchema: StructType,
+    timeZone: String,
+    hadoopConf: Broadcast[SerializableConfiguration]) {
+
+  def open(partitionId: Int): StateExchange = {
+    val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
+    StateExchange.forTask(dir.toString, new StateFiles(dir, hadoopConf.value.value)) { exchange =>
+      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
+      try {
+        exchange.begin(
+          StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
+            settings, operator),
+          encoder.schemaIpc, info.storeVersion)
+      } finally encoder.close()
+    }
+  }
+}

@@ -1,0 +1,272 @@
+package org.apache.spark.sql.arrowstate
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonAST.JValue
+import org.json4s.JsonDSL._
+
+import org.apache.spark.TaskContext
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.physical.{AllTuples, Distribution, Partitioning}
+import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.metric.SQLMetrics
+import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.streaming.OutputMode
+import org.apache.spark.sql.types.{IntegerType, StructField, StructType}
+import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
+
+/**
+ * What the restore and save halves of one streaming aggregation share: the state they talk
+ * to, and the worker header that describes it (both must send the same one: whichever half
+ * opens the task's exchange first begins it).
+ */
+case class AggregateStateSpec(
+    keyExpressions: Seq[Attribute],
+    stateInfo: Option[StatefulOperatorStateInfo],
+    outputMode: OutputMode,
+    eventTimeWatermarkForLateEvents: Option[Long],
+    eventTimeWatermarkForEviction: Option[Long],
+    eventTimeKeyIndex: Int,
+    stateFormatVersion: Int) {
+
+  def modeName: String = outputMode match {
+    case Append => "append"
+    case Update => "update"
+    case Complete => "complete"
+  }
+
+  /** The child's columns that are not grouping keys: the aggregation buffer, in order. */
+  def bufferOf(childOutput: Seq[Attribute]): Seq[Attribute] =
+    childOutput.filterNot(a => keyExpressions.exists(_.exprId == a.exprId))
+
+  def requiredChildDistribution(conf: SQLConf): Seq[Distribution] =
+    if (keyExpressions.isEmpty) AllTuples :: Nil
+    else StatefulOperatorPartitioning.getCompatibleDistribution(
+      keyExpressions, stateInfo.get, conf) :: Nil
+
+  /** Made on the driver; `childOutput` is either half's child output (same layout). */
+  def opener(session: SparkSession, childOutput: Seq[Attribute]): StatePartitionOpener = {
+    val conf = session.sessionState.conf
+    val operator: JValue =
+      ("keyCount" -> keyExpressions.size) ~
+        ("outputMode" -> modeName) ~
+        ("eventTimeIndex" -> eventTimeKeyIndex) ~
+        ("batchSize" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
+        ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
+        ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
+    StatePartitionOpener("aggregate", stateInfo.get, operator,
+      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong),
+      ArrowBatches.schemaOf(keyExpressions ++ bufferOf(childOutput)),
+      conf.sessionLocalTimeZone,
+      session.sparkContext.broadcast(
+        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+  }
+
+  override def toString: String =
+    s"${keyExpressions.mkString("[", ", ", "]")}, ${stateInfo.getOrElse("no state info")}, " +
+      s"$outputMode"
+}
+
+/**
+ * Spark's StateStoreRestoreExec with the state in the Python worker: each incoming group is
+ * preceded by its stored aggregation buffer, if it has one. Only the group keys cross to
+ * Python; only the stored buffers come back.
+ */
+case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan)
+  extends UnaryExecNode {
+
+  override def nodeName: String = "ArrowStateStoreRestore"
+  override def simpleString(maxFields: Int): String = s"$nodeName $spec"
+  override def output: Seq[Attribute] = child.output
+  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
+
+  override lazy val metrics = Map(
+    "numOutputRows" -> SQLMetrics.createMetric(sparkContext, "number of output rows"))
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val numOutputRows = longMetric("numOutputRows")
+    val opener = spec.opener(session, child.output)
+    val keys = spec.keyExpressions
+    val buffer = spec.bufferOf(child.output)
+    val keySchema = ArrowBatches.schemaOf(keys)
+    val answerSchema = StructType(
+      StructField("pos", IntegerType, nullable = false) +: ArrowBatches.schemaOf(buffer).fields)
+    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val timeZone = conf.sessionLocalTimeZone
+    val width = child.output.size
+    // A stored row is the incoming row's keys joined with the worker's answer (pos, buffer).
+    val restoredExprs = child.output.map { a =>
+      val k = keys.indexWhere(_.exprId == a.exprId)
+      if (k >= 0) BoundReference(child.output.indexWhere(_.exprId == a.exprId), a.dataType,
+        a.nullable)
+      else BoundReference(width + 1 + buffer.indexWhere(_.exprId == a.exprId), a.dataType, true)
+    }
+    val childOutput = child.output
+
+    child.execute().mapPartitionsWithIndex { (partitionId, rows) =>
+      val exchange = opener.open(partitionId)
+      val encoder = new ArrowBatchEncoder(keySchema, timeZone)
+      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+      val keyProjection = UnsafeProjection.create(keys, childOutput)
+      val restored = UnsafeProjection.create(restoredExprs)
+
+      def lookup(group: Seq[InternalRow]): Map[Int, InternalRow] =
+        exchange.lookup(encoder.encode(group.iterator.map(keyProjection))) match {
+          case None => Map.empty
+          case Some(answer) =>
+            ArrowBatches.readRows(answer, answerSchema).iterator.map { a =>
+              a.getInt(0) -> a
+            }.toMap
+        }
+
+      val out = if (!rows.hasNext && keys.isEmpty) {
+        // A global aggregate with no input still restores its state, as Spark's does.
+        val noInput = new GenericInternalRow(width)
+        lookup(Seq(noInput)).get(0).iterator.map(a => restored(new JoinedRow(noInput, a)))
+      } else {
+        rows.map(_.copy()).grouped(batchSize).flatMap { group =>
+          val stored = lookup(group)
+          group.iterator.zipWithIndex.flatMap { case (row, i) =>
+            stored.get(i).map(a => restored(new JoinedRow(row, a)).copy()).iterator ++
+              Iterator.single(row)
+          }
+        }
+      }
+      out.map { r => numOutputRows += 1; r }
+    }
+  }
+
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
+
+/**
+ * Spark's StateStoreSaveExec with the state in the Python worker. Rows cross as key and
+ * buffer columns; in update mode the worker answers only with a mask when rows were late, in
+ * append and complete mode it sends the rows to emit after the input ends.
+ */
+case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
+  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+
+  override def keyExpressions: Seq[Attribute] = spec.keyExpressions
+  override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
+  override def eventTimeWatermarkForLateEvents: Option[Long] = spec.eventTimeWatermarkForLateEvents
+  override def eventTimeWatermarkForEviction: Option[Long] = spec.eventTimeWatermarkForEviction
+
+  override def nodeName: String = "ArrowStateStoreSave"
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName $spec, lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
+      s", evictionWatermark = $eventTimeWatermarkForEviction"
+  override def shortName: String = StatefulOperatorsUtils.STATE_STORE_SAVE_EXEC_OP_NAME
+  override def output: Seq[Attribute] = child.output
+  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
+    ArrowStateMetrics.all
+
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    spec.outputMode != Complete && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+
+  /** Spark's own node for the same query: it owns the state schema checks. */
+  override def validateAndMaybeEvolveStateSchema(
+      hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int)
+    : List[StateSchemaValidationResult] =
+    StateStoreSaveExec(keyExpressions, stateInfo, Some(spec.outputMode),
+      eventTimeWatermarkForLateEvents, eventTimeWatermarkForEviction, spec.stateFormatVersion,
+      child).validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val opMetrics = metrics // created on the driver, shipped with the closure
+    val info = getStateInfo
+    val opener = spec.opener(session, child.output)
+    val sent = keyExpressions ++ spec.bufferOf(child.output)
+    val sentSchema = ArrowBatches.schemaOf(sent)
+    val mode = spec.outputMode
+    val minVersionsToRetain = conf.minBatchesToRetain
+    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val timeZone = conf.sessionLocalTimeZone
+    val childOutput = child.output
+    val coordinator = Some(session.streams.stateStoreCoordinator)
+    val reportCommits = conf.stateStoreCommitValidationEnabled
+
+    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
+        reportCommits, { (partitionId, rows, reporter) =>
+      val exchange = opener.open(partitionId)
+      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
+      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+      val toSent = UnsafeProjection.create(sent, childOutput)
+      val fromSent = UnsafeProjection.create(childOutput, sent)
+      val numOutputRows = opMetrics("numOutputRows")
+
+      val stored = rows.map(_.copy()).grouped(batchSize).flatMap { group =>
+        val answer = exchange.exchange(encoder.encode(group.iterator.map(toSent)))
+        if (mode != Update) Iterator.empty
+        else answer match {
+          case None => group.iterator
+          case Some(mask) => group.iterator.zip(ArrowBatches.readMask(mask).iterator)
+            .collect { case (row, true) => row }
+        }
+      }
+      // Append and complete emit only after all input is stored: drain it first.
+      val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
+      lazy val afterInput = exchange.endInput().flatMap { batch =>
+        ArrowBatches.readRows(batch, sentSchema).iterator.map(r => fromSent(r).copy())
+      }
+      val out = (input ++ afterInput).map { r => numOutputRows += 1; r }
+      CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
+        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
+        reporter.committed(info.storeVersion + 1)
+      })
+    })
+  }
+
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
+
+object ArrowStateStoreAggregate {
+  /** Replaces Spark's save and the restore below it that shares its state, or says why not. */
+  def build(save: StateStoreSaveExec): Either[String, SparkPlan] = {
+    val conf = SQLConf.get
+    val operatorId = save.stateInfo.map(_.operatorId)
+    val restore = save.child.collectFirst {
+      case r: StateStoreRestoreExec if r.stateInfo.map(_.operatorId) == operatorId => r
+    }
+    val eventTime = WatermarkSupport.findEventTimeColumn(save.child.output,
+      allowMultipleEventTimeColumns = !save.allowMultipleStatefulOperators)
+    val eventTimeKeyIndex =
+      eventTime.map(et => save.keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
+    val buffer = save.child.output.filterNot(a => save.keyExpressions.exists(_.exprId == a.exprId))
+    val badKey = save.keyExpressions.iterator.flatMap { a =>
+      ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
+    }.nextOption()
+    val badBuffer = buffer.iterator.flatMap { a =>
+      ArrowBatches.unsupportedValueReason(a.dataType)
+        .map(r => s"aggregation buffer ${a.name}: unsupported $r")
+    }.nextOption()
+    val reason = ArrowStateOverrides.commonUnsupportedReason(save.stateInfo, conf)
+      .orElse(if (save.outputMode.isEmpty) Some("no output mode") else None)
+      .orElse(if (restore.isEmpty) Some("no StateStoreRestoreExec of the same state") else None)
+      .orElse(if (eventTime.isDefined && eventTimeKeyIndex < 0) {
+        Some(s"event-time column ${eventTime.get.name} is not a grouping key")
+      } else None)
+      .orElse(badKey).orElse(badBuffer)
+    reason match {
+      case Some(r) => Left(r)
+      case None =>
+        val spec = AggregateStateSpec(save.keyExpressions, save.stateInfo, save.outputMode.get,
+          save.eventTimeWatermarkForLateEvents, save.eventTimeWatermarkForEviction,
+          eventTimeKeyIndex, save.stateFormatVersion)
+        val child = save.child.transformDown {
+          case r: StateStoreRestoreExec if r eq restore.get => ArrowStateStoreRestoreExec(spec, r.child)
+        }
+        Right(ArrowStateStoreSaveExec(spec, child))
+    }
+  }
+}
