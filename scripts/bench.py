@@ -3,6 +3,12 @@ process. Prints one JSON line per case: rows/s of each (median of --runs), their
 memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 
     python scripts/bench.py [--rows 1000000] [--batches 5] [--keys 50000] [--runs 3]
+                            [--cases dedup,agg_update,...]
+    python scripts/bench.py --scaling [--state-keys 100000,5000000]
+
+--scaling measures how per-batch time depends on the size of the state: one large batch
+fills the state of a windowed aggregation (update mode, watermark), then batches of
+--batch-rows rows update random groups of it; it prints the median and max per-batch time.
 """
 from __future__ import annotations
 
@@ -39,29 +45,83 @@ def jvm_heap_used(spark) -> int:
     return int(rt.totalMemory() - rt.freeMemory())
 
 
+def _count_and_sum(df):
+    from pyspark.sql import functions as F
+    return df.agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+
+
+def _windowed(df, size: str):
+    from pyspark.sql import functions as F
+    return df.withWatermark("ts", "10 seconds").groupBy(F.window("ts", size), "key")
+
+
+DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
+# case -> (query, output mode, the arrowstate node it must plan)
 CASES = {
-    "dedup": lambda df: df.dropDuplicates(["key"]),
-    "dedup_watermark": lambda df: df.withWatermark("ts", "10 seconds")
-                                    .dropDuplicates(["user", "ts"]),
+    "dedup": (lambda df: df.dropDuplicates(["key"]), "append", DEDUP),
+    "dedup_watermark": (lambda df: df.withWatermark("ts", "10 seconds")
+                        .dropDuplicates(["user", "ts"]), "append", DEDUP),
+    "agg_update": (lambda df: _count_and_sum(df.groupBy("key")), "update", SAVE),
+    "agg_append": (lambda df: _count_and_sum(_windowed(df, "10 seconds")), "append", SAVE),
+    "agg_complete": (lambda df: _count_and_sum(df.groupBy("key")), "complete", SAVE),
 }
+SCALING_CASE = (lambda df: _count_and_sum(_windowed(df, "1 hour")), "update", SAVE)
 
 
-def run_once(spark, source: str, case: str, arrowstate: bool) -> float:
+def run_once(spark, source: str, case, arrowstate: bool):
+    """Runs the query over every file of `source`; returns seconds and the progress list."""
+    build, mode, node = case
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
     try:
         stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")
                   .option("maxFilesPerTrigger", 1).parquet(source))
         t0 = time.perf_counter()
-        q = (CASES[case](stream).writeStream.format("noop").trigger(availableNow=True)
-             .option("checkpointLocation", checkpoint).start())
+        q = (build(stream).writeStream.format("noop").outputMode(mode)
+             .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
         q.awaitTermination()
         elapsed = time.perf_counter() - t0
         plan = q._jsq.explainInternal(False)
-        assert ("ArrowStreamingDeduplicate" in plan) == arrowstate, plan
-        return elapsed
+        assert (node in plan) == arrowstate, plan
+        return elapsed, q.recentProgress
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def write_scaling_batches(directory: str, state_keys: int, batches: int, batch_rows: int,
+                          seed: int = 11) -> None:
+    """One batch with a row for each of `state_keys` groups, then updates of random ones."""
+    rng = np.random.default_rng(seed)
+    start = 1_700_000_000_000_000   # all rows in one hour-long window: nothing is evicted
+    for b, keys in enumerate([np.arange(state_keys)]
+                             + [rng.integers(0, state_keys, batch_rows) for _ in range(batches)]):
+        ts = start + b * 1_000_000 + np.arange(len(keys)) % 1000
+        table = pa.table({"key": pa.array(keys, pa.int64()),
+                          "user": pa.array(np.full(len(keys), "u")),
+                          "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+                          "value": pa.array(rng.random(len(keys)))})
+        pq.write_table(table, os.path.join(directory, f"{b:05d}.parquet"))
+
+
+def scaling(spark, args, memory) -> None:
+    for state_keys in [int(k) for k in args.state_keys.split(",")]:
+        source = tempfile.mkdtemp(prefix="bench-scaling-")
+        write_scaling_batches(source, state_keys, args.batches, args.batch_rows)
+        try:
+            result = {"case": "scaling_agg_update_watermark", "state_keys": state_keys,
+                      "batch_rows": args.batch_rows, "measured_batches": args.batches}
+            for on in (False, True):
+                _, progress = run_once(spark, source, SCALING_CASE, on)
+                per_batch = [p["durationMs"]["triggerExecution"] for p in progress
+                             if p["numInputRows"] > 0][1:]   # after the filling batch
+                name = "arrowstate" if on else "native"
+                result[f"{name}_batch_ms_median"] = statistics.median(per_batch)
+                result[f"{name}_batch_ms_max"] = max(per_batch)
+                result[f"{name}_state_rows"] = progress[-1]["stateOperators"][0]["numRowsTotal"]
+                result.update({f"{name}_{k}": v for k, v in memory().items()})
+            print(json.dumps(result), flush=True)
+        finally:
+            shutil.rmtree(source, ignore_errors=True)
 
 
 def main() -> None:
@@ -71,6 +131,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--state-keys", default="100000,5000000")
+    parser.add_argument("--batch-rows", type=int, default=50_000)
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -83,30 +146,41 @@ def main() -> None:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")).getOrCreate()
+        .config("spark.driver.memory", "8g")).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+
+    def memory() -> dict:
+        return {"jvm_heap_used_mb": round(jvm_heap_used(spark) / 2**20),
+                "python_workers_rss_mb":
+                    round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
+
+    if args.scaling:
+        try:
+            scaling(spark, args, memory)
+        finally:
+            spark.stop()
+        return
     source = tempfile.mkdtemp(prefix="bench-in-")
     write_batches(source, args.rows, args.batches, args.keys)
     try:
-        for case in args.cases.split(","):
+        for name in args.cases.split(","):
+            case = CASES[name]
             run_once(spark, source, case, True)  # warm-up: JIT, worker start
             run_once(spark, source, case, False)
             times = {False: [], True: []}
             for i in range(args.runs):
                 for on in ((False, True) if i % 2 == 0 else (True, False)):
-                    times[on].append(run_once(spark, source, case, on))
+                    times[on].append(run_once(spark, source, case, on)[0])
             native = args.rows / statistics.median(times[False])
             ours = args.rows / statistics.median(times[True])
             print(json.dumps({
-                "case": case, "rows": args.rows, "batches": args.batches, "keys": args.keys,
+                "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
                 "runs": args.runs,
                 "native_rows_per_s": round(native), "arrowstate_rows_per_s": round(ours),
                 "ratio": round(ours / native, 3),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
-                "jvm_heap_used_mb": round(jvm_heap_used(spark) / 2**20),
-                "python_workers_rss_mb": round(sum(map(rss_bytes, state_worker_pids())) / 2**20),
-            }), flush=True)
+                **memory()}), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)
         spark.stop()

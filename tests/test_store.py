@@ -121,17 +121,17 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
         _state().load([("1.delta", delta)], 1)
 
 
-def test_time_index_pops_only_what_expires_and_skips_stale_entries():
+def test_time_index_pops_only_what_expires():
     index = TimeIndex()
-    current = {"a": 5, "b": 10, "c": 20}
-    index.add_many(np.array([7], dtype=np.int64), ["b"])   # b moved on to 10: stale
-    index.add_many(np.array(list(current.values()), dtype=np.int64), list(current))
+    index.add_many(np.array([7], dtype=np.int64), ["b"])
+    index.add_many(np.array([5, 10, 20], dtype=np.int64), ["a", "b", "c"])
+    keys, times = index.pop_until(10)
+    assert sorted(zip(keys, times.tolist())) == [("a", 5), ("b", 7), ("b", 10)]
+    assert index.pop_until(15)[0] == [] and len(index) == 1
+    assert index.pop_until(25)[0] == ["c"] and len(index) == 0
 
-    def is_current(key, time):
-        return current.get(key) == time
 
-    assert list(index.pop_until(10, is_current)) == ["a", "b"]
-    assert list(index.pop_until(15, is_current)) == []
-    assert len(index) == 1
-    del current["c"]
-    assert list(index.pop_until(25, is_current)) == [] and len(index) == 0
+def test_present_keys_are_unique_and_in_order():
+    state = VersionedState([pa.field("k", pa.int64())], [])
+    state.put_rows([(1,), (2,)], pa.RecordBatch.from_arrays([pa.array([1, 2])], ["k"]))
+    assert state.present([(2,), (3,), (1,), (2,)]) == [(2,), (1,)]

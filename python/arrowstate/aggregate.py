@@ -106,10 +106,8 @@ class Aggregate:
         start = time.perf_counter_ns()
         evicted = None
         if self.evict_threshold is not None:
-            data = state.data
-            closed = dict.fromkeys(
-                state.index.pop_until(self.evict_threshold, lambda key, _: key in data))
-            evicted = state.pop_rows(list(closed))
+            closed, _ = state.index.pop_until(self.evict_threshold)
+            evicted = state.pop_rows(state.present(closed))
             self.metrics["numRemovedStateRows"] += evicted.num_rows
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         if evicted is not None and self.output_mode == "append":

@@ -114,10 +114,9 @@ class Deduplicate:
         self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000
         start = time.perf_counter_ns()
         if self.evict_threshold is not None and (self.within_watermark or self.evict_by_key):
-            data = state.data
-            expired = dict.fromkeys(
-                state.index.pop_until(self.evict_threshold, lambda key, _: key in data))
-            state.pop_rows(list(expired))
+            expired, _ = state.index.pop_until(self.evict_threshold)
+            expired = state.present(expired)
+            state.pop_rows(expired)
             self.metrics["numRemovedStateRows"] += len(expired)
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         return []

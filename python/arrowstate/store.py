@@ -12,10 +12,11 @@ Files are Arrow IPC streams of the key and value columns plus an `__op` column (
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import sys
-from typing import Callable, Hashable, Iterator, Sequence
+from typing import Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -63,9 +64,9 @@ class VersionedState:
         self._changes.append(_with_op(batch, OP_PUT))
 
     def pop_rows(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
-        """Removes keys that are present and returns their rows."""
-        data = self.data
-        ids = np.fromiter((data.pop(k) for k in keys), dtype=np.int64, count=len(keys))
+        """Removes the keys (each present, once) and returns their rows."""
+        ids = self.lookup(keys)
+        collections.deque(map(self.data.__delitem__, keys), maxlen=0)  # a loop in C
         rows = self.take(ids)
         self._dead += len(ids)
         if len(ids):
@@ -93,8 +94,13 @@ class VersionedState:
     # -- reading ----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
         """Each key's row id, -1 where the key is absent."""
-        get = self.data.get
-        return np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        return np.fromiter(map(self.data.get, keys, itertools.repeat(-1)), dtype=np.int64,
+                           count=len(keys))
+
+    def present(self, keys: Sequence[Hashable]) -> list:
+        """The keys that are in the state, once each, in order."""
+        unique = list(dict.fromkeys(keys))
+        return list(itertools.compress(unique, map(self.data.__contains__, unique)))
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
         """Rows by global id, in the order given."""
@@ -250,22 +256,21 @@ class TimeIndex:
         heapq.heappush(self._buckets, (int(bucket.times[0]), next(self._seq), bucket))
         self._size += len(keys)
 
-    def pop_until(self, threshold: int, is_current: Callable[[Hashable, int], bool]
-                  ) -> Iterator[Hashable]:
-        """Yields each key with an entry at or below threshold that is still current."""
+    def pop_until(self, threshold: int) -> tuple[list, np.ndarray]:
+        """Takes out every entry at or below threshold: their keys and times. Entries of keys
+        since removed, or whose time moved, are among them: the caller checks."""
+        keys, times = [], []
         buckets = self._buckets
         while buckets and buckets[0][0] <= threshold:
             _, seq, bucket = heapq.heappop(buckets)
             cut = int(np.searchsorted(bucket.times, threshold, side="right"))
-            expired = bucket.keys[bucket.start:cut]
-            times = bucket.times[bucket.start:cut].tolist()
+            keys += bucket.keys[bucket.start:cut]
+            times.append(bucket.times[bucket.start:cut])
             self._size -= cut - bucket.start
             bucket.start = cut
             if cut < len(bucket.keys):
                 heapq.heappush(buckets, (int(bucket.times[cut]), seq, bucket))
-            for key, time in zip(expired, times):
-                if is_current(key, time):
-                    yield key
+        return keys, (np.concatenate(times) if times else np.zeros(0, dtype=np.int64))
 
 
 class _Bucket:

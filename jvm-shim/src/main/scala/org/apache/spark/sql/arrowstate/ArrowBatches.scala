@@ -10,7 +10,7 @@ import org.apache.arrow.vector.{BitVector, VectorSchemaRoot}
 import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter}
 
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.arrow.ArrowWriter
 import org.apache.spark.sql.types._
 import org.apache.spark.sql.util.ArrowUtils
@@ -73,17 +73,15 @@ object ArrowBatches {
     Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
   }
 
-  /** Reads a batch the worker sent back into rows of the given Spark types (copied). */
-  def readRows(bytes: Array[Byte], schema: StructType): Array[InternalRow] = withBatch(bytes) {
-    root =>
+  /** Runs `f` on each row of a batch the worker sent back; the rows die with the batch. */
+  def foreachRow(bytes: Array[Byte], width: Int)(f: InternalRow => Unit): Unit =
+    withBatch(bytes) { root =>
       val columns: Array[ColumnVector] =
         root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
-      require(columns.length == schema.length,
-        s"arrowstate: the worker sent ${columns.length} columns, expected ${schema.length}")
-      val batch = new ColumnarBatch(columns, root.getRowCount)
-      val toUnsafe = UnsafeProjection.create(schema)
-      batch.rowIterator().asScala.map(r => toUnsafe(r).copy(): InternalRow).toArray
-  }
+      require(columns.length == width,
+        s"arrowstate: the worker sent ${columns.length} columns, expected $width")
+      new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala.foreach(f)
+    }
 
   /** Why arrowstate cannot hold values of this type in state (they only round-trip). */
   def unsupportedValueReason(dt: DataType): Option[String] = dt match {

@@ -116,25 +116,26 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
       val keyProjection = UnsafeProjection.create(keys, childOutput)
       val restored = UnsafeProjection.create(restoredExprs)
 
-      def lookup(group: Seq[InternalRow]): Map[Int, InternalRow] =
-        exchange.lookup(encoder.encode(group.iterator.map(keyProjection))) match {
-          case None => Map.empty
-          case Some(answer) =>
-            ArrowBatches.readRows(answer, answerSchema).iterator.map { a =>
-              a.getInt(0) -> a
-            }.toMap
+      /** Each row's stored row (null where none), joined while the answer is open. */
+      def restore(group: Seq[InternalRow]): Array[InternalRow] = {
+        val stored = new Array[InternalRow](group.size)
+        exchange.lookup(encoder.encode(group.iterator.map(keyProjection))).foreach { answer =>
+          ArrowBatches.foreachRow(answer, answerSchema.length) { a =>
+            val pos = a.getInt(0)
+            stored(pos) = restored(new JoinedRow(group(pos), a)).copy()
+          }
         }
+        stored
+      }
 
       val out = if (!rows.hasNext && keys.isEmpty) {
         // A global aggregate with no input still restores its state, as Spark's does.
-        val noInput = new GenericInternalRow(width)
-        lookup(Seq(noInput)).get(0).iterator.map(a => restored(new JoinedRow(noInput, a)))
+        restore(Seq(new GenericInternalRow(width))).iterator.filter(_ != null)
       } else {
         rows.map(_.copy()).grouped(batchSize).flatMap { group =>
-          val stored = lookup(group)
+          val stored = restore(group)
           group.iterator.zipWithIndex.flatMap { case (row, i) =>
-            stored.get(i).map(a => restored(new JoinedRow(row, a)).copy()).iterator ++
-              Iterator.single(row)
+            if (stored(i) == null) Iterator.single(row) else Iterator(stored(i), row)
           }
         }
       }
@@ -204,19 +205,21 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
       val fromSent = UnsafeProjection.create(childOutput, sent)
       val numOutputRows = opMetrics("numOutputRows")
 
-      val stored = rows.map(_.copy()).grouped(batchSize).flatMap { group =>
-        val answer = exchange.exchange(encoder.encode(group.iterator.map(toSent)))
-        if (mode != Update) Iterator.empty
-        else answer match {
-          case None => group.iterator
-          case Some(mask) => group.iterator.zip(ArrowBatches.readMask(mask).iterator)
-            .collect { case (row, true) => row }
-        }
-      }
+      val stored = new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
+        group => encoder.encode(group.iterator.map(toSent)),
+        (group, answer) =>
+          if (mode != Update) Iterator.empty
+          else answer match {
+            case None => group.iterator
+            case Some(mask) => group.iterator.zip(ArrowBatches.readMask(mask).iterator)
+              .collect { case (row, true) => row }
+          })
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
       lazy val afterInput = exchange.endInput().flatMap { batch =>
-        ArrowBatches.readRows(batch, sentSchema).iterator.map(r => fromSent(r).copy())
+        val rows = Array.newBuilder[InternalRow]
+        ArrowBatches.foreachRow(batch, sentSchema.length)(r => rows += fromSent(r).copy())
+        rows.result().iterator
       }
       val out = (input ++ afterInput).map { r => numOutputRows += 1; r }
       CompletionIterator[InternalRow, Iterator[InternalRow]](out, {

@@ -109,17 +109,17 @@ case class ArrowStreamingDeduplicateExec(
       val project = UnsafeProjection.create(sent, child.output)
       val numOutputRows = opMetrics("numOutputRows")
 
-      val kept = rows.map(_.copy()).grouped(batchSize).flatMap { group =>
-        exchange.exchange(encoder.encode(group.iterator.map(project))) match {
-          case Some(answer) =>
-            val keep = ArrowBatches.readMask(answer)
-            group.iterator.zip(keep.iterator).collect { case (row, true) =>
-              numOutputRows += 1
-              row
+      val kept = new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
+        group => encoder.encode(group.iterator.map(project)),
+        (group, answer) => answer match {
+          case Some(mask) =>
+            group.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
+              case (row, true) =>
+                numOutputRows += 1
+                row
             }
           case None => Iterator.empty
-        }
-      }
+        })
       CompletionIterator[InternalRow, Iterator[InternalRow]](kept, {
         exchange.endInput().foreach(_ => ())
         exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)

@@ -9,7 +9,45 @@ import scala.collection.mutable
 import org.apache.spark.{SparkEnv, TaskContext}
 import org.apache.spark.api.python.PythonWorker
 import org.apache.spark.internal.Logging
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.metric.SQLMetric
+
+/**
+ * Sends a partition's rows to the worker in groups, one group in flight, and yields what
+ * `select` makes of each group and the worker's answer to it, in input order.
+ */
+class PostedGroups(
+    groups: Iterator[Seq[InternalRow]],
+    exchange: StateExchange,
+    encode: Seq[InternalRow] => Array[Byte],
+    select: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
+  extends Iterator[InternalRow] {
+
+  private val ready = mutable.Queue[Iterator[InternalRow]]()
+  private var current: Iterator[InternalRow] = Iterator.empty
+
+  override def hasNext: Boolean = {
+    while (!current.hasNext) {
+      if (ready.nonEmpty) {
+        current = ready.dequeue()
+      } else if (groups.hasNext) {
+        val group = groups.next()
+        exchange.post(encode(group))(answer => ready.enqueue(select(group, answer)))
+        exchange.settle(inFlight = 1)
+      } else if (exchange.outstanding > 0) {
+        exchange.settle()
+      } else {
+        return false
+      }
+    }
+    true
+  }
+
+  override def next(): InternalRow = {
+    if (!hasNext) throw new NoSuchElementException
+    current.next()
+  }
+}
 
 /** Frame tags of the worker protocol; `python/arrowstate/protocol.py` has the same numbers. */
 object Protocol {
@@ -197,18 +235,39 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
     require(tag == Protocol.Ready, s"arrowstate: unexpected frame $tag from Python worker")
   }
 
-  /** Sends one Arrow batch; returns the worker's answer to it, if it has one. */
-  def exchange(batchIpc: Array[Byte]): Option[Array[Byte]] = send(Protocol.Data, batchIpc)
+  private val awaiting = mutable.Queue[Option[Array[Byte]] => Unit]()
+
+  /**
+   * Sends one Arrow batch of input without waiting for the worker's answer; `onAnswer` gets
+   * it (if the worker has one) when `settle` reads it. Answers come back in order. Keeping
+   * one batch in flight lets the worker process it while this task encodes the next.
+   */
+  def post(batchIpc: Array[Byte])(onAnswer: Option[Array[Byte]] => Unit): Unit = {
+    write(Protocol.Data, batchIpc)
+    awaiting.enqueue(onAnswer)
+  }
+
+  def outstanding: Int = awaiting.size
+
+  /** Reads answers until at most `inFlight` batches are still unanswered. */
+  def settle(inFlight: Int = 0): Unit =
+    while (awaiting.size > inFlight) {
+      val onAnswer = awaiting.dequeue()
+      onAnswer(timed(readAnswer()))
+    }
 
   /** Asks what the state (the version being updated) holds for a batch of keys. */
-  def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = send(Protocol.Lookup, keysIpc)
+  def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = {
+    settle()
+    write(Protocol.Lookup, keysIpc)
+    timed(readAnswer())
+  }
 
-  private def send(tag: Int, batchIpc: Array[Byte]): Option[Array[Byte]] = timed {
+  private def write(tag: Int, batchIpc: Array[Byte]): Unit = timed {
     out.writeInt(tag)
     writeBytes(batchIpc)
     out.flush()
     bytesToPython += batchIpc.length
-    readAnswer()
   }
 
   private def readAnswer(): Option[Array[Byte]] = readTag() match {
@@ -222,6 +281,7 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
 
   /** Ends the input; returns the batches the worker emits after seeing all of it. */
   def endInput(): Iterator[Array[Byte]] = {
+    settle()
     timed {
       out.writeInt(Protocol.End)
       out.flush()
