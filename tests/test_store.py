@@ -73,7 +73,7 @@ def test_delta_and_snapshot_chain_loads_each_version():
         _put(state, (f"k{version}", _ts(version)), version)
         _put(state, ("same", _ts(0)), version)
         if version % 3 == 0:
-            removed = state.pop_rows([(f"k{version - 1}", _ts(version - 1))])
+            removed = state.pop_present([(f"k{version - 1}", _ts(version - 1)), ("nope", 0)])
             assert removed.column(2).to_pylist() == [version - 1]
         delta, snapshot = state.commit_files(version, min_deltas_for_snapshot=4)
         files.append((version, delta, snapshot))
@@ -95,20 +95,20 @@ def test_rows_survive_chunk_merges_and_compaction():
     for round_ in range(40):
         ks = np.arange(round_ * 3000, round_ * 3000 + 5000) % 20000
         values = [f"{k}-{round_}" for k in ks.tolist()]
-        state.put_rows([(k,) for k in ks.tolist()],
+        state.put_rows(ks.tolist(),
                        pa.RecordBatch.from_arrays([pa.array(ks), pa.array(values)], ["k", "v"]))
         expected.update(zip(ks.tolist(), values))
-        gone = [(k,) for k in range(round_, 20000, 97) if (k,) in state.data]
-        state.pop_rows(gone)
-        for (k,) in gone:
+        gone = [k for k in range(round_, 20000, 97)] * 2
+        popped = state.pop_present(gone)
+        assert sorted(popped.column(0).to_pylist()) == sorted(set(gone) & set(expected))
+        for k in gone:
             expected.pop(k, None)
         state.mark_committed(round_ + 1, False)
     assert len(state._chunks) <= 12
     rows = state.take(state.live_ids())
     assert dict(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist())) == expected
-    probe = [(5,), (-1,), (19999,)]
-    ids = state.lookup(probe)
-    assert ids[1] == -1 and (ids[0] >= 0) == ((5,) in state.data)
+    ids = state.lookup([5, -1, 19999])
+    assert ids[1] == -1 and (ids[0] >= 0) == (5 in state.data)
 
 
 def test_corrupt_or_foreign_file_is_refused_with_its_name():
@@ -131,7 +131,12 @@ def test_time_index_pops_only_what_expires():
     assert index.pop_until(25)[0] == ["c"] and len(index) == 0
 
 
-def test_present_keys_are_unique_and_in_order():
-    state = VersionedState([pa.field("k", pa.int64())], [])
-    state.put_rows([(1,), (2,)], pa.RecordBatch.from_arrays([pa.array([1, 2])], ["k"]))
-    assert state.present([(2,), (3,), (1,), (2,)]) == [(2,), (1,)]
+
+
+def test_fixed_width_keys_keep_spark_equality():
+    ints = pa.array([1, 1, 1, 1, 1, None], pa.int64())
+    floats = pa.array([0.0, -0.0, None, float("nan"), float("nan"), 0.0])
+    k = keys.rows([ints, floats], 6)
+    assert k[0] == k[1] and k[3] == k[4]
+    assert len({k[0], k[2], k[3], k[5]}) == 4
+    assert keys.rows([ints.slice(0, 0), floats.slice(0, 0)], 0) == []

@@ -62,9 +62,15 @@ class Aggregate:
 
     # -- one micro-batch --------------------------------------------------------------------
     def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
-        """Positions of the keys that have a stored buffer, with that buffer."""
+        """Positions of the keys that have a stored buffer, with that buffer. Groups seen for
+        the first time are indexed here, where their absence is already known (a group
+        dropped as late afterwards leaves an entry that eviction skips)."""
         start = time.perf_counter_ns()
-        ids = state.lookup(keycodec.rows(batch.columns, batch.num_rows))
+        row_keys = keycodec.rows(batch.columns, batch.num_rows)
+        ids = state.lookup(row_keys)
+        new = np.flatnonzero(ids < 0)
+        if len(new):
+            self._index(state, [row_keys[i] for i in new.tolist()], batch.take(pa.array(new)))
         found = np.flatnonzero(ids >= 0)
         answer = None
         if len(found):
@@ -87,11 +93,7 @@ class Aggregate:
                 self.metrics["numRowsDroppedByWatermark"] += dropped
                 mask = pa.array(~late, pa.bool_())
                 batch = batch.filter(mask)
-        row_keys = keycodec.rows(batch.columns[: self.key_count], batch.num_rows)
-        if self.event_time_index >= 0 and self.output_mode != "complete":
-            new = np.flatnonzero(state.lookup(row_keys) < 0)
-            self._index(state, [row_keys[i] for i in new.tolist()], batch.take(pa.array(new)))
-        state.put_rows(row_keys, batch)
+        state.put_rows(keycodec.rows(batch.columns[: self.key_count], batch.num_rows), batch)
         self.metrics["numUpdatedStateRows"] += batch.num_rows
         self._update_ns += time.perf_counter_ns() - start
         if mask is None or self.output_mode != "update":
@@ -107,7 +109,7 @@ class Aggregate:
         evicted = None
         if self.evict_threshold is not None:
             closed, _ = state.index.pop_until(self.evict_threshold)
-            evicted = state.pop_rows(state.present(closed))
+            evicted = state.pop_present(closed)
             self.metrics["numRemovedStateRows"] += evicted.num_rows
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         if evicted is not None and self.output_mode == "append":

@@ -115,8 +115,6 @@ class Deduplicate:
         start = time.perf_counter_ns()
         if self.evict_threshold is not None and (self.within_watermark or self.evict_by_key):
             expired, _ = state.index.pop_until(self.evict_threshold)
-            expired = state.present(expired)
-            state.pop_rows(expired)
-            self.metrics["numRemovedStateRows"] += len(expired)
+            self.metrics["numRemovedStateRows"] += state.pop_present(expired).num_rows
         self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
         return []

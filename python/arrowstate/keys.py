@@ -68,10 +68,44 @@ def column_values(arr: pa.Array | pa.ChunkedArray) -> list:
     return arr.to_pylist()
 
 
-def rows(columns: Sequence[pa.Array], num_rows: int) -> list[tuple]:
-    """Row tuples of several columns (empty tuples when there are none: a global key)."""
+def _fixed_width(arr: pa.Array, parts: list) -> bool:
+    """Appends (rows x bytes) uint8 blocks that encode the column exactly, validity first;
+    False if a type has no fixed-width encoding here."""
+    t = arr.type
+    parts.append(arr.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)[:, None])
+    if pa.types.is_struct(t):
+        return all(_fixed_width(child, parts) for child in arr.flatten())
+    if pa.types.is_floating(t):
+        values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
+        values = np.where(values == 0, values.dtype.type(0), values)   # -0.0 -> 0.0
+        values = np.where(np.isnan(values), values.dtype.type(np.nan), values)
+    elif pa.types.is_timestamp(t) or pa.types.is_date(t):
+        values = pc.fill_null(arr.view(pa.int64() if pa.types.is_timestamp(t) or
+                                       pa.types.is_date64(t) else pa.int32()), 0)
+        values = values.to_numpy(zero_copy_only=False)
+    elif pa.types.is_integer(t) or pa.types.is_boolean(t):
+        values = pc.fill_null(arr, 0 if pa.types.is_integer(t) else False)
+        values = values.to_numpy(zero_copy_only=False)
+    else:
+        return False
+    values = np.ascontiguousarray(values)
+    parts.append(values.view(np.uint8).reshape(len(arr), values.dtype.itemsize))
+    return True
+
+
+def rows(columns: Sequence[pa.Array], num_rows: int) -> list:
+    """One hashable key per row of several columns. The form depends only on the column
+    types, so a state always uses one: the column's own value for a single column; for
+    fixed-width columns, one bytes string per row (validity and normalised bits, built in
+    numpy: hashing bytes is far cheaper than hashing tuples); otherwise row tuples."""
     if not columns:
         return [()] * num_rows
+    if len(columns) == 1 or num_rows == 0:
+        return column_values(columns[0])
+    parts: list[np.ndarray] = []
+    if all(_fixed_width(c, parts) for c in columns):
+        block = np.ascontiguousarray(np.concatenate(parts, axis=1))
+        return block.view(f"V{block.shape[1]}").ravel().tolist()
     return list(zip(*(column_values(c) for c in columns)))
 
 

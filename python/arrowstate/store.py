@@ -63,10 +63,14 @@ class VersionedState:
         self._insert(keys, batch)
         self._changes.append(_with_op(batch, OP_PUT))
 
-    def pop_rows(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
-        """Removes the keys (each present, once) and returns their rows."""
+    def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
+        """Removes those of the keys that are present (repeats count once); returns their rows."""
         ids = self.lookup(keys)
-        collections.deque(map(self.data.__delitem__, keys), maxlen=0)  # a loop in C
+        found = ids >= 0
+        ids, first = np.unique(ids[found], return_index=True)
+        found_keys = list(itertools.compress(keys, found.tolist()))
+        gone = [found_keys[i] for i in first.tolist()]
+        collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
         rows = self.take(ids)
         self._dead += len(ids)
         if len(ids):
@@ -96,11 +100,6 @@ class VersionedState:
         """Each key's row id, -1 where the key is absent."""
         return np.fromiter(map(self.data.get, keys, itertools.repeat(-1)), dtype=np.int64,
                            count=len(keys))
-
-    def present(self, keys: Sequence[Hashable]) -> list:
-        """The keys that are in the state, once each, in order."""
-        unique = list(dict.fromkeys(keys))
-        return list(itertools.compress(unique, map(self.data.__contains__, unique)))
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
         """Rows by global id, in the order given."""
