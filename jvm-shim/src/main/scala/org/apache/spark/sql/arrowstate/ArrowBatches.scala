@@ -36,11 +36,20 @@ class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoClos
   /** The schema alone, so the worker knows the columns even when no batch comes. */
   def schemaIpc: Array[Byte] = ipc(withBatch = false)
 
-  def encode(rows: Iterator[InternalRow]): Array[Byte] = {
-    writer.reset()
-    rows.foreach(writer.write)
+  /** Adds a row to the batch being built (its values are copied into Arrow). */
+  def append(row: InternalRow): Unit = writer.write(row)
+
+  /** The batch built since the last one, as IPC bytes; starts the next one. */
+  def finishBatch(): Array[Byte] = {
     writer.finish()
-    ipc(withBatch = true)
+    val bytes = ipc(withBatch = true)
+    writer.reset()
+    bytes
+  }
+
+  def encode(rows: Iterator[InternalRow]): Array[Byte] = {
+    rows.foreach(append)
+    finishBatch()
   }
 
   override def close(): Unit = {

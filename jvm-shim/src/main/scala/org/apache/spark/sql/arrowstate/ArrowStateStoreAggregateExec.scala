@@ -40,6 +40,10 @@ case class AggregateStateSpec(
     case Complete => "complete"
   }
 
+  /** Whether the save drops rows older than the late-events watermark (as Spark's does). */
+  def dropsLateRows: Boolean =
+    outputMode != Complete && eventTimeKeyIndex >= 0 && eventTimeWatermarkForLateEvents.isDefined
+
   /** The child's columns that are not grouping keys: the aggregation buffer, in order. */
   def bufferOf(childOutput: Seq[Attribute]): Seq[Attribute] =
     childOutput.filterNot(a => keyExpressions.exists(_.exprId == a.exprId))
@@ -205,15 +209,18 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
       val fromSent = UnsafeProjection.create(childOutput, sent)
       val numOutputRows = opMetrics("numOutputRows")
 
-      val stored = new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
-        group => encoder.encode(group.iterator.map(toSent)),
-        (group, answer) =>
-          if (mode != Update) Iterator.empty
-          else answer match {
+      // Only update mode with late rows to drop waits for the worker's verdict on its rows.
+      val stored = if (mode == Update && spec.dropsLateRows) {
+        new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
+          group => encoder.encode(group.iterator.map(toSent)),
+          (group, answer) => answer match {
             case None => group.iterator
             case Some(mask) => group.iterator.zip(ArrowBatches.readMask(mask).iterator)
               .collect { case (row, true) => row }
           })
+      } else {
+        new StreamedRows(rows, exchange, encoder, toSent, batchSize)
+      }
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
       lazy val afterInput = exchange.endInput().flatMap { batch =>

@@ -49,6 +49,42 @@ class PostedGroups(
   }
 }
 
+/**
+ * Sends each row to the worker as it passes (in batches, one batch in flight) and yields it
+ * unchanged, for input the worker only stores. Rows are copied into Arrow as they pass, so
+ * they need no copy of their own.
+ */
+class StreamedRows(
+    rows: Iterator[InternalRow],
+    exchange: StateExchange,
+    encoder: ArrowBatchEncoder,
+    project: InternalRow => InternalRow,
+    batchSize: Int)
+  extends Iterator[InternalRow] {
+
+  private var pending = 0
+
+  private def flush(): Unit = {
+    exchange.post(encoder.finishBatch())(_ => ())
+    exchange.settle(inFlight = 1)
+    pending = 0
+  }
+
+  override def hasNext: Boolean = rows.hasNext || {
+    if (pending > 0) flush()
+    exchange.settle()
+    false
+  }
+
+  override def next(): InternalRow = {
+    val row = rows.next()
+    encoder.append(project(row))
+    pending += 1
+    if (pending >= batchSize) flush()
+    row
+  }
+}
+
 /** Frame tags of the worker protocol; `python/arrowstate/protocol.py` has the same numbers. */
 object Protocol {
   val Version = 1
