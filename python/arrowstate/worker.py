@@ -25,9 +25,11 @@ from . import protocol as p
 from ._version import __version__
 from .aggregate import Aggregate
 from .dedup import Deduplicate
+from .flatmap import FlatMapGroupsWithState
 from .store import VersionedState
 
-FAMILIES = {family.family: family for family in (Deduplicate, Aggregate)}
+FAMILIES = {family.family: family
+            for family in (Deduplicate, Aggregate, FlatMapGroupsWithState)}
 
 
 class Worker:

@@ -9,6 +9,8 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.python.streaming.FlatMapGroupsInPandasWithStateExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperatorStateInfo, StateStoreSaveExec, StreamingDeduplicateExec, StreamingDeduplicateWithinWatermarkExec}
 import org.apache.spark.sql.internal.SQLConf
 
@@ -64,6 +66,12 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
       case s: StateStoreSaveExec => ArrowStateStoreAggregate.build(s)
       case _: SessionWindowStateStoreSaveExec =>
         Left("session windows (session_window) keep Spark's own state store operators")
+    }),
+    OperatorFamily("flatMapGroupsWithState", ArrowStateConf.FlatMapGroupsWithStateEnabled, {
+      case p: FlatMapGroupsInPandasWithStateExec => ArrowFlatMapGroupsWithState.build(p)
+      case _: FlatMapGroupsWithStateExec =>
+        Left("the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
+          "arrowstate runs Python functions only")
     })
   )
 

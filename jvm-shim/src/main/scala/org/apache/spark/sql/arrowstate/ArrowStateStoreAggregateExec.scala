@@ -219,7 +219,7 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
               .collect { case (row, true) => row }
           })
       } else {
-        new StreamedRows(rows, exchange, encoder, toSent, batchSize)
+        new StreamedRows(rows, exchange, encoder, toSent, batchSize, passInput = mode == Update)
       }
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }

@@ -50,38 +50,61 @@ class PostedGroups(
 }
 
 /**
- * Sends each row to the worker as it passes (in batches, one batch in flight) and yields it
- * unchanged, for input the worker only stores. Rows are copied into Arrow as they pass, so
- * they need no copy of their own.
+ * Sends each row to the worker as it passes (in batches, one batch in flight), without
+ * copying it: its values are copied into Arrow. Yields the input rows themselves when
+ * `passInput`, and the rows `answerRows` makes of each answer of the worker.
  */
 class StreamedRows(
     rows: Iterator[InternalRow],
     exchange: StateExchange,
     encoder: ArrowBatchEncoder,
     project: InternalRow => InternalRow,
-    batchSize: Int)
+    batchSize: Int,
+    passInput: Boolean,
+    answerRows: Array[Byte] => Iterator[InternalRow] = _ => Iterator.empty)
   extends Iterator[InternalRow] {
 
+  private val ready = mutable.Queue[Iterator[InternalRow]]()
+  private var current: Iterator[InternalRow] = Iterator.empty
+  private var passed: InternalRow = null
   private var pending = 0
 
   private def flush(): Unit = {
-    exchange.post(encoder.finishBatch())(_ => ())
+    exchange.post(encoder.finishBatch())(_.foreach(answer => ready.enqueue(answerRows(answer))))
     exchange.settle(inFlight = 1)
     pending = 0
   }
 
-  override def hasNext: Boolean = rows.hasNext || {
-    if (pending > 0) flush()
-    exchange.settle()
-    false
+  override def hasNext: Boolean = {
+    while (passed == null && !current.hasNext) {
+      if (ready.nonEmpty) {
+        current = ready.dequeue()
+      } else if (rows.hasNext) {
+        val row = rows.next()
+        encoder.append(project(row))
+        pending += 1
+        if (pending >= batchSize) flush()
+        if (passInput) passed = row
+      } else if (pending > 0) {
+        flush()
+      } else if (exchange.outstanding > 0) {
+        exchange.settle()
+      } else {
+        return false
+      }
+    }
+    true
   }
 
   override def next(): InternalRow = {
-    val row = rows.next()
-    encoder.append(project(row))
-    pending += 1
-    if (pending >= batchSize) flush()
-    row
+    if (!hasNext) throw new NoSuchElementException
+    if (passed != null) {
+      val row = passed
+      passed = null
+      row
+    } else {
+      current.next()
+    }
   }
 }
 

@@ -1,0 +1,194 @@
+package org.apache.spark.sql.arrowstate
+
+import java.util.Base64
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonAST.JValue
+import org.json4s.JsonDSL._
+
+import org.apache.spark.TaskContext
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, Expression, PythonUDF, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.logical.{EventTimeTimeout, ProcessingTimeTimeout}
+import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
+import org.apache.spark.sql.catalyst.plans.physical.Distribution
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.python.ArrowPythonRunner
+import org.apache.spark.sql.execution.python.streaming.FlatMapGroupsInPandasWithStateExec
+import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
+import org.apache.spark.sql.types.{StructField, StructType}
+import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
+
+/**
+ * `applyInPandasWithState` with the user's function running in the Python worker that holds
+ * the partition's state: only input rows (sorted by group, late rows dropped here as Spark
+ * does) go to Python, and only the function's output rows come back.
+ */
+case class ArrowFlatMapGroupsWithStateExec(
+    functionExpr: Expression,
+    groupingAttributes: Seq[Attribute],
+    outAttributes: Seq[Attribute],
+    stateType: StructType,
+    stateInfo: Option[StatefulOperatorStateInfo],
+    stateFormatVersion: Int,
+    outputMode: OutputMode,
+    timeoutConf: GroupStateTimeout,
+    batchTimestampMs: Option[Long],
+    eventTimeWatermarkForLateEvents: Option[Long],
+    eventTimeWatermarkForEviction: Option[Long],
+    skipEmittingInitialStateKeys: Boolean,
+    output: Seq[Attribute],
+    child: SparkPlan)
+  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+
+  override def nodeName: String = "ArrowFlatMapGroupsWithState"
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName ${groupingAttributes.mkString("[", ", ", "]")}, $timeoutConf, " +
+      s"${stateInfo.getOrElse("no state info")}"
+  override def keyExpressions: Seq[Attribute] = groupingAttributes
+  override def shortName: String =
+    StatefulOperatorsUtils.FLAT_MAP_GROUPS_IN_PANDAS_WITH_STATE_EXEC_OP_NAME
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
+    ArrowStateMetrics.all
+
+  override def requiredChildDistribution: Seq[Distribution] =
+    StatefulOperatorPartitioning.getCompatibleDistribution(
+      groupingAttributes, getStateInfo, conf) :: Nil
+  override def requiredChildOrdering: Seq[Seq[SortOrder]] =
+    Seq(groupingAttributes.map(SortOrder(_, Ascending)))
+
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean = timeoutConf match {
+    case ProcessingTimeTimeout => true
+    case EventTimeTimeout => eventTimeWatermarkForEviction.exists(newInputWatermark > _)
+    case _ => false
+  }
+
+  // The function's output carries no event time Spark could trust, as for Spark's node.
+  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] = None
+
+  /** Spark's own node for the same query: it owns the state schema checks. */
+  override def validateAndMaybeEvolveStateSchema(
+      hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int)
+    : List[StateSchemaValidationResult] =
+    FlatMapGroupsInPandasWithStateExec(functionExpr, groupingAttributes, outAttributes,
+      stateType, stateInfo, stateFormatVersion, outputMode, timeoutConf, batchTimestampMs,
+      eventTimeWatermarkForLateEvents, eventTimeWatermarkForEviction,
+      skipEmittingInitialStateKeys, child)
+      .validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
+
+  private def timeoutName: String = timeoutConf match {
+    case ProcessingTimeTimeout => "ProcessingTimeTimeout"
+    case EventTimeTimeout => "EventTimeTimeout"
+    case _ => "NoTimeout"
+  }
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val opMetrics = metrics // created on the driver, shipped with the closure
+    val info = getStateInfo
+    val function = functionExpr.asInstanceOf[PythonUDF].func
+    val sent = ArrowFlatMapGroupsWithState.sentColumns(groupingAttributes, child.output)
+    val sentSchema = StructType(sent.map(a => StructField(a.name, a.dataType, nullable = true)))
+    val operator: JValue =
+      ("command" -> Base64.getEncoder.encodeToString(function.command.toArray)) ~
+        ("pythonIncludes" -> function.pythonIncludes.asScala.toList) ~
+        ("keyIndices" -> groupingAttributes.map(g => sent.indexWhere(_.exprId == g.exprId))) ~
+        ("valueCount" -> child.output.size) ~
+        ("timeoutConf" -> timeoutName) ~
+        ("batchTimestampMs" -> batchTimestampMs.getOrElse(-1L)) ~
+        ("eventTimeWatermarkMs" -> eventTimeWatermarkForEviction.getOrElse(-1L)) ~
+        ("watermarkPresent" ->
+          child.output.exists(_.metadata.contains(EventTimeWatermark.delayKey))) ~
+        ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
+        ("stateSchema" -> stateType.json) ~
+        ("outputSchema" -> DataTypeOf(outAttributes).json)
+    val timeZone = conf.sessionLocalTimeZone
+    val opener = StatePartitionOpener("flatMapGroupsWithState", info, operator,
+      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
+      timeZone, sparkContext.broadcast(
+        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+    val minVersionsToRetain = conf.minBatchesToRetain
+    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val outputSchema = DataTypeOf(output)
+    val childOutput = child.output
+    val dropLate = timeoutConf == EventTimeTimeout
+    val coordinator = Some(session.streams.stateStoreCoordinator)
+    val reportCommits = conf.stateStoreCommitValidationEnabled
+
+    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
+        reportCommits, { (partitionId, rows, reporter) =>
+      val exchange = opener.open(partitionId)
+      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
+      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+      val project = UnsafeProjection.create(sent, childOutput)
+      val numOutputRows = opMetrics("numOutputRows")
+      val toOutput = UnsafeProjection.create(outputSchema)
+      def outputRows(answer: Array[Byte]): Iterator[InternalRow] = {
+        val out = Array.newBuilder[InternalRow]
+        ArrowBatches.foreachRow(answer, outputSchema.length)(r => out += toOutput(r).copy())
+        out.result().iterator
+      }
+
+      val input = watermarkPredicateForDataForLateEvents match {
+        case Some(late) if dropLate => applyRemovingRowsOlderThanWatermark(rows, late)
+        case _ => rows
+      }
+      val fromData = new StreamedRows(input, exchange, encoder, project, batchSize,
+        passInput = false, outputRows)
+      lazy val afterInput = exchange.endInput().flatMap(outputRows)
+      val out = (fromData ++ afterInput).map { r => numOutputRows += 1; r }
+      CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
+        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
+        reporter.committed(info.storeVersion + 1)
+      })
+    })
+  }
+
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
+
+private object DataTypeOf {
+  def apply(attributes: Seq[Attribute]): StructType =
+    StructType(attributes.map(a => StructField(a.name, a.dataType, a.nullable)))
+}
+
+object ArrowFlatMapGroupsWithState {
+  /** The child's columns, then any grouping column the child does not output. */
+  def sentColumns(grouping: Seq[Attribute], childOutput: Seq[Attribute]): Seq[Attribute] =
+    childOutput ++ grouping.filterNot(g => childOutput.exists(_.exprId == g.exprId))
+
+  def build(p: FlatMapGroupsInPandasWithStateExec): Either[String, SparkPlan] = {
+    val conf = SQLConf.get
+    val function = p.functionExpr.asInstanceOf[PythonUDF].func
+    val sent = sentColumns(p.groupingAttributes, p.child.output)
+    val names = sent.map(_.name)
+    val badKey = p.groupingAttributes.iterator.flatMap { a =>
+      ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
+    }.nextOption()
+    val badState = p.stateType.fields.iterator.flatMap { f =>
+      ArrowBatches.unsupportedValueReason(f.dataType)
+        .map(r => s"state field ${f.name}: unsupported $r")
+    }.nextOption()
+    val reason = ArrowStateOverrides.commonUnsupportedReason(p.stateInfo, conf)
+      .orElse(if (!function.broadcastVars.isEmpty) {
+        Some("the pickled function is shipped as a broadcast (it is over 1 MB)")
+      } else None)
+      .orElse(if (names.distinct.size != names.size) {
+        Some(s"duplicate column names in ${names.mkString(", ")}")
+      } else None)
+      .orElse(badKey).orElse(badState)
+    reason match {
+      case Some(r) => Left(r)
+      case None => Right(ArrowFlatMapGroupsWithStateExec(p.functionExpr, p.groupingAttributes,
+        p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
+        p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
+        p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output, p.child))
+    }
+  }
+}

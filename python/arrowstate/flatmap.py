@@ -1,0 +1,301 @@
+"""applyInPandasWithState, with the user's function in the worker that holds the state.
+
+Semantics follow Spark's FlatMapGroupsInPandasWithStateExec and its InputProcessor
+(shared/reference/FlatMapGroupsWithStateExec.md, InputProcessor.txt):
+- rows arrive sorted by group, in batches of at most maxRecordsPerBatch rows, late rows
+  already dropped by the JVM; a group's rows are the DataFrames the function iterates over,
+  one per batch it spans (Spark's chunks);
+- the function gets the key tuple, the chunks and a pyspark GroupState; after its output is
+  consumed the state is removed (removed, no timeout), or written (updated, removed or a
+  timeout set), or left alone;
+- after all input, groups whose timeout is below the threshold (batch time or eviction
+  watermark) are called with hasTimedOut and one empty DataFrame. Timeouts sit in a time
+  index, so this touches only what expires.
+Only input rows and output rows cross the bridge; state never leaves this process.
+"""
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import sys
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from . import keys as keycodec
+from .store import TimeIndex, VersionedState
+
+NO_TIMESTAMP = -1
+DEFINED, TIMEOUT = "__defined", "__timeout"
+
+
+class _Group:
+    """A group whose rows may continue in the next batch."""
+    __slots__ = ("hkey", "key", "chunks", "key_batch", "key_row", "stored")
+
+    def __init__(self, hkey, key, key_batch, key_row, stored):
+        self.hkey, self.key, self.chunks = hkey, key, []
+        self.key_batch, self.key_row, self.stored = key_batch, key_row, stored
+
+
+class FlatMapGroupsWithState:
+    family = "flatMapGroupsWithState"
+
+    def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
+        import pandas as pd
+        from pyspark.errors import PySparkRuntimeError, PySparkTypeError
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.conversion import ArrowBatchTransformer, PandasToArrowConversion
+        from pyspark.sql.pandas.types import to_arrow_type
+        from pyspark.sql.streaming.state import GroupState
+        from pyspark.sql.types import Row, StructType
+
+        self._pd, self._Row, self._GroupState = pd, Row, GroupState
+        self._TypeError, self._RuntimeError = PySparkTypeError, PySparkRuntimeError
+        self._to_pandas_columns = ArrowBatchTransformer.to_pandas
+        self._to_arrow = PandasToArrowConversion.convert
+
+        for path in operator.get("pythonIncludes", []):
+            if path not in sys.path:
+                sys.path.insert(1, path)
+        self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
+        self.key_indices = operator["keyIndices"]
+        self.value_count = operator["valueCount"]
+        self.timeout_conf = operator["timeoutConf"]
+        self.batch_ts = operator["batchTimestampMs"]
+        self.watermark = operator["eventTimeWatermarkMs"]
+        self.watermark_present = operator["watermarkPresent"]
+        conf = operator["runnerConf"]
+        self.timezone = conf.get("spark.sql.session.timeZone")
+        self.assign_cols_by_name = conf.get(
+            "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true") == "true"
+        self.safecheck = conf.get(
+            "spark.sql.execution.pandas.convertToArrowArraySafely", "false") == "true"
+        self.int_to_decimal = conf.get(
+            "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled",
+            "false") == "true"
+        self.prefer_int_ext_dtype = conf.get(
+            "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false") == "true"
+        self.state_schema = StructType.fromJson(json.loads(operator["stateSchema"]))
+        self.output_schema = StructType.fromJson(json.loads(operator["outputSchema"]))
+        self.value_names = input_schema.names[: self.value_count]
+        self.key_fields = [input_schema.field(i) for i in self.key_indices]
+        self.state_fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=self.timezone))
+                             for f in self.state_schema.fields]
+        self.value_fields = self.state_fields + [pa.field(DEFINED, pa.bool_()),
+                                                 pa.field(TIMEOUT, pa.int64())]
+        self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
+        self.defined_column = self.timeout_column - 1
+        self.metrics = {"numUpdatedStateRows": 0, "numRemovedStateRows": 0,
+                        "allUpdatesTimeMs": 0, "allRemovalsTimeMs": 0}
+        self._update_ns = 0
+        self._pending: _Group | None = None
+        self._outputs: list = []
+        self._puts: list = []      # (hkey, key batch, row, value tuple or None, timeout)
+        self._removes: list = []
+        self._unchanged_timeouts: list = []   # timed-out groups whose state was left alone
+
+    # -- state ------------------------------------------------------------------------------
+    def new_state(self) -> VersionedState:
+        state = VersionedState(self.key_fields, self.value_fields)
+        state.index = TimeIndex()
+        return state
+
+    def rebuild_index(self, state: VersionedState) -> None:
+        state.index = TimeIndex()
+        rows = state.take(state.live_ids())
+        timeouts = rows.column(self.timeout_column).to_numpy(zero_copy_only=False)
+        has = timeouts != NO_TIMESTAMP
+        state.index.add_many(timeouts[has], list(itertools.compress(state.data, has.tolist())))
+
+    def _stored_values(self, rows: pa.RecordBatch) -> list:
+        """Per stored row: the state value tuple, or None where none is defined."""
+        nk = len(self.key_fields)
+        columns = [rows.column(nk + i).to_pylist() for i in range(len(self.state_fields))]
+        defined = rows.column(self.defined_column).to_pylist()
+        values = list(zip(*columns)) if columns else [()] * rows.num_rows
+        return [v if d else None for v, d in zip(values, defined)]
+
+    # -- calling the function ---------------------------------------------------------------
+    def _group_state(self, stored, timed_out: bool):
+        return self._GroupState(
+            optionalValue=None if stored is None else self._Row(*stored),
+            batchProcessingTimeMs=self.batch_ts, eventTimeWatermarkMs=self.watermark,
+            timeoutConf=self.timeout_conf, hasTimedOut=timed_out,
+            watermarkPresent=self.watermark_present, defined=stored is not None,
+            updated=False, removed=False, timeoutTimestamp=NO_TIMESTAMP,
+            keyAsUnsafe=None, valueSchema=self.state_schema)
+
+    def _call(self, group: _Group, timed_out: bool) -> None:
+        pd, PySparkTypeError = self._pd, self._TypeError
+        state = self._group_state(group.stored, timed_out)
+        chunks = [pd.DataFrame(columns=self.value_names)] if timed_out else group.chunks
+        result = self.func(group.key, iter(chunks), state)
+        if isinstance(result, pd.DataFrame):
+            raise PySparkTypeError(errorClass="UDF_RETURN_TYPE", messageParameters={
+                "expected": "iterable of pandas.DataFrame", "actual": type(result).__name__})
+        try:
+            result = iter(result)
+        except TypeError:
+            raise PySparkTypeError(errorClass="UDF_RETURN_TYPE", messageParameters={
+                "expected": "iterable", "actual": type(result).__name__}) from None
+        width = len(self.output_schema)
+        for pdf in result:
+            if not isinstance(pdf, pd.DataFrame):
+                raise PySparkTypeError(errorClass="UDF_RETURN_TYPE", messageParameters={
+                    "expected": "iterator of pandas.DataFrame",
+                    "actual": "iterator of {}".format(type(pdf).__name__)})
+            if not (len(pdf.columns) == width or (len(pdf.columns) == 0 and pdf.empty)):
+                raise self._RuntimeError(errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
+                                          messageParameters={"expected": str(width),
+                                                             "actual": str(len(pdf.columns))})
+            if len(pdf) > 0:
+                self._outputs.append(pdf)
+        # The output is consumed: record what becomes of the state, as Spark does.
+        timeout = state._timeout_timestamp
+        if state._removed and timeout == NO_TIMESTAMP:
+            self._removes.append(group.hkey)
+            self.metrics["numRemovedStateRows"] += 1
+        elif state._updated or state._removed or timeout != NO_TIMESTAMP:
+            value = tuple(state._value) if state.exists else None
+            self._puts.append((group.hkey, group.key_batch, group.key_row, value, timeout))
+            self.metrics["numUpdatedStateRows"] += 1
+        elif timed_out:
+            self._unchanged_timeouts.append(group)
+
+    def _write(self, state: VersionedState) -> None:
+        """Applies the recorded state changes, in order of the calls."""
+        if self._removes:
+            state.pop_present(self._removes)
+            self._removes = []
+        if not self._puts:
+            return
+        puts, self._puts = self._puts, []
+        # a key put twice (timed out, then re-timed out) keeps its last value
+        last = {hkey: i for i, (hkey, *_rest) in enumerate(puts)}
+        puts = [puts[i] for i in sorted(last.values())]
+        key_parts = []
+        names = state.schema.names[: len(self.key_fields)]
+        for _, entries in itertools.groupby(puts, key=lambda p: id(p[1])):
+            entries = list(entries)
+            taken = entries[0][1].take(pa.array([e[2] for e in entries]))
+            key_parts.append(pa.RecordBatch.from_arrays(taken.columns, names=names))
+        keys_batch = pa.concat_batches(key_parts) if len(key_parts) > 1 else key_parts[0]
+        values = [p[3] for p in puts]
+        columns = list(keys_batch.columns)
+        for i, f in enumerate(self.state_fields):
+            columns.append(pa.array([None if v is None else v[i] for v in values], f.type))
+        columns.append(pa.array([v is not None for v in values], pa.bool_()))
+        timeouts = np.array([p[4] for p in puts], dtype=np.int64)
+        columns.append(pa.array(timeouts))
+        hkeys = [p[0] for p in puts]
+        state.put_rows(hkeys, pa.RecordBatch.from_arrays(columns, schema=state.schema))
+        has = timeouts != NO_TIMESTAMP
+        state.index.add_many(timeouts[has], list(itertools.compress(hkeys, has.tolist())))
+
+    def _output_batch(self) -> pa.RecordBatch | None:
+        if not self._outputs:
+            return None
+        merged = self._pd.concat(self._outputs, ignore_index=True)
+        self._outputs = []
+        return self._to_arrow(
+            merged, self.output_schema, timezone=self.timezone, safecheck=self.safecheck,
+            arrow_cast=True, assign_cols_by_name=self.assign_cols_by_name,
+            int_to_decimal_coercion_enabled=self.int_to_decimal)
+
+    # -- one micro-batch --------------------------------------------------------------------
+    def _to_pandas(self, batch: pa.RecordBatch) -> list:
+        """Columns as pandas Series, converted exactly as PySpark's worker does."""
+        return self._to_pandas_columns(
+            batch, timezone=self.timezone, struct_in_pandas="dict", ndarray_as_list=False,
+            prefer_int_ext_dtype=self.prefer_int_ext_dtype, df_for_struct=False)
+
+    def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        pd = self._pd
+        start = time.perf_counter_ns()
+        n = batch.num_rows
+        key_batch = batch.select(self.key_indices)
+        hkeys = keycodec.rows(key_batch.columns, n)
+        boundaries = [0] + [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]] + [n]
+        series = self._to_pandas(batch)
+        # One conversion per batch; each group's rows are a slice of it, re-indexed from 0
+        # as PySpark's own per-group frames are.
+        frame = pd.concat(series[: self.value_count], axis=1)
+        key_arrays = [series[i].array for i in self.key_indices]
+        ids = state.lookup([hkeys[i] for i in boundaries[:-1]])
+        found = np.flatnonzero(ids >= 0)
+        stored: list = [None] * len(ids)
+        for g, value in zip(found.tolist(), self._stored_values(state.take(ids[found]))):
+            stored[g] = value
+        for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
+            chunk = frame.iloc[lo:hi]
+            chunk.index = pd.RangeIndex(hi - lo)
+            pending = self._pending
+            if pending is not None and pending.hkey == hkeys[lo]:
+                pending.chunks.append(chunk)
+                continue
+            if pending is not None:
+                self._call(pending, timed_out=False)
+            group = _Group(hkeys[lo], tuple(a[lo] for a in key_arrays), key_batch, lo,
+                           stored[g])
+            group.chunks.append(chunk)
+            self._pending = group
+        self._write(state)
+        self._update_ns += time.perf_counter_ns() - start
+        return self._output_batch()
+
+    def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
+        start = time.perf_counter_ns()
+        if self._pending is not None:
+            self._call(self._pending, timed_out=False)
+            self._pending = None
+        self._write(state)
+        self._update_ns += time.perf_counter_ns() - start
+        self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000
+        batch = self._output_batch()
+        if batch is not None:
+            yield batch
+
+        start = time.perf_counter_ns()
+        threshold = {"ProcessingTimeTimeout": self.batch_ts,
+                     "EventTimeTimeout": self.watermark}.get(self.timeout_conf)
+        if threshold is not None and threshold != NO_TIMESTAMP:
+            self._timeouts(state, threshold)
+        self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
+        batch = self._output_batch()
+        if batch is not None:
+            yield batch
+
+    def _timeouts(self, state: VersionedState, threshold: int) -> None:
+        """Calls the function for each group whose timeout is below the threshold."""
+        hkeys, times = state.index.pop_until(threshold - 1)
+        ids = state.lookup(hkeys)
+        found = ids >= 0
+        rows = state.take(ids[found])
+        current = rows.column(self.timeout_column).to_numpy(zero_copy_only=False)
+        due = np.flatnonzero(current == times[found])
+        due_keys = list(itertools.compress(hkeys, found.tolist()))
+        seen: set = set()
+        stored = self._stored_values(rows)
+        key_batch = rows.select(range(len(self.key_fields)))
+        for i in due.tolist():
+            hkey = due_keys[i]
+            if hkey in seen:
+                continue
+            seen.add(hkey)
+            group = _Group(hkey, self._timed_out_key(key_batch, i), key_batch, i, stored[i])
+            self._call(group, timed_out=True)
+        # a timed-out group whose function left its state alone keeps its old timeout
+        kept = self._unchanged_timeouts
+        state.index.add_many(np.array([current[g.key_row] for g in kept], dtype=np.int64),
+                             [g.hkey for g in kept])
+        self._unchanged_timeouts = []
+        self._write(state)
+
+    def _timed_out_key(self, key_batch: pa.RecordBatch, row: int) -> tuple:
+        """The key tuple as the function sees it: from pandas, as for groups with data."""
+        return tuple(s.array[0] for s in self._to_pandas(key_batch.slice(row, 1)))
+

@@ -1,0 +1,84 @@
+"""State functions for the applyInPandasWithState tests (pickled by value into workers)."""
+import pandas as pd
+
+
+def running_count(key, pdfs, state):
+    """Counts rows per key across batches; one output row per call."""
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    state.update((n,))
+    yield pd.DataFrame({"user": [key[0]], "count": [n]})
+
+
+def session_with_processing_timeout(key, pdfs, state):
+    """Emits a session's total when it times out; otherwise keeps the running total."""
+    if state.hasTimedOut:
+        total = state.get[0]
+        state.remove()
+        yield pd.DataFrame({"user": [key[0]], "total": [total], "timedOut": [True]})
+        return
+    total = (state.get[0] if state.exists else 0) + sum(int(p["v"].sum()) for p in pdfs)
+    state.update((total,))
+    state.setTimeoutDuration(1_000)
+    yield pd.DataFrame({"user": [key[0]], "total": [total], "timedOut": [False]})
+
+
+def event_time_sessions(key, pdfs, state):
+    """Event-time timeout at the latest event time seen plus 10 s; several rows out."""
+    if state.hasTimedOut:
+        count, latest = state.get
+        state.remove()
+        yield pd.DataFrame({"user": [key[0]] * 2, "what": ["closed", "latest"],
+                            "value": [count, latest]})
+        return
+    count, latest = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        count += len(pdf)
+        latest = max(latest, int(pdf["ts"].max().timestamp() * 1000))
+    state.update((count, latest))
+    state.setTimeoutTimestamp(latest + 10_000)
+    yield pd.DataFrame({"user": [key[0]], "what": ["open"], "value": [count]})
+
+
+def remove_on_third(key, pdfs, state):
+    """Removes the state every third call, so it is re-created afterwards."""
+    calls = (state.get[0] if state.exists else 0) + 1
+    rows = sum(len(p) for p in pdfs)
+    if calls % 3 == 0:
+        state.remove()
+    else:
+        state.update((calls,))
+    yield pd.DataFrame({"user": [key[0]], "calls": [calls], "rows": [rows],
+                        "exists": [state.exists]})
+
+
+def first_chunk_only(key, pdfs, state):
+    """Reads only the first chunk of its input and reports its size."""
+    first = next(iter(pdfs))
+    state.update((len(first),))
+    yield pd.DataFrame({"user": [key[0]], "first": [len(first)]})
+
+
+def fails_on_boom(key, pdfs, state):
+    for pdf in pdfs:
+        if (pdf["user"] == "boom").any():
+            raise ValueError("the user function failed on purpose")
+    state.update((1,))
+    yield pd.DataFrame({"user": [key[0]], "count": [1]})
+
+
+def misuses_state(key, pdfs, state):
+    """Exercises GroupState's errors: each misuse must raise as in PySpark."""
+    errors = []
+    for attempt in (lambda: state.update(None), lambda: state.setTimeoutTimestamp(1000),
+                    lambda: state.get, lambda: state.getCurrentWatermarkMs()):
+        try:
+            attempt()
+            errors.append("none")
+        except Exception as e:  # noqa: BLE001 - the class name is what is compared
+            errors.append(type(e).__name__)
+    list(pdfs)
+    state.update((len(errors),))
+    yield pd.DataFrame({"user": [key[0]], "errors": [",".join(errors)],
+                        "processingTime": [state.getCurrentProcessingTimeMs() > 0]})
