@@ -55,7 +55,25 @@ def _windowed(df, size: str):
     return df.withWatermark("ts", "10 seconds").groupBy(F.window("ts", size), "key")
 
 
+def count_per_key(key, pdfs, state):
+    """The applyInPandasWithState case: a running count per key."""
+    import pandas as pd
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    state.update((n,))
+    yield pd.DataFrame({"key": [key[0]], "count": [n]})
+
+
+def _counts_with_state(df):
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    return df.groupBy("key").applyInPandasWithState(
+        count_per_key, "key long, count long", "count long", "Update",
+        GroupStateTimeout.NoTimeout)
+
+
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
+FLATMAP = "ArrowFlatMapGroupsWithState"
 # case -> (query, output mode, the arrowstate node it must plan)
 CASES = {
     "dedup": (lambda df: df.dropDuplicates(["key"]), "append", DEDUP),
@@ -64,6 +82,7 @@ CASES = {
     "agg_update": (lambda df: _count_and_sum(df.groupBy("key")), "update", SAVE),
     "agg_append": (lambda df: _count_and_sum(_windowed(df, "10 seconds")), "append", SAVE),
     "agg_complete": (lambda df: _count_and_sum(df.groupBy("key")), "complete", SAVE),
+    "apply_in_pandas_with_state": (_counts_with_state, "update", FLATMAP),
 }
 SCALING_CASE = (lambda df: _count_and_sum(_windowed(df, "1 hour")), "update", SAVE)
 
