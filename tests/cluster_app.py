@@ -14,7 +14,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from arrowstate.procinfo import parent_command, state_worker_pids  # noqa: E402
+from arrowstate.procinfo import parent_command, parent_pid, state_worker_pids  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
 
 
@@ -45,6 +45,12 @@ def main(master: str) -> None:
     on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
                    custom_metrics=["stateCacheHits", "stateCacheMisses"])
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    # This app's workers: under its executors (their command names the app), or under its
+    # driver JVM (a child of this process), where none may be. Other Spark apps of the
+    # machine (the test session's own) are left out.
+    app_id = spark.sparkContext.applicationId
+    ours = [p for p in state_worker_pids()
+            if app_id in parent_command(p) or parent_pid(parent_pid(p)) == os.getpid()]
     print(json.dumps({
         "same_outputs": _as_text(on.outputs) == _as_text(off.outputs),
         "same_figures": on.figures == off.figures,
@@ -52,7 +58,7 @@ def main(master: str) -> None:
         "arrow_node_in_plan": all("ArrowStreamingDeduplicate" in p for p in on.plans),
         "executors": executors,
         "cache_hits": sum(c[0]["stateCacheHits"] or 0 for c in on.custom.values()),
-        "worker_parents": [parent_command(p) for p in state_worker_pids()],
+        "worker_parents": [parent_command(p) for p in ours],
     }))
     spark.stop()
 

@@ -1,4 +1,8 @@
-"""`python -m arrowstate demo`: a short deduplicating query on local Spark."""
+"""`python -m arrowstate demo`: two short stateful queries on local Spark.
+
+1. dropDuplicates then a windowed count (deduplication and aggregation, update mode);
+2. applyInPandasWithState keeping a running total of clicks per user.
+"""
 from __future__ import annotations
 
 import datetime as dt
@@ -7,10 +11,23 @@ import os
 import tempfile
 
 
+def running_clicks(key, pdfs, state):
+    """applyInPandasWithState function of the demo: clicks per user so far."""
+    import pandas as pd
+
+    total = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        total += int(pdf["clicks"].sum())
+    state.update((total,))
+    yield pd.DataFrame({"user": [key[0]], "total_clicks": [total]})
+
+
 def run_demo() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
 
     import arrowstate
 
@@ -18,10 +35,11 @@ def run_demo() -> None:
         SparkSession.builder.master("local[2]").appName("arrowstate-demo")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     workdir = tempfile.mkdtemp(prefix="arrowstate-demo-")
-    source, checkpoint = os.path.join(workdir, "in"), os.path.join(workdir, "checkpoint")
+    source = os.path.join(workdir, "in")
     os.makedirs(source)
     schema = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
                         ("clicks", pa.int64())])
@@ -34,27 +52,36 @@ def run_demo() -> None:
         [("ann", 0, 2), ("cid", 30, 1), ("bob", 2, 1)],          # watermark moves to 20 s
         [("dan", 5, 1), ("eve", 31, 1), ("cid", 30, 9)],         # dan is late; cid repeats
     ]
-    query = (spark.readStream.schema("user string, ts timestamp, clicks long")
-             .option("maxFilesPerTrigger", 1).parquet(source)
-             .withWatermark("ts", "10 seconds")
-             .dropDuplicates(["user", "ts"])
-             .writeStream.format("memory").queryName("deduplicated")
-             .option("checkpointLocation", checkpoint).start())
-    seen = 0
+    stream = (spark.readStream.schema("user string, ts timestamp, clicks long")
+              .option("maxFilesPerTrigger", 1).parquet(source))
+    queries = {
+        "deduplicated_window_counts": (
+            stream.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"])
+            .groupBy(F.window("ts", "10 seconds")).agg(F.count("*").alias("events"))
+            .select(F.col("window.start").alias("window_start"), "events")),
+        "running_clicks": stream.groupBy("user").applyInPandasWithState(
+            running_clicks, "user string, total_clicks long", "total long", "Update",
+            GroupStateTimeout.NoTimeout),
+    }
+    started = {name: df.writeStream.format("memory").queryName(name).outputMode("update")
+               .option("checkpointLocation", os.path.join(workdir, name)).start()
+               for name, df in queries.items()}
+    seen = dict.fromkeys(queries, 0)
     for i, rows in enumerate(micro_batches):
         table = pa.Table.from_pylist(
             [{"user": u, "ts": at(s), "clicks": c} for u, s, c in rows], schema=schema)
         pq.write_table(table, os.path.join(source, f"{i:03d}.parquet"))
-        query.processAllAvailable()
-        out = spark.sql("select * from deduplicated").collect()
         print(f"\n-- micro-batch {i}: input {rows}")
-        print(f"   new output rows: {[tuple(r) for r in out[seen:]]}")
-        seen = len(out)
-    print("\n-- EXPLAIN")
-    query.explain()
-    print("-- lastProgress.stateOperators")
-    for p in query.recentProgress:
-        for op in p["stateOperators"]:
-            print(f"batch {p['batchId']}: " + json.dumps(op))
-    query.stop()
+        for name, query in started.items():
+            query.processAllAvailable()
+            out = spark.sql(f"select * from {name}").collect()
+            print(f"   {name}: new output rows {[tuple(r) for r in out[seen[name]:]]}")
+            seen[name] = len(out)
+    for name, query in started.items():
+        print(f"\n-- EXPLAIN {name}")
+        query.explain()
+        print(f"-- {name}: lastProgress.stateOperators")
+        for op in query.lastProgress["stateOperators"]:
+            print(json.dumps(op))
+        query.stop()
     spark.stop()

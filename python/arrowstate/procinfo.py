@@ -25,11 +25,17 @@ def rss_bytes(pid: int) -> int:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("VmRSS:")), 0)
 
 
-def parent_command(pid: int) -> str:
+def parent_pid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            ppid = f.read().rsplit(")", 1)[1].split()[1]
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def parent_command(pid: int) -> str:
+    try:
+        with open(f"/proc/{parent_pid(pid)}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""

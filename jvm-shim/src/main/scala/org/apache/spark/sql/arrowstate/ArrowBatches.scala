@@ -92,6 +92,15 @@ object ArrowBatches {
       new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala.foreach(f)
     }
 
+  /** The rows of a batch the worker sent back, through `project` (which must copy-free map
+   * a row of the batch's columns to an UnsafeRow), copied. */
+  def readRows(bytes: Array[Byte], width: Int, project: InternalRow => InternalRow)
+    : Iterator[InternalRow] = {
+    val rows = Array.newBuilder[InternalRow]
+    foreachRow(bytes, width)(r => rows += project(r).copy())
+    rows.result().iterator
+  }
+
   /** Why arrowstate cannot hold values of this type in state (they only round-trip). */
   def unsupportedValueReason(dt: DataType): Option[String] = dt match {
     case BooleanType | ByteType | ShortType | IntegerType | LongType | FloatType | DoubleType |

@@ -8,7 +8,6 @@ import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.JValue
 import org.json4s.JsonDSL._
 
-import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, Expression, PythonUDF, SortOrder, UnsafeProjection}
@@ -23,7 +22,6 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
 import org.apache.spark.sql.types.{StructField, StructType}
-import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds
@@ -89,7 +87,6 @@ case class ArrowFlatMapGroupsWithStateExec(
   }
 
   override protected def doExecute(): RDD[InternalRow] = {
-    val opMetrics = metrics // created on the driver, shipped with the closure
     val info = getStateInfo
     val function = functionExpr.asInstanceOf[PythonUDF].func
     val sent = ArrowFlatMapGroupsWithState.sentColumns(groupingAttributes, child.output)
@@ -107,46 +104,24 @@ case class ArrowFlatMapGroupsWithStateExec(
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("stateSchema" -> stateType.json) ~
         ("outputSchema" -> DataTypeOf(outAttributes).json)
-    val timeZone = conf.sessionLocalTimeZone
-    val opener = StatePartitionOpener("flatMapGroupsWithState", info, operator,
-      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
-      timeZone, sparkContext.broadcast(
-        new SerializableConfiguration(session.sessionState.newHadoopConf())))
-    val minVersionsToRetain = conf.minBatchesToRetain
-    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val opener =
+      StatePartitionOpener.forSession(session, "flatMapGroupsWithState", info, operator, sentSchema)
     val outputSchema = DataTypeOf(output)
     val childOutput = child.output
     val dropLate = timeoutConf == EventTimeTimeout
-    val coordinator = Some(session.streams.stateStoreCoordinator)
-    val reportCommits = conf.stateStoreCommitValidationEnabled
 
-    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
-        reportCommits, { (partitionId, rows, reporter) =>
-      val exchange = opener.open(partitionId)
-      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
-      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+    StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val project = UnsafeProjection.create(sent, childOutput)
-      val numOutputRows = opMetrics("numOutputRows")
       val toOutput = UnsafeProjection.create(outputSchema)
-      def outputRows(answer: Array[Byte]): Iterator[InternalRow] = {
-        val out = Array.newBuilder[InternalRow]
-        ArrowBatches.foreachRow(answer, outputSchema.length)(r => out += toOutput(r).copy())
-        out.result().iterator
-      }
-
+      val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
       val input = watermarkPredicateForDataForLateEvents match {
         case Some(late) if dropLate => applyRemovingRowsOlderThanWatermark(rows, late)
         case _ => rows
       }
-      val fromData = new StreamedRows(input, exchange, encoder, project, batchSize,
-        passInput = false, outputRows)
-      lazy val afterInput = exchange.endInput().flatMap(outputRows)
-      val out = (fromData ++ afterInput).map { r => numOutputRows += 1; r }
-      CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
-        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
-        reporter.committed(info.storeVersion + 1)
-      })
-    })
+      new PostedRows(input, task.exchange, task.encoder, project, task.batchSize,
+        passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
+      ) ++ task.exchange.endInput().flatMap(outputRows)
+    }
   }
 
   override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =

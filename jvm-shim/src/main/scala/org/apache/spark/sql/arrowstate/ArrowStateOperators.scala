@@ -4,12 +4,15 @@ import org.json4s.JsonAST.JValue
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
-import org.apache.spark.SparkContext
+import org.apache.spark.{SparkContext, TaskContext}
 import org.apache.spark.broadcast.Broadcast
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.types.StructType
-import org.apache.spark.util.SerializableConfiguration
+import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
 
 /** Metrics every arrowstate operator reports besides Spark's own. */
 case class ArrowStateMetric(name: String, desc: String, kind: String)
@@ -80,5 +83,62 @@ case class StatePartitionOpener(
           encoder.schemaIpc, info.storeVersion)
       } finally encoder.close()
     }
+  }
+}
+
+object StatePartitionOpener {
+  /** The opener for an operator of this session, with the session's settings. */
+  def forSession(
+      session: SparkSession,
+      family: String,
+      info: StatefulOperatorStateInfo,
+      operator: JValue,
+      sentSchema: StructType): StatePartitionOpener = {
+    val conf = session.sessionState.conf
+    StatePartitionOpener(family, info, operator,
+      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
+      conf.sessionLocalTimeZone, session.sparkContext.broadcast(
+        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+  }
+}
+
+/** What one task of an arrowstate writer works with. */
+class StateTask(
+    val exchange: StateExchange,
+    val encoder: ArrowBatchEncoder,
+    val batchSize: Int)
+
+object StateTasks {
+  /**
+   * The RDD of an arrowstate writer, made on the driver: per partition it opens the exchange
+   * with the worker and an encoder for the rows sent, lets `body` make the output, counts it,
+   * and commits the new state version once all of it is consumed.
+   */
+  def rdd(
+      plan: StateStoreWriter,
+      opener: StatePartitionOpener,
+      input: RDD[InternalRow])(
+      body: (StateTask, Iterator[InternalRow]) => Iterator[InternalRow]): RDD[InternalRow] = {
+    val opMetrics = plan.metrics
+    val info = opener.info
+    val conf = plan.session.sessionState.conf
+    val minVersionsToRetain = conf.minBatchesToRetain
+    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val coordinator = Some(plan.session.streams.stateStoreCoordinator)
+    val reportCommits = conf.stateStoreCommitValidationEnabled
+    new ArrowStateRDD[InternalRow, InternalRow](input, info, coordinator, reportCommits,
+      { (partitionId, rows, reporter) =>
+        val exchange = opener.open(partitionId)
+        val encoder = new ArrowBatchEncoder(opener.sentSchema, opener.timeZone)
+        TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+        val numOutputRows = opMetrics("numOutputRows")
+        val out = body(new StateTask(exchange, encoder, batchSize), rows)
+          .map { r => numOutputRows += 1; r }
+        CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
+          if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
+          exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
+          reporter.committed(info.storeVersion + 1)
+        })
+      })
   }
 }

@@ -18,7 +18,6 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 import org.apache.spark.sql.types.{IntegerType, StructField, StructType}
-import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
 
 /**
  * What the restore and save halves of one streaming aggregation share: the state they talk
@@ -63,12 +62,8 @@ case class AggregateStateSpec(
         ("batchSize" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
         ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
         ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
-    StatePartitionOpener("aggregate", stateInfo.get, operator,
-      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong),
-      ArrowBatches.schemaOf(keyExpressions ++ bufferOf(childOutput)),
-      conf.sessionLocalTimeZone,
-      session.sparkContext.broadcast(
-        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+    StatePartitionOpener.forSession(session, "aggregate", stateInfo.get, operator,
+      ArrowBatches.schemaOf(keyExpressions ++ bufferOf(childOutput)))
   }
 
   override def toString: String =
@@ -187,53 +182,29 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
       child).validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
 
   override protected def doExecute(): RDD[InternalRow] = {
-    val opMetrics = metrics // created on the driver, shipped with the closure
-    val info = getStateInfo
-    val opener = spec.opener(session, child.output)
     val sent = keyExpressions ++ spec.bufferOf(child.output)
-    val sentSchema = ArrowBatches.schemaOf(sent)
+    val width = sent.size
     val mode = spec.outputMode
-    val minVersionsToRetain = conf.minBatchesToRetain
-    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
-    val timeZone = conf.sessionLocalTimeZone
+    val waitsForMasks = mode == Update && spec.dropsLateRows
     val childOutput = child.output
-    val coordinator = Some(session.streams.stateStoreCoordinator)
-    val reportCommits = conf.stateStoreCommitValidationEnabled
 
-    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
-        reportCommits, { (partitionId, rows, reporter) =>
-      val exchange = opener.open(partitionId)
-      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
-      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
+    StateTasks.rdd(this, spec.opener(session, childOutput), child.execute()) { (task, rows) =>
       val toSent = UnsafeProjection.create(sent, childOutput)
       val fromSent = UnsafeProjection.create(childOutput, sent)
-      val numOutputRows = opMetrics("numOutputRows")
-
       // Only update mode with late rows to drop waits for the worker's verdict on its rows.
-      val stored = if (mode == Update && spec.dropsLateRows) {
-        new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
-          group => encoder.encode(group.iterator.map(toSent)),
-          (group, answer) => answer match {
-            case None => group.iterator
-            case Some(mask) => group.iterator.zip(ArrowBatches.readMask(mask).iterator)
-              .collect { case (row, true) => row }
-          })
-      } else {
-        new StreamedRows(rows, exchange, encoder, toSent, batchSize, passInput = mode == Update)
-      }
+      val stored = new PostedRows(rows, task.exchange, task.encoder, toSent, task.batchSize,
+        passInput = mode == Update && !waitsForMasks, keepInput = waitsForMasks,
+        (batch, answer) => answer match {
+          case Some(mask) if waitsForMasks =>
+            batch.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
+              case (row, true) => row
+            }
+          case _ => batch.iterator
+        })
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
-      lazy val afterInput = exchange.endInput().flatMap { batch =>
-        val rows = Array.newBuilder[InternalRow]
-        ArrowBatches.foreachRow(batch, sentSchema.length)(r => rows += fromSent(r).copy())
-        rows.result().iterator
-      }
-      val out = (input ++ afterInput).map { r => numOutputRows += 1; r }
-      CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
-        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
-        reporter.committed(info.storeVersion + 1)
-      })
-    })
+      input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
+    }
   }
 
   override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =

@@ -4,7 +4,6 @@ import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.JValue
 import org.json4s.JsonDSL._
 
-import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
@@ -14,7 +13,6 @@ import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
@@ -72,7 +70,6 @@ case class ArrowStreamingDeduplicateExec(
       s", evictionWatermark = $eventTimeWatermarkForEviction"
 
   override protected def doExecute(): RDD[InternalRow] = {
-    val opMetrics = metrics // created on the driver, shipped with the closure
     val info = getStateInfo
     val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
       allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
@@ -91,41 +88,22 @@ case class ArrowStreamingDeduplicateExec(
           .map(_.metadata.getLong(EventTimeWatermark.delayKey))) ~
         ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
         ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
-    val minVersionsToRetain = conf.minBatchesToRetain
-    val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
-    val timeZone = conf.sessionLocalTimeZone
-    val opener = StatePartitionOpener("deduplicate", info, operator,
-      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
-      timeZone, sparkContext.broadcast(
-        new SerializableConfiguration(session.sessionState.newHadoopConf())))
-    val coordinator = Some(session.streams.stateStoreCoordinator)
-    val reportCommits = conf.stateStoreCommitValidationEnabled
+    val opener =
+      StatePartitionOpener.forSession(session, "deduplicate", info, operator, sentSchema)
+    val childOutput = child.output
 
-    new ArrowStateRDD[InternalRow, InternalRow](child.execute(), info, coordinator,
-        reportCommits, { (partitionId, rows, reporter) =>
-      val exchange = opener.open(partitionId)
-      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
-      TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
-      val project = UnsafeProjection.create(sent, child.output)
-      val numOutputRows = opMetrics("numOutputRows")
-
-      val kept = new PostedGroups(rows.map(_.copy()).grouped(batchSize), exchange,
-        group => encoder.encode(group.iterator.map(project)),
+    StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
+      val project = UnsafeProjection.create(sent, childOutput)
+      new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+        passInput = false, keepInput = true,
         (group, answer) => answer match {
           case Some(mask) =>
             group.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
-              case (row, true) =>
-                numOutputRows += 1
-                row
+              case (row, true) => row
             }
           case None => Iterator.empty
         })
-      CompletionIterator[InternalRow, Iterator[InternalRow]](kept, {
-        exchange.endInput().foreach(_ => ())
-        exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
-        reporter.committed(info.storeVersion + 1)
-      })
-    })
+    }
   }
 
   override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =

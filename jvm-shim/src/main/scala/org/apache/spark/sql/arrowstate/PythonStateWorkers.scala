@@ -13,66 +13,35 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.metric.SQLMetric
 
 /**
- * Sends a partition's rows to the worker in groups, one group in flight, and yields what
- * `select` makes of each group and the worker's answer to it, in input order.
+ * Sends a partition's rows to the worker as they come, in batches of `batchSize`, with one
+ * batch in flight so the worker works on it while the next is encoded. Rows are copied into
+ * Arrow as they pass. Yields, in order: each input row as it passes when `passInput`; and
+ * what `answer` makes of each batch's rows (kept, as copies, only when `keepInput`) and the
+ * worker's answer to that batch.
  */
-class PostedGroups(
-    groups: Iterator[Seq[InternalRow]],
-    exchange: StateExchange,
-    encode: Seq[InternalRow] => Array[Byte],
-    select: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
-  extends Iterator[InternalRow] {
-
-  private val ready = mutable.Queue[Iterator[InternalRow]]()
-  private var current: Iterator[InternalRow] = Iterator.empty
-
-  override def hasNext: Boolean = {
-    while (!current.hasNext) {
-      if (ready.nonEmpty) {
-        current = ready.dequeue()
-      } else if (groups.hasNext) {
-        val group = groups.next()
-        exchange.post(encode(group))(answer => ready.enqueue(select(group, answer)))
-        exchange.settle(inFlight = 1)
-      } else if (exchange.outstanding > 0) {
-        exchange.settle()
-      } else {
-        return false
-      }
-    }
-    true
-  }
-
-  override def next(): InternalRow = {
-    if (!hasNext) throw new NoSuchElementException
-    current.next()
-  }
-}
-
-/**
- * Sends each row to the worker as it passes (in batches, one batch in flight), without
- * copying it: its values are copied into Arrow. Yields the input rows themselves when
- * `passInput`, and the rows `answerRows` makes of each answer of the worker.
- */
-class StreamedRows(
+class PostedRows(
     rows: Iterator[InternalRow],
     exchange: StateExchange,
     encoder: ArrowBatchEncoder,
     project: InternalRow => InternalRow,
     batchSize: Int,
     passInput: Boolean,
-    answerRows: Array[Byte] => Iterator[InternalRow] = _ => Iterator.empty)
+    keepInput: Boolean,
+    answer: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
   extends Iterator[InternalRow] {
 
   private val ready = mutable.Queue[Iterator[InternalRow]]()
   private var current: Iterator[InternalRow] = Iterator.empty
   private var passed: InternalRow = null
+  private var batch = mutable.ArrayBuffer[InternalRow]()
   private var pending = 0
 
   private def flush(): Unit = {
-    exchange.post(encoder.finishBatch())(_.foreach(answer => ready.enqueue(answerRows(answer))))
-    exchange.settle(inFlight = 1)
+    val sent = batch
+    exchange.post(encoder.finishBatch())(a => ready.enqueue(answer(sent.toSeq, a)))
+    batch = mutable.ArrayBuffer[InternalRow]()
     pending = 0
+    exchange.settle(inFlight = 1)
   }
 
   override def hasNext: Boolean = {
@@ -82,9 +51,10 @@ class StreamedRows(
       } else if (rows.hasNext) {
         val row = rows.next()
         encoder.append(project(row))
+        if (keepInput) batch += row.copy()
         pending += 1
-        if (pending >= batchSize) flush()
         if (passInput) passed = row
+        if (pending >= batchSize) flush()
       } else if (pending > 0) {
         flush()
       } else if (exchange.outstanding > 0) {
@@ -308,6 +278,9 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
 
   def outstanding: Int = awaiting.size
 
+  private var ended = false
+  def inputEnded: Boolean = ended
+
   /** Reads answers until at most `inFlight` batches are still unanswered. */
   def settle(inFlight: Int = 0): Unit =
     while (awaiting.size > inFlight) {
@@ -340,6 +313,8 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
 
   /** Ends the input; returns the batches the worker emits after seeing all of it. */
   def endInput(): Iterator[Array[Byte]] = {
+    require(!ended, "arrowstate: input already ended")
+    ended = true
     settle()
     timed {
       out.writeInt(Protocol.End)
