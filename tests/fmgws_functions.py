@@ -82,3 +82,15 @@ def misuses_state(key, pdfs, state):
     state.update((len(errors),))
     yield pd.DataFrame({"user": [key[0]], "errors": [",".join(errors)],
                         "processingTime": [state.getCurrentProcessingTimeMs() > 0]})
+
+
+def mixed_output_frames(key, pdfs, state):
+    """Output frames that pd.concat must reconcile: other column order, float counts, none."""
+    n = sum(len(p) for p in pdfs)
+    state.update((n,))
+    if key[0] == "b":
+        yield pd.DataFrame({"count": [float(n)], "user": [key[0]]})
+    elif key[0] == "c":
+        yield pd.DataFrame({"user": [], "count": []})
+    else:
+        yield pd.DataFrame({"user": [key[0], key[0]], "count": [n, n + 1]})

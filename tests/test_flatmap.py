@@ -104,6 +104,13 @@ def test_large_groups_arrive_in_chunks_and_partial_reads(spark, tmp_path):
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
+def test_output_frames_of_differing_shapes_are_joined_as_pandas_would(spark, tmp_path):
+    batches = [[ev("a", 1), ev("b", 2), ev("c", 3), ev("d", 4)], [ev("a", 5), ev("e", 6)]]
+    assert_same(spark, tmp_path, EVENTS, batches,
+                apply(fns.mixed_output_frames, "user string, count long", "n long"),
+                expect_node=NODE, output_mode="update")
+
+
 def test_group_state_misuse_raises_as_in_pyspark(spark, tmp_path):
     batches = [[ev("a", 1), ev("b", 2)], [ev("a", 3)]]
     assert_same(spark, tmp_path, EVENTS, batches,

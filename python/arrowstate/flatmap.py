@@ -212,15 +212,15 @@ class FlatMapGroupsWithState:
             positions = list(range(len(names)))
         else:
             return pd.concat(frames, ignore_index=True)
-        dtypes = list(frames[0].dtypes)
         columns: list[list] = [[] for _ in positions]
         try:
+            dtypes = [frames[0]._mgr.iget_values(p).dtype for p in positions]
             for frame in frames:
-                if list(frame.columns) != first or list(frame.dtypes) != dtypes:
+                if list(frame.columns) != first:
                     return pd.concat(frames, ignore_index=True)
-                for parts, p in zip(columns, positions):
+                for parts, p, dtype in zip(columns, positions, dtypes):
                     values = frame._mgr.iget_values(p)
-                    if not isinstance(values, np.ndarray):
+                    if not isinstance(values, np.ndarray) or values.dtype != dtype:
                         return pd.concat(frames, ignore_index=True)
                     parts.append(values)
         except AttributeError:   # another pandas' internals: take the general path
