@@ -67,23 +67,24 @@ def _contents(state):
 
 def test_delta_and_snapshot_chain_loads_each_version():
     state = _state()
-    files = []
-    expected = {}
-    for version in range(1, 8):
+    deltas, snapshots, expected = {}, {}, {}
+    for version in range(1, 9):
         _put(state, (f"k{version}", _ts(version)), version)
         _put(state, ("same", _ts(0)), version)
         if version % 3 == 0:
             removed = state.pop_present([(f"k{version - 1}", _ts(version - 1)), ("nope", 0)])
             assert removed.column(2).to_pylist() == [version - 1]
-        delta, snapshot = state.commit_files(version, min_deltas_for_snapshot=4)
-        files.append((version, delta, snapshot))
-        state.mark_committed(version, snapshot is not None)
+        state.wait_for_snapshot()   # made in a thread: wait, so the test knows when it ships
+        deltas[version], shipped = state.commit_files(version)
+        snapshots.update(shipped)
+        state.mark_committed(version, min_deltas_for_snapshot=4)
         expected[version] = _contents(state)
-    assert [v for v, _, s in files if s is not None] == [4]
-    for target in range(1, 8):
-        chain = ([(f"{target}.delta", d) for v, d, _ in files if v <= target] if target < 4
-                 else [("4.snapshot", files[3][2])]
-                 + [(f"{v}.delta", d) for v, d, _ in files if 4 < v <= target])
+    # the snapshot of version 4 is made after its commit and shipped with version 5's
+    assert sorted(snapshots) == [4]
+    for target in range(1, 9):
+        base = max([v for v in snapshots if v <= target], default=0)
+        chain = ([(f"{base}.snapshot", snapshots[base])] if base else []) + [
+            (f"{v}.delta", deltas[v]) for v in range(base + 1, target + 1)]
         loaded = _state()
         loaded.load(chain, target)
         assert _contents(loaded) == expected[target] and loaded.version == target
@@ -103,7 +104,7 @@ def test_rows_survive_chunk_merges_and_compaction():
         assert sorted(popped.column(0).to_pylist()) == sorted(set(gone) & set(expected))
         for k in gone:
             expected.pop(k, None)
-        state.mark_committed(round_ + 1, False)
+        state.mark_committed(round_ + 1, 1000)
     assert len(state._chunks) <= 12
     rows = state.take(state.live_ids())
     assert dict(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist())) == expected
@@ -116,7 +117,7 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
         _state().load([("3.delta", b"garbage")], 3)
     other = VersionedState([pa.field("k0", pa.int64())], [])
     other.put_rows([(1,)], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
-    delta, _ = other.commit_files(1, 10)
+    delta, _ = other.commit_files(1)
     with pytest.raises(CorruptStateFile, match="columns"):
         _state().load([("1.delta", delta)], 1)
 

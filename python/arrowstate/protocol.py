@@ -14,6 +14,7 @@ VERSION = 1
 READY, NEED_FILES, DATA, NO_DATA, END, COMMITTED, LOOKUP, ERROR = 0, 1, 2, 3, 4, 5, 6, -1
 
 _INT = struct.Struct("!i")
+_LONG = struct.Struct("!q")
 
 
 def read_exact(f: BinaryIO, n: int) -> bytes:
@@ -29,6 +30,10 @@ def read_int(f: BinaryIO) -> int:
 
 def write_int(f: BinaryIO, v: int) -> None:
     f.write(_INT.pack(v))
+
+
+def write_long(f: BinaryIO, v: int) -> None:
+    f.write(_LONG.pack(v))
 
 
 def read_bytes(f: BinaryIO) -> bytes:

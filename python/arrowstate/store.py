@@ -16,6 +16,7 @@ import collections
 import heapq
 import itertools
 import sys
+import threading
 from typing import Hashable, Iterator, Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ class VersionedState:
         self._next_id = 0
         self._dead = 0
         self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
+        self._snapshot: _Snapshot | None = None
         self._key_bytes = 0.0
 
     def __len__(self) -> int:
@@ -103,22 +105,7 @@ class VersionedState:
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
         """Rows by global id, in the order given."""
-        if len(ids) == 0:
-            return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in self.schema],
-                                              schema=self.schema)
-        order = np.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        starts = np.asarray(self._starts, dtype=np.int64)
-        chunk_of = np.searchsorted(starts, sorted_ids, side="right") - 1
-        bounds = np.searchsorted(chunk_of, np.arange(len(self._chunks) + 1))
-        parts = [self._chunks[c].take(pa.array(sorted_ids[lo:hi] - starts[c]))
-                 for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
-        rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        if np.any(order[1:] < order[:-1]):
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            rows = rows.take(pa.array(inverse))
-        return rows
+        return _take(self.schema, self._chunks, self._starts, ids)
 
     def live_ids(self) -> np.ndarray:
         """Every live row id, in the dict's key order."""
@@ -142,23 +129,31 @@ class VersionedState:
                 writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=schema))
         return sink.getvalue().to_pybytes()
 
-    def commit_files(self, new_version: int, min_deltas_for_snapshot: int
-                     ) -> tuple[bytes, bytes | None]:
-        """The delta for new_version and, when it is time for one, a snapshot."""
+    def commit_files(self, new_version: int) -> tuple[bytes, list[tuple[int, bytes]]]:
+        """The delta for new_version, and the snapshots (of earlier versions) made meanwhile."""
         delta = self._encode("delta", new_version, self._changes)
-        snapshot = None
-        if new_version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot):
-            snapshot = self._encode("snapshot", new_version,
-                                    [_with_op(b, OP_PUT) for b in self.all_rows(1 << 20)])
-        return delta, snapshot
+        snapshots = []
+        if self._snapshot is not None and not self._snapshot.is_alive():
+            snapshots.append(self._snapshot.result())
+            self._snapshot = None
+        return delta, snapshots
 
-    def mark_committed(self, new_version: int, made_snapshot: bool) -> None:
+    def mark_committed(self, new_version: int, min_deltas_for_snapshot: int) -> None:
+        """The JVM wrote new_version's files. When a snapshot is due, it is made from this
+        version in a thread, off the micro-batch's path, and shipped with a later commit."""
         self.version = new_version
-        if made_snapshot:
-            self.last_snapshot_version = new_version
         self._changes.clear()
         if self._dead > max(len(self.data), _MIN_DEAD_FOR_COMPACTION):
             self._compact()
+        due = new_version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
+        if due and self._snapshot is None:
+            # chunks are immutable and the lists are copied: later batches cannot disturb it
+            self._snapshot = _Snapshot(self, new_version)
+            self.last_snapshot_version = new_version
+
+    def wait_for_snapshot(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.join()
 
     def _compact(self) -> None:
         """Rewrites the live rows into one chunk: O(live), run once dead rows outnumber them."""
@@ -224,10 +219,61 @@ class VersionedState:
                 + index)
 
 
+def _take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
+          ids: np.ndarray) -> pa.RecordBatch:
+    """Rows by global id from these chunks, in the order given."""
+    if len(ids) == 0:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema],
+                                          schema=schema)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.asarray(starts, dtype=np.int64)
+    chunk_of = np.searchsorted(starts, sorted_ids, side="right") - 1
+    bounds = np.searchsorted(chunk_of, np.arange(len(chunks) + 1))
+    parts = [chunks[c].take(pa.array(sorted_ids[lo:hi] - starts[c]))
+             for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+    rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+    if np.any(order[1:] < order[:-1]):
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        rows = rows.take(pa.array(inverse))
+    return rows
+
+
 def _with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
     ops = pa.array(np.full(batch.num_rows, op, dtype=np.int8))
     return pa.RecordBatch.from_arrays(batch.columns + [ops],
                                       names=batch.schema.names + ["__op"])
+
+
+class _Snapshot(threading.Thread):
+    """Encodes a snapshot of one committed version; Arrow's take and IPC release the GIL."""
+
+    def __init__(self, state: VersionedState, version: int) -> None:
+        super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
+        self.version = version
+        self._encode = state._encode
+        self._schema = state.schema
+        self._chunks, self._starts = list(state._chunks), list(state._starts)
+        self._ids = np.sort(state.live_ids())
+        self._bytes: bytes | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            batches = (_with_op(_take(self._schema, self._chunks, self._starts,
+                                      self._ids[lo:lo + (1 << 20)]), OP_PUT)
+                       for lo in range(0, len(self._ids), 1 << 20))
+            self._bytes = self._encode("snapshot", self.version, list(batches))
+        except BaseException as e:  # surfaced by result(), in the task that ships it
+            self._error = e
+
+    def result(self) -> tuple[int, bytes]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self.version, self._bytes
 
 
 class TimeIndex:

@@ -7,7 +7,7 @@ A task's conversation (see protocol.py):
   DATA batch -> DATA answer | NO_DATA   (repeated, with LOOKUP batches between: reads
   LOOKUP batch -> DATA answer | NO_DATA  of the state version being updated)
   END -> DATA batch* END
-  delta, snapshot? -> COMMITTED -> COMMITTED, metrics
+  delta, snapshots of earlier versions -> COMMITTED -> COMMITTED, metrics
 Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
 and the state is reloaded from the checkpoint by whoever runs the retry.
 """
@@ -84,16 +84,17 @@ class Worker:
         p.write_int(f, p.END)
 
         start = time.perf_counter()
-        delta, snapshot = state.commit_files(version + 1, int(conf["minDeltasForSnapshot"]))
+        delta, snapshots = state.commit_files(version + 1)
         commit_ms = int((time.perf_counter() - start) * 1000)
         p.write_bytes(f, delta)
-        p.write_bool(f, snapshot is not None)
-        if snapshot is not None:
+        p.write_int(f, len(snapshots))
+        for snapshot_version, snapshot in snapshots:
+            p.write_long(f, snapshot_version)
             p.write_bytes(f, snapshot)
         f.flush()
         if p.read_int(f) != p.COMMITTED:
             raise RuntimeError("arrowstate: the JVM did not commit")
-        state.mark_committed(version + 1, snapshot is not None)
+        state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]))
         self.states[key] = state
 
         metrics.update(op.metrics)

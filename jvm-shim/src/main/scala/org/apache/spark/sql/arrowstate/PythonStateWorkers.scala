@@ -342,22 +342,21 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
   }
 
   /**
-   * Writes the new version's delta (and snapshot, when the worker made one) atomically, tells
-   * the worker it is committed and adds the worker's metrics to the operator's SQL metrics.
+   * Writes the new version's delta atomically, and any snapshots of earlier versions the worker
+   * finished meanwhile (it makes them off the micro-batch's path), tells the worker it is
+   * committed and adds the worker's metrics to the operator's SQL metrics.
    */
   def commit(
       newVersion: Long, minVersionsToRetain: Int, metrics: String => Option[SQLMetric]): Unit = {
-    val (delta, snapshot) = timed {
+    val (delta, snapshots) = timed {
       val d = readBytes()
-      val s = if (in.readBoolean()) Some(readBytes()) else None
+      val s = Seq.fill(in.readInt())(in.readLong() -> readBytes())
       (d, s)
     }
     val commitStart = System.nanoTime()
     files.write(files.deltaPath(newVersion), delta)
-    snapshot.foreach { s =>
-      files.write(files.snapshotPath(newVersion), s)
-      files.cleanup(newVersion, minVersionsToRetain)
-    }
+    snapshots.foreach { case (version, bytes) => files.write(files.snapshotPath(version), bytes) }
+    if (snapshots.nonEmpty) files.cleanup(newVersion, minVersionsToRetain)
     val commitMs = (System.nanoTime() - commitStart) / 1000000
     val metricsJson = timed {
       out.writeInt(Protocol.Committed)
