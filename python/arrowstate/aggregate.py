@@ -11,7 +11,6 @@ Buffers stay Arrow end to end: the worker never converts a value to Python.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any, Iterator
 
@@ -19,10 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from . import keys as keycodec
-from .store import TimeIndex, VersionedState
-
-MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])
-
+from . import protocol
+from .store import VersionedState
 
 class Aggregate:
     family = "aggregate"
@@ -44,20 +41,14 @@ class Aggregate:
         self._update_ns = 0
 
     # -- state ------------------------------------------------------------------------------
-    def new_state(self) -> VersionedState:
-        state = VersionedState(self.key_fields, self.value_fields)
-        state.index = TimeIndex()
-        return state
-
     def _index(self, state: VersionedState, keys: list, rows: pa.RecordBatch) -> None:
         """Indexes groups by the event time that closes them (a window's end)."""
         if self.event_time_index < 0 or self.output_mode == "complete":
             return
         times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
-        state.index.add_many(times[valid], list(itertools.compress(keys, valid.tolist())))
+        state.index.add_many(times, keys, valid)
 
     def rebuild_index(self, state: VersionedState) -> None:
-        state.index = TimeIndex()
         self._index(state, list(state.data), state.take(state.live_ids()))
 
     # -- one micro-batch --------------------------------------------------------------------
@@ -98,7 +89,7 @@ class Aggregate:
         self._update_ns += time.perf_counter_ns() - start
         if mask is None or self.output_mode != "update":
             return None
-        return pa.RecordBatch.from_arrays([mask], schema=MASK_SCHEMA)
+        return protocol.mask_batch(mask)
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000

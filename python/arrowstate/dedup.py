@@ -11,7 +11,6 @@ with a keep-mask, so rows stay in the JVM.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any, Hashable
 
@@ -19,10 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from . import keys as keycodec
-from .store import TimeIndex, VersionedState
-
-MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])
-
+from . import protocol
+from .store import VersionedState
 
 class Deduplicate:
     family = "deduplicate"
@@ -46,27 +43,17 @@ class Deduplicate:
         self._update_ns = 0
 
     # -- state ----------------------------------------------------------------------------
-    def new_state(self) -> VersionedState:
-        state = VersionedState(self.key_fields, self.value_fields)
-        state.index = TimeIndex()
-        return state
-
-    def _expiry_micros(self, rows: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray] | None:
-        """When each stored row expires, and whether it does (a null event time never does)."""
+    def _index(self, state: VersionedState, keys: list, rows: pa.RecordBatch) -> None:
+        """Indexes stored rows by when they expire (a null event time never does)."""
         if self.within_watermark:
-            expires = rows.column(self.key_count).to_numpy(zero_copy_only=False)
-            return expires, np.ones(len(expires), dtype=bool)
-        if self.evict_by_key:  # a window expires with its end
-            return keycodec.event_time_micros(rows.column(self.event_time_index))
-        return None
+            state.index.add_many(rows.column(self.key_count).to_numpy(zero_copy_only=False),
+                                 keys)
+        elif self.evict_by_key:  # a window expires with its end
+            times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
+            state.index.add_many(times, keys, valid)
 
     def rebuild_index(self, state: VersionedState) -> None:
-        state.index = TimeIndex()
-        expiry = self._expiry_micros(state.take(state.live_ids()))
-        if expiry is not None:
-            times, valid = expiry
-            state.index.add_many(times[valid],
-                                 list(itertools.compress(state.data.keys(), valid.tolist())))
+        self._index(state, list(state.data), state.take(state.live_ids()))
 
     # -- one micro-batch ------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -100,15 +87,11 @@ class Deduplicate:
             columns.append(pa.array(event_micros[new_rows] + self.delay_micros, pa.int64()))
         stored = pa.RecordBatch.from_arrays(columns, schema=state.schema)
         state.put_rows(new_keys, stored)
-        expiry = self._expiry_micros(stored)
-        if expiry is not None:
-            times, valid = expiry
-            state.index.add_many(times[valid],
-                                 list(itertools.compress(new_keys, valid.tolist())))
+        self._index(state, new_keys, stored)
         self.metrics["numUpdatedStateRows"] += len(new_keys)
         self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_keys)
         self._update_ns += time.perf_counter_ns() - start
-        return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
+        return protocol.mask_batch(keep)
 
     def finish(self, state: VersionedState) -> list[pa.RecordBatch]:
         self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000

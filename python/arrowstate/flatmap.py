@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import keys as keycodec
-from .store import TimeIndex, VersionedState
+from .store import VersionedState
 
 NO_TIMESTAMP = -1
 DEFINED, TIMEOUT = "__defined", "__timeout"
@@ -99,17 +99,13 @@ class FlatMapGroupsWithState:
         self._unchanged_timeouts: list = []   # timed-out groups whose state was left alone
 
     # -- state ------------------------------------------------------------------------------
-    def new_state(self) -> VersionedState:
-        state = VersionedState(self.key_fields, self.value_fields)
-        state.index = TimeIndex()
-        return state
+    def _index(self, state: VersionedState, keys: list, timeouts: np.ndarray) -> None:
+        state.index.add_many(timeouts, keys, timeouts != NO_TIMESTAMP)
 
     def rebuild_index(self, state: VersionedState) -> None:
-        state.index = TimeIndex()
         rows = state.take(state.live_ids())
-        timeouts = rows.column(self.timeout_column).to_numpy(zero_copy_only=False)
-        has = timeouts != NO_TIMESTAMP
-        state.index.add_many(timeouts[has], list(itertools.compress(state.data, has.tolist())))
+        self._index(state, list(state.data),
+                    rows.column(self.timeout_column).to_numpy(zero_copy_only=False))
 
     def _stored_values(self, rows: pa.RecordBatch) -> list:
         """Per stored row: the state value tuple, or None where none is defined."""
@@ -174,9 +170,6 @@ class FlatMapGroupsWithState:
         if not self._puts:
             return
         puts, self._puts = self._puts, []
-        # a key put twice (timed out, then re-timed out) keeps its last value
-        last = {hkey: i for i, (hkey, *_rest) in enumerate(puts)}
-        puts = [puts[i] for i in sorted(last.values())]
         key_parts = []
         names = state.schema.names[: len(self.key_fields)]
         for _, entries in itertools.groupby(puts, key=lambda p: id(p[1])):
@@ -193,8 +186,7 @@ class FlatMapGroupsWithState:
         columns.append(pa.array(timeouts))
         hkeys = [p[0] for p in puts]
         state.put_rows(hkeys, pa.RecordBatch.from_arrays(columns, schema=state.schema))
-        has = timeouts != NO_TIMESTAMP
-        state.index.add_many(timeouts[has], list(itertools.compress(hkeys, has.tolist())))
+        self._index(state, hkeys, timeouts)
 
     def _merged_outputs(self):
         """The function's output frames as one DataFrame, as pd.concat would make it.
@@ -312,21 +304,19 @@ class FlatMapGroupsWithState:
         seen: set = set()
         stored = self._stored_values(rows)
         key_batch = rows.select(range(len(self.key_fields)))
+        # the key tuples as the function sees them: from pandas, as for groups with data
+        key_arrays = [s.array for s in self._to_pandas(key_batch)]
         for i in due.tolist():
             hkey = due_keys[i]
             if hkey in seen:
                 continue
             seen.add(hkey)
-            group = _Group(hkey, self._timed_out_key(key_batch, i), key_batch, i, stored[i])
+            group = _Group(hkey, tuple(a[i] for a in key_arrays), key_batch, i, stored[i])
             self._call(group, timed_out=True)
         # a timed-out group whose function left its state alone keeps its old timeout
         kept = self._unchanged_timeouts
-        state.index.add_many(np.array([current[g.key_row] for g in kept], dtype=np.int64),
-                             [g.hkey for g in kept])
+        self._index(state, [g.hkey for g in kept],
+                    np.array([current[g.key_row] for g in kept], dtype=np.int64))
         self._unchanged_timeouts = []
         self._write(state)
-
-    def _timed_out_key(self, key_batch: pa.RecordBatch, row: int) -> tuple:
-        """The key tuple as the function sees it: from pandas, as for groups with data."""
-        return tuple(s.array[0] for s in self._to_pandas(key_batch.slice(row, 1)))
 

@@ -45,12 +45,12 @@ def write_bytes(f: BinaryIO, b: bytes) -> None:
     f.write(b)
 
 
-def read_bool(f: BinaryIO) -> bool:
-    return read_exact(f, 1) != b"\x00"
+MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])
 
 
-def write_bool(f: BinaryIO, v: bool) -> None:
-    f.write(b"\x01" if v else b"\x00")
+def mask_batch(keep) -> pa.RecordBatch:
+    """A keep-mask answer: which of the batch's rows the JVM emits."""
+    return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
 
 
 def batch_to_ipc(batch: pa.RecordBatch) -> bytes:

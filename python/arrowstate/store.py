@@ -44,7 +44,7 @@ class VersionedState:
         self.data: dict[Hashable, int] = {}   # key -> global row id
         self.version = 0
         self.last_snapshot_version = 0
-        self.index = None  # a family's own index over the data (rebuilt on load)
+        self.index = TimeIndex()  # the family's expiry/timeout index (rebuilt on load)
         self._chunks: list[pa.RecordBatch] = []
         self._starts: list[int] = []           # global id of each chunk's first row
         self._next_id = 0
@@ -112,9 +112,8 @@ class VersionedState:
         return np.fromiter(self.data.values(), dtype=np.int64, count=len(self.data))
 
     def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
-        ids = np.sort(self.live_ids())
-        for lo in range(0, len(ids), max(1, batch_size)):
-            yield self.take(ids[lo:lo + batch_size])
+        return _batches_by_id(self.schema, self._chunks, self._starts,
+                              np.sort(self.live_ids()), batch_size)
 
     # -- files ------------------------------------------------------------------------------
     def _file_schema(self, kind: str, version: int) -> pa.Schema:
@@ -214,9 +213,8 @@ class VersionedState:
         if sample:
             size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id
             self._key_bytes = size if not self._key_bytes else 0.8 * self._key_bytes + 0.2 * size
-        index = len(self.index) * 72 if self.index is not None else 0
         return (sum(c.nbytes for c in self._chunks) + int(len(self.data) * self._key_bytes)
-                + index)
+                + len(self.index) * 72)
 
 
 def _take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
@@ -238,6 +236,12 @@ def _take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[
         inverse[order] = np.arange(len(order))
         rows = rows.take(pa.array(inverse))
     return rows
+
+
+def _batches_by_id(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
+                   ids: np.ndarray, batch_size: int) -> Iterator[pa.RecordBatch]:
+    for lo in range(0, len(ids), max(1, batch_size)):
+        yield _take(schema, chunks, starts, ids[lo:lo + batch_size])
 
 
 def _with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
@@ -262,10 +266,9 @@ class _Snapshot(threading.Thread):
 
     def run(self) -> None:
         try:
-            batches = (_with_op(_take(self._schema, self._chunks, self._starts,
-                                      self._ids[lo:lo + (1 << 20)]), OP_PUT)
-                       for lo in range(0, len(self._ids), 1 << 20))
-            self._bytes = self._encode("snapshot", self.version, list(batches))
+            rows = _batches_by_id(self._schema, self._chunks, self._starts, self._ids, 1 << 20)
+            self._bytes = self._encode("snapshot", self.version,
+                                       [_with_op(b, OP_PUT) for b in rows])
         except BaseException as e:  # surfaced by result(), in the task that ships it
             self._error = e
 
@@ -293,7 +296,13 @@ class TimeIndex:
     def __len__(self) -> int:
         return self._size
 
-    def add_many(self, times: np.ndarray, keys: Sequence[Hashable]) -> None:
+    def add_many(self, times: np.ndarray, keys: Sequence[Hashable],
+                 valid: np.ndarray | None = None) -> None:
+        """Adds each key at its time; with `valid`, only where it is true (a key without a
+        time never expires)."""
+        if valid is not None:
+            times = np.asarray(times)[valid]
+            keys = list(itertools.compress(keys, valid.tolist()))
         if len(keys) == 0:
             return
         order = np.argsort(times, kind="stable")

@@ -4,8 +4,7 @@ One process serves one task at a time and keeps every operator partition it has 
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
 A task's conversation (see protocol.py):
   header, input schema -> [state files if asked] -> READY
-  DATA batch -> DATA answer | NO_DATA   (repeated, with LOOKUP batches between: reads
-  LOOKUP batch -> DATA answer | NO_DATA  of the state version being updated)
+  (DATA | LOOKUP) batch -> DATA answer | NO_DATA    (repeated; a LOOKUP only reads state)
   END -> DATA batch* END
   delta, snapshots of earlier versions -> COMMITTED -> COMMITTED, metrics
 Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
@@ -55,7 +54,7 @@ class Worker:
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
-            state = op.new_state()
+            state = VersionedState(op.key_fields, op.value_fields)
             if version > 0:
                 p.write_int(f, p.NEED_FILES)
                 f.flush()

@@ -21,7 +21,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
-import org.apache.spark.sql.types.{StructField, StructType}
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
+import org.apache.spark.sql.types.StructType
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds
@@ -90,7 +91,8 @@ case class ArrowFlatMapGroupsWithStateExec(
     val info = getStateInfo
     val function = functionExpr.asInstanceOf[PythonUDF].func
     val sent = ArrowFlatMapGroupsWithState.sentColumns(groupingAttributes, child.output)
-    val sentSchema = StructType(sent.map(a => StructField(a.name, a.dataType, nullable = true)))
+    // all nullable, as Spark's own node sends them
+    val sentSchema = DataTypeUtils.fromAttributes(sent.map(_.withNullability(true)))
     val operator: JValue =
       ("command" -> Base64.getEncoder.encodeToString(function.command.toArray)) ~
         ("pythonIncludes" -> function.pythonIncludes.asScala.toList) ~
@@ -103,10 +105,10 @@ case class ArrowFlatMapGroupsWithStateExec(
           child.output.exists(_.metadata.contains(EventTimeWatermark.delayKey))) ~
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("stateSchema" -> stateType.json) ~
-        ("outputSchema" -> DataTypeOf(outAttributes).json)
+        ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json)
     val opener =
       StatePartitionOpener.forSession(session, "flatMapGroupsWithState", info, operator, sentSchema)
-    val outputSchema = DataTypeOf(output)
+    val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = timeoutConf == EventTimeTimeout
 
@@ -126,11 +128,6 @@ case class ArrowFlatMapGroupsWithStateExec(
 
   override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
     copy(child = newChild)
-}
-
-private object DataTypeOf {
-  def apply(attributes: Seq[Attribute]): StructType =
-    StructType(attributes.map(a => StructField(a.name, a.dataType, a.nullable)))
 }
 
 object ArrowFlatMapGroupsWithState {

@@ -17,7 +17,6 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
-import org.apache.spark.sql.types.{IntegerType, StructField, StructType}
 
 /**
  * What the restore and save halves of one streaming aggregation share: the state they talk
@@ -94,16 +93,13 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
     val keys = spec.keyExpressions
     val buffer = spec.bufferOf(child.output)
     val keySchema = ArrowBatches.schemaOf(keys)
-    val answerSchema = StructType(
-      StructField("pos", IntegerType, nullable = false) +: ArrowBatches.schemaOf(buffer).fields)
+    val answerWidth = 1 + buffer.size
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val timeZone = conf.sessionLocalTimeZone
     val width = child.output.size
     // A stored row is the incoming row's keys joined with the worker's answer (pos, buffer).
-    val restoredExprs = child.output.map { a =>
-      val k = keys.indexWhere(_.exprId == a.exprId)
-      if (k >= 0) BoundReference(child.output.indexWhere(_.exprId == a.exprId), a.dataType,
-        a.nullable)
+    val restoredExprs = child.output.zipWithIndex.map { case (a, i) =>
+      if (keys.exists(_.exprId == a.exprId)) BoundReference(i, a.dataType, a.nullable)
       else BoundReference(width + 1 + buffer.indexWhere(_.exprId == a.exprId), a.dataType, true)
     }
     val childOutput = child.output
@@ -119,7 +115,7 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
       def restore(group: Seq[InternalRow]): Array[InternalRow] = {
         val stored = new Array[InternalRow](group.size)
         exchange.lookup(encoder.encode(group.iterator.map(keyProjection))).foreach { answer =>
-          ArrowBatches.foreachRow(answer, answerSchema.length) { a =>
+          ArrowBatches.foreachRow(answer, answerWidth) { a =>
             val pos = a.getInt(0)
             stored(pos) = restored(new JoinedRow(group(pos), a)).copy()
           }
