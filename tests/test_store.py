@@ -7,7 +7,8 @@ import pyarrow as pa
 import pytest
 
 from arrowstate import keys
-from arrowstate.store import CorruptStateFile, TimeIndex, VersionedState
+from arrowstate.store import CorruptStateFile, MissingStateFiles, TimeIndex, VersionedState
+from arrowstate.store.lifecycle import load_chain
 
 KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz="UTC"))]
 VALUE_FIELDS = [pa.field("v0", pa.int64())]
@@ -61,33 +62,63 @@ def _put(state, key, value):
 
 
 def _contents(state):
-    rows = state.take(state.live_ids())
-    return dict(zip(state.data, rows.column(2).to_pylist()))
+    rows = state.rows.take(state.rows.live_ids())
+    return dict(zip(state.rows.data, rows.column(2).to_pylist()))
+
+
+class DictFiles:
+    """A partition directory held in a dict: name -> bytes."""
+
+    def __init__(self, files, where="ck/state/0/0"):
+        self.files, self.where = files, where
+
+    def names(self):
+        return list(self.files)
+
+    def read(self, name):
+        return self.files[name]
 
 
 def test_delta_and_snapshot_chain_loads_each_version():
     state = _state()
-    deltas, snapshots, expected = {}, {}, {}
-    for version in range(1, 9):
+    written, expected, prunes = {}, {}, []
+    for version in range(1, 13):
         _put(state, (f"k{version}", _ts(version)), version)
         _put(state, ("same", _ts(0)), version)
         if version % 3 == 0:
             removed = state.pop_present([(f"k{version - 1}", _ts(version - 1)), ("nope", 0)])
             assert removed.column(2).to_pylist() == [version - 1]
-        state.wait_for_snapshot()   # made in a thread: wait, so the test knows when it ships
-        deltas[version], shipped = state.commit_files(version)
-        snapshots.update(shipped)
+        # made in a thread: wait, so the test knows when it ships
+        state.lifecycle.wait_for_snapshot()
+        delta, shipped, prune_below = state.commit_files(version, min_versions_to_retain=3)
+        written[f"{version}.arrowstate.delta"] = delta
+        written.update((f"{v}.arrowstate.snapshot", b) for v, b in shipped)
+        if prune_below > 0:
+            prunes.append((version, prune_below))
         state.mark_committed(version, min_deltas_for_snapshot=4)
         expected[version] = _contents(state)
     # the snapshot of version 4 is made after its commit and shipped with version 5's
-    assert sorted(snapshots) == [4]
-    for target in range(1, 9):
-        base = max([v for v in snapshots if v <= target], default=0)
-        chain = ([(f"{base}.snapshot", snapshots[base])] if base else []) + [
-            (f"{v}.delta", deltas[v]) for v in range(base + 1, target + 1)]
+    assert sorted(n for n in written if "snapshot" in n) == [
+        "4.arrowstate.snapshot", "8.arrowstate.snapshot"]
+    # retention of 3 versions: once version 6 is committed, 4 is the oldest kept and its
+    # snapshot makes everything before it unneeded; then 8's, at version 10
+    assert prunes == [(6, 4), (10, 8)]
+    for target in range(1, 13):
         loaded = _state()
-        loaded.load(chain, target)
+        loaded.load(DictFiles(written), target)
         assert _contents(loaded) == expected[target] and loaded.version == target
+        assert loaded.lifecycle.last_snapshot_version == (8 if target >= 8 else
+                                                          4 if target >= 4 else 0)
+
+
+def test_load_chain_takes_newest_snapshot_and_names_missing_deltas():
+    names = ["1.arrowstate.delta", "2.arrowstate.delta", "2.arrowstate.snapshot",
+             "3.arrowstate.delta", "5.arrowstate.delta", "2.delta", "x.arrowstate.delta"]
+    chain, base, snapshots = load_chain(names, 3, "ck/state/0/1")
+    assert chain == ["2.arrowstate.snapshot", "3.arrowstate.delta"] and base == 2
+    assert snapshots == [2]
+    with pytest.raises(MissingStateFiles, match="ck/state/0/1/4.arrowstate.delta"):
+        load_chain(names, 5, "ck/state/0/1")
 
 
 def test_rows_survive_chunk_merges_and_compaction():
@@ -105,21 +136,21 @@ def test_rows_survive_chunk_merges_and_compaction():
         for k in gone:
             expected.pop(k, None)
         state.mark_committed(round_ + 1, 1000)
-    assert len(state._chunks) <= 12
-    rows = state.take(state.live_ids())
+    assert len(state.rows._chunks) <= 12
+    rows = state.rows.take(state.rows.live_ids())
     assert dict(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist())) == expected
-    ids = state.lookup([5, -1, 19999])
-    assert ids[1] == -1 and (ids[0] >= 0) == (5 in state.data)
+    ids = state.rows.lookup([5, -1, 19999])
+    assert ids[1] == -1 and (ids[0] >= 0) == (5 in state.rows.data)
 
 
 def test_corrupt_or_foreign_file_is_refused_with_its_name():
-    with pytest.raises(CorruptStateFile, match="3.delta"):
-        _state().load([("3.delta", b"garbage")], 3)
+    with pytest.raises(CorruptStateFile, match="ck/state/0/0/1.arrowstate.delta"):
+        _state().load(DictFiles({"1.arrowstate.delta": b"garbage"}), 1)
     other = VersionedState([pa.field("k0", pa.int64())], [])
     other.put_rows([(1,)], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
-    delta, _ = other.commit_files(1)
+    delta, _, _ = other.commit_files(1, 100)
     with pytest.raises(CorruptStateFile, match="columns"):
-        _state().load([("1.delta", delta)], 1)
+        _state().load(DictFiles({"1.arrowstate.delta": delta}), 1)
 
 
 def test_time_index_pops_only_what_expires():
@@ -130,8 +161,6 @@ def test_time_index_pops_only_what_expires():
     assert sorted(zip(keys, times.tolist())) == [("a", 5), ("b", 7), ("b", 10)]
     assert index.pop_until(15)[0] == [] and len(index) == 1
     assert index.pop_until(25)[0] == ["c"] and len(index) == 0
-
-
 
 
 def test_fixed_width_keys_keep_spark_equality():

@@ -1,7 +1,8 @@
 """Framing between the JVM operator and the Python state worker.
 
 Integers are big-endian (Java's DataOutputStream); byte strings are length-prefixed; every
-record batch is a self-contained Arrow IPC stream. The tags mirror `Protocol` in the shim.
+record batch is a self-contained Arrow IPC stream. Tags and the version come from
+contract.json, which the shim reads too.
 """
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
-VERSION = 1
-READY, NEED_FILES, DATA, NO_DATA, END, COMMITTED, LOOKUP, ERROR = 0, 1, 2, 3, 4, 5, 6, -1
+from .contract import FRAMES, PROTOCOL_VERSION
+
+VERSION = PROTOCOL_VERSION
+ERROR, READY, LIST_FILES, DATA, NO_DATA = (FRAMES[n] for n in (
+    "ERROR", "READY", "LIST_FILES", "DATA", "NO_DATA"))
+END, COMMITTED, LOOKUP, READ_FILE, COMMIT = (FRAMES[n] for n in (
+    "END", "COMMITTED", "LOOKUP", "READ_FILE", "COMMIT"))
 
 _INT = struct.Struct("!i")
 _LONG = struct.Struct("!q")
@@ -38,6 +44,18 @@ def write_long(f: BinaryIO, v: int) -> None:
 
 def read_bytes(f: BinaryIO) -> bytes:
     return read_exact(f, read_int(f))
+
+
+def read_long(f: BinaryIO) -> int:
+    return _LONG.unpack(read_exact(f, 8))[0]
+
+
+def read_str(f: BinaryIO) -> str:
+    return read_bytes(f).decode("utf-8")
+
+
+def write_str(f: BinaryIO, s: str) -> None:
+    write_bytes(f, s.encode("utf-8"))
 
 
 def write_bytes(f: BinaryIO, b: bytes) -> None:

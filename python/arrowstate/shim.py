@@ -20,6 +20,7 @@ log = logging.getLogger("arrowstate")
 
 JAR_NAME = f"arrowstate-shim_2.13-{__version__}.jar"
 _PACKAGE_DIR = Path(__file__).resolve().parent
+CONTRACT = _PACKAGE_DIR / "contract.json"
 
 
 def spark_jars_dir() -> Path:
@@ -97,6 +98,7 @@ def build_jar(quiet: bool = False) -> Path:
                 with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
                     z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
                     z.writestr("arrowstate.properties", f"version={__version__}\n")
+                    z.write(CONTRACT, "arrowstate/contract.json")
                     for f in sorted(classes.rglob("*.class")):
                         z.write(f, f.relative_to(classes).as_posix())
                 os.replace(partial, target)

@@ -2,11 +2,13 @@
 
 One process serves one task at a time and keeps every operator partition it has run in
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
-A task's conversation (see protocol.py):
-  header, input schema -> [state files if asked] -> READY
+A task's conversation (frame tags in contract.json):
+  header, input schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it needs]
+  -> READY
   (DATA | LOOKUP) batch -> DATA answer | NO_DATA    (repeated; a LOOKUP only reads state)
   END -> DATA batch* END
-  delta, snapshots of earlier versions -> COMMITTED -> COMMITTED, metrics
+  COMMIT delta, snapshots of earlier versions, prune-below version -> COMMITTED (the JVM
+  wrote the delta) -> COMMITTED, metrics
 Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
 and the state is reloaded from the checkpoint by whoever runs the retry.
 """
@@ -20,15 +22,29 @@ import time
 import traceback
 from typing import Any, BinaryIO
 
+from . import contract
 from . import protocol as p
 from ._version import __version__
-from .aggregate import Aggregate
-from .dedup import Deduplicate
-from .flatmap import FlatMapGroupsWithState
+from .families import REGISTRY
 from .store import VersionedState
 
-FAMILIES = {family.family: family
-            for family in (Deduplicate, Aggregate, FlatMapGroupsWithState)}
+
+class JvmFiles:
+    """The partition's state files, listed and read through the JVM (Hadoop's filesystem)."""
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        self._f, self.where = f, where
+
+    def names(self) -> list[str]:
+        p.write_int(self._f, p.LIST_FILES)
+        self._f.flush()
+        return [p.read_str(self._f) for _ in range(p.read_int(self._f))]
+
+    def read(self, name: str) -> bytes:
+        p.write_int(self._f, p.READ_FILE)
+        p.write_str(self._f, name)
+        self._f.flush()
+        return p.read_bytes(self._f)
 
 
 class Worker:
@@ -44,7 +60,7 @@ class Worker:
                 f"Python package is {__version__}; rebuild with `python -m arrowstate build`")
         for stale in header["drop"]:
             self.states.pop(stale, None)
-        op = FAMILIES[header["family"]](header["operator"], input_schema)
+        family = REGISTRY[header["family"]](header["operator"], input_schema)
         key, version, conf = header["stateKey"], header["version"], header["conf"]
 
         state = self.states.pop(key, None)
@@ -54,21 +70,18 @@ class Worker:
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
-            state = VersionedState(op.key_fields, op.value_fields)
+            state = VersionedState(family.key_fields, family.value_fields)
             if version > 0:
-                p.write_int(f, p.NEED_FILES)
-                f.flush()
-                files = [(p.read_bytes(f).decode(), p.read_bytes(f))
-                         for _ in range(p.read_int(f))]
-                state.load(files, version)
-            op.rebuild_index(state)
+                state.load(JvmFiles(f, key), version)
+            family.rebuild_index(state)
             metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
         p.write_int(f, p.READY)
         f.flush()
 
         while (tag := p.read_int(f)) in (p.DATA, p.LOOKUP):
             batch = p.ipc_to_batch(p.read_bytes(f))
-            answer = op.process(state, batch) if tag == p.DATA else op.lookup(state, batch)
+            answer = (family.process(state, batch) if tag == p.DATA
+                      else family.lookup(state, batch))
             if answer is None:
                 p.write_int(f, p.NO_DATA)
             else:
@@ -77,29 +90,33 @@ class Worker:
             f.flush()
         if tag != p.END:
             raise RuntimeError(f"arrowstate: unexpected frame {tag} from the JVM")
-        for batch in op.finish(state):
+        for batch in family.finish(state):
             p.write_int(f, p.DATA)
             p.write_bytes(f, p.batch_to_ipc(batch))
         p.write_int(f, p.END)
 
         start = time.perf_counter()
-        delta, snapshots = state.commit_files(version + 1)
+        delta, snapshots, prune_below = state.commit_files(
+            version + 1, int(conf["minVersionsToRetain"]))
         commit_ms = int((time.perf_counter() - start) * 1000)
+        p.write_int(f, p.COMMIT)
         p.write_bytes(f, delta)
         p.write_int(f, len(snapshots))
         for snapshot_version, snapshot in snapshots:
             p.write_long(f, snapshot_version)
             p.write_bytes(f, snapshot)
+        p.write_long(f, prune_below)
         f.flush()
         if p.read_int(f) != p.COMMITTED:
             raise RuntimeError("arrowstate: the JVM did not commit")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]))
         self.states[key] = state
 
-        metrics.update(op.metrics)
+        metrics.update(family.metrics)
         metrics["numTotalStateRows"] = len(state)
         metrics["stateMemory"] = state.memory_bytes()
-        metrics["pythonCommitTimeMs"] = commit_ms
+        metrics["commitTimeMs"] = commit_ms
+        contract.check_reported(family.name, metrics)
         p.write_int(f, p.COMMITTED)
         p.write_bytes(f, json.dumps(metrics).encode())
         f.flush()

@@ -19,7 +19,6 @@ import org.apache.spark.sql.execution.python.ArrowPythonRunner
 import org.apache.spark.sql.execution.python.streaming.FlatMapGroupsInPandasWithStateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
-import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
@@ -54,7 +53,7 @@ case class ArrowFlatMapGroupsWithStateExec(
   override def shortName: String =
     StatefulOperatorsUtils.FLAT_MAP_GROUPS_IN_PANDAS_WITH_STATE_EXEC_OP_NAME
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    ArrowStateMetrics.all
+    Contract.customMetrics(FlatMapGroupsWithStateFamily.name)
 
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
@@ -107,7 +106,8 @@ case class ArrowFlatMapGroupsWithStateExec(
         ("stateSchema" -> stateType.json) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json)
     val opener =
-      StatePartitionOpener.forSession(session, "flatMapGroupsWithState", info, operator, sentSchema)
+      StatePartitionOpener.forSession(session, FlatMapGroupsWithStateFamily.name, info,
+        operator, sentSchema)
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = timeoutConf == EventTimeTimeout
@@ -135,32 +135,41 @@ object ArrowFlatMapGroupsWithState {
   def sentColumns(grouping: Seq[Attribute], childOutput: Seq[Attribute]): Seq[Attribute] =
     childOutput ++ grouping.filterNot(g => childOutput.exists(_.exprId == g.exprId))
 
-  def build(p: FlatMapGroupsInPandasWithStateExec): Either[String, SparkPlan] = {
-    val conf = SQLConf.get
+}
+
+/** `applyInPandasWithState`: the user's function runs next to its state. */
+object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
+  override val name = "flatMapGroupsWithState"
+
+  override def matches(plan: SparkPlan): Boolean =
+    plan.isInstanceOf[FlatMapGroupsInPandasWithStateExec]
+
+  override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
+    val p = plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec]
     val function = p.functionExpr.asInstanceOf[PythonUDF].func
-    val sent = sentColumns(p.groupingAttributes, p.child.output)
-    val names = sent.map(_.name)
-    val badKey = p.groupingAttributes.iterator.flatMap { a =>
-      ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
-    }.nextOption()
-    val badState = p.stateType.fields.iterator.flatMap { f =>
-      ArrowBatches.unsupportedValueReason(f.dataType)
-        .map(r => s"state field ${f.name}: unsupported $r")
-    }.nextOption()
-    val reason = ArrowStateOverrides.commonUnsupportedReason(p.stateInfo, conf)
-      .orElse(if (!function.broadcastVars.isEmpty) {
+    val names = ArrowFlatMapGroupsWithState.sentColumns(p.groupingAttributes, p.child.output)
+      .map(_.name)
+    Seq(
+      if (!function.broadcastVars.isEmpty) {
         Some("the pickled function is shipped as a broadcast (it is over 1 MB)")
-      } else None)
-      .orElse(if (names.distinct.size != names.size) {
+      } else None,
+      if (names.distinct.size != names.size) {
         Some(s"duplicate column names in ${names.mkString(", ")}")
-      } else None)
-      .orElse(badKey).orElse(badState)
-    reason match {
-      case Some(r) => Left(r)
-      case None => Right(ArrowFlatMapGroupsWithStateExec(p.functionExpr, p.groupingAttributes,
-        p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
-        p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
-        p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output, p.child))
-    }
+      } else None).flatten ++
+      p.groupingAttributes.flatMap { a =>
+        ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
+      } ++
+      p.stateType.fields.flatMap { f =>
+        ArrowBatches.unsupportedValueReason(f.dataType)
+          .map(r => s"state field ${f.name}: unsupported $r")
+      }
+  }
+
+  override def replace(plan: SparkPlan): SparkPlan = {
+    val p = plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec]
+    ArrowFlatMapGroupsWithStateExec(p.functionExpr, p.groupingAttributes,
+      p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
+      p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
+      p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output, p.child)
   }
 }

@@ -2,16 +2,15 @@ package org.apache.spark.sql.arrowstate
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.rdd.RDD
-import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
+import org.apache.spark.sql.{ExtendedExplainGenerator, SparkSession, SparkSessionExtensions}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, SortOrder}
 import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.python.streaming.FlatMapGroupsInPandasWithStateExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperator, StatefulOperatorStateInfo}
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
-import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperatorStateInfo, StateStoreSaveExec, StreamingDeduplicateExec, StreamingDeduplicateWithinWatermarkExec}
 import org.apache.spark.sql.internal.SQLConf
 
 /** Entry point named in `spark.sql.extensions`. */
@@ -27,103 +26,154 @@ case class ArrowStateColumnarRule(session: SparkSession) extends ColumnarRule {
   override def preColumnarTransitions: Rule[SparkPlan] = ArrowStateOverrides
 }
 
-object ArrowStateConf {
-  val Enabled = "spark.arrowstate.enabled"
-  val DeduplicateEnabled = "spark.arrowstate.deduplicate.enabled"
-  val AggregateEnabled = "spark.arrowstate.aggregate.enabled"
-  val FlatMapGroupsWithStateEnabled = "spark.arrowstate.flatMapGroupsWithState.enabled"
+/**
+ * One operator family on the JVM side: which Spark nodes it answers for, every reason it
+ * cannot run one, and the swap. Its exec and its Python twin (`arrowstate.families`) do the
+ * rest; contract.json names it.
+ */
+trait ArrowStateFamily {
+  /** The family's name in contract.json (and in the Python registry). */
+  def name: String
 
-  def flag(conf: SQLConf, key: String): Boolean =
-    conf.getConfString(key, "true").trim.toLowerCase(java.util.Locale.ROOT) == "true"
+  /** The setting that turns the family on. */
+  final def switch: String = Contract.family(name).switch
+
+  def matches(plan: SparkPlan): Boolean
+
+  /** Every reason this node cannot run in arrowstate; empty when it can. */
+  def unsupportedReasons(plan: SparkPlan): Seq[String]
+
+  /** The arrowstate plan for the node; called only when there is no reason against it. */
+  def replace(plan: SparkPlan): SparkPlan
 }
 
-/**
- * One row per operator family: which Spark node it matches, the switch that turns it on,
- * and a builder that returns our replacement or the reason Spark's node stays.
- */
-private case class OperatorFamily(
-    name: String,
-    switch: String,
-    replace: PartialFunction[SparkPlan, Either[String, SparkPlan]])
+/** Stateful Spark nodes no family runs: they stay Spark's, with this reason. */
+private case class SparkOnly(matches: SparkPlan => Boolean, reason: String)
 
 object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
 
   /** Set on a Spark node we decided to keep, so running the rule twice does not wrap twice. */
-  val KeptReason: TreeNodeTag[String] = TreeNodeTag[String]("arrowstate.keptReason")
+  val KeptReasons: TreeNodeTag[Seq[String]] = TreeNodeTag[Seq[String]]("arrowstate.keptReasons")
 
-  private val families: Seq[OperatorFamily] = Seq(
-    OperatorFamily("deduplicate", ArrowStateConf.DeduplicateEnabled, {
-      case d: StreamingDeduplicateExec =>
-        ArrowStreamingDeduplicateExec.build(d.keyExpressions, d.child, d.stateInfo,
-          d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-          withinWatermark = false)
-      case d: StreamingDeduplicateWithinWatermarkExec =>
-        ArrowStreamingDeduplicateExec.build(d.keyExpressions, d.child, d.stateInfo,
-          d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-          withinWatermark = true)
-    }),
-    OperatorFamily("aggregate", ArrowStateConf.AggregateEnabled, {
-      case s: StateStoreSaveExec => ArrowStateStoreAggregate.build(s)
-      case _: SessionWindowStateStoreSaveExec =>
-        Left("session windows (session_window) keep Spark's own state store operators")
-    }),
-    OperatorFamily("flatMapGroupsWithState", ArrowStateConf.FlatMapGroupsWithStateEnabled, {
-      case p: FlatMapGroupsInPandasWithStateExec => ArrowFlatMapGroupsWithState.build(p)
-      case _: FlatMapGroupsWithStateExec =>
-        Left("the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
-          "arrowstate runs Python functions only")
-    })
-  )
+  /** The families, in the order they are asked. */
+  val families: Seq[ArrowStateFamily] =
+    Seq(DeduplicateFamily, AggregateFamily, FlatMapGroupsWithStateFamily)
+
+  private val sparkOnly: Seq[SparkOnly] = Seq(
+    SparkOnly(_.isInstanceOf[SessionWindowStateStoreSaveExec],
+      "session windows (session_window) keep Spark's own state store operators"),
+    SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
+      "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
+        "arrowstate runs Python functions only"))
 
   override def apply(plan: SparkPlan): SparkPlan = {
     val conf = SQLConf.get
     if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled)) return plan
     plan.transformUp {
-      case node if node.getTagValue(KeptReason).isEmpty =>
-        families.find(_.replace.isDefinedAt(node)) match {
+      case node if node.getTagValue(KeptReasons).isEmpty =>
+        decide(node, conf) match {
           case None => node
-          case Some(family) =>
-            val decision =
-              if (!ArrowStateConf.flag(conf, family.switch)) Left(s"${family.switch}=false")
-              else family.replace(node)
-            decision match {
-              case Right(replacement) => replacement
-              case Left(reason) => keep(node, reason)
-            }
+          case Some(Right(replacement)) => replacement
+          case Some(Left(reasons)) => keep(node, reasons, conf)
         }
     }
   }
 
-  private def keep(node: SparkPlan, reason: String): SparkPlan = {
-    logWarning(s"arrowstate leaves ${node.nodeName} to Spark: $reason")
-    node.setTagValue(KeptReason, reason)
-    ArrowStateFallbackExec(reason, node)
-  }
+  /** None: not a node we run. Right: our plan. Left: every reason it stays Spark's. */
+  private def decide(node: SparkPlan, conf: SQLConf): Option[Either[Seq[String], SparkPlan]] =
+    families.find(_.matches(node)).map { family =>
+      val reasons =
+        (if (ArrowStateConf.flag(conf, family.switch)) Nil else Seq(s"${family.switch}=false")) ++
+          commonUnsupportedReasons(node, conf) ++ family.unsupportedReasons(node)
+      if (reasons.isEmpty) Right(family.replace(node)) else Left(reasons)
+    }.orElse(sparkOnly.find(_.matches(node)).map(s => Left(Seq(s.reason))))
 
   /** Reasons a stateful operator cannot run in arrowstate, whatever its family. */
-  def commonUnsupportedReason(
-      stateInfo: Option[StatefulOperatorStateInfo], conf: SQLConf): Option[String] = {
-    if (stateInfo.isEmpty) {
-      Some("no state info (not planned by a streaming query)")
-    } else if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf)) {
-      Some("spark.sql.streaming.stateStore.checkpointFormatVersion >= 2 is not supported")
-    } else {
-      None
+  def commonUnsupportedReasons(node: SparkPlan, conf: SQLConf): Seq[String] = {
+    val stateInfo = node match {
+      case s: StatefulOperator => s.stateInfo
+      case _ => None
     }
+    Seq(
+      if (stateInfo.isEmpty) Some("no state info (not planned by a streaming query)") else None,
+      if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf)) {
+        Some("spark.sql.streaming.stateStore.checkpointFormatVersion >= 2 is not supported")
+      } else None,
+      TriggerSupport.unsupportedReason(node)).flatten
+  }
+
+  private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {
+    if (ArrowStateConf.flag(conf, ArrowStateConf.FallbackStrict)) {
+      throw new ArrowStateFallbackException(node.nodeName, reasons)
+    }
+    FallbackLog.once(node, reasons) {
+      logWarning(s"arrowstate leaves ${node.nodeName} to Spark: ${reasons.mkString("; ")}")
+    }
+    node.setTagValue(KeptReasons, reasons)
+    ArrowStateFallbackExec(reasons, node)
+  }
+}
+
+/** Raised under `spark.arrowstate.fallback.strict=true` instead of falling back. */
+class ArrowStateFallbackException(nodeName: String, reasons: Seq[String])
+  extends IllegalStateException(
+    s"arrowstate cannot run $nodeName and ${ArrowStateConf.FallbackStrict} is true: " +
+      reasons.mkString("; "))
+
+/** Logs a fallback once per query run and operator, not once per micro-batch. */
+private object FallbackLog {
+  private val MaxRemembered = 4096
+  private val logged = new java.util.LinkedHashMap[(String, Long, Seq[String]), Unit]() {
+    override def removeEldestEntry(
+        e: java.util.Map.Entry[(String, Long, Seq[String]), Unit]): Boolean =
+      size() > MaxRemembered
+  }
+
+  def once(node: SparkPlan, reasons: Seq[String])(log: => Unit): Unit = {
+    val (run, operatorId) = node match {
+      case s: StatefulOperator => s.stateInfo.map(i => (i.queryRunId.toString, i.operatorId))
+        .getOrElse(("", -1L))
+      case _ => ("", -1L)
+    }
+    val first = logged.synchronized { logged.put((run, operatorId, reasons), ()) == null }
+    if (first) log
   }
 }
 
 /**
- * Marks a stateful Spark operator that arrowstate left in place, so the reason shows in
+ * Marks a stateful Spark operator that arrowstate left in place, so the reasons show in
  * EXPLAIN. It runs its child unchanged; Spark still finds the child as a StateStoreWriter.
  */
-case class ArrowStateFallbackExec(reason: String, child: SparkPlan) extends UnaryExecNode {
+case class ArrowStateFallbackExec(reasons: Seq[String], child: SparkPlan) extends UnaryExecNode {
   override def output: Seq[Attribute] = child.output
   override def outputPartitioning: Partitioning = child.outputPartitioning
   override def outputOrdering: Seq[SortOrder] = child.outputOrdering
   override protected def doExecute(): RDD[InternalRow] = child.execute()
   override def nodeName: String = "ArrowStateFallback"
-  override def simpleString(maxFields: Int): String = s"$nodeName [reason: $reason]"
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName [reason: ${reasons.mkString("; ")}]"
   override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
     copy(child = newChild)
+}
+
+/**
+ * `spark.sql.extendedExplainProviders` entry: lists, under its own title in EXPLAIN, which
+ * stateful operators run in arrowstate and why each of the others stays Spark's.
+ */
+class ArrowStateExplainGenerator extends ExtendedExplainGenerator {
+  override def title: String = "arrowstate"
+
+  override def generateExtendedInfo(plan: SparkPlan): String = {
+    def operatorOf(p: SparkPlan): String = p match {
+      case s: StatefulOperator => s.stateInfo.map(i => s" (operator ${i.operatorId})").getOrElse("")
+      case _ => ""
+    }
+    plan.collect {
+      case f: ArrowStateFallbackExec =>
+        s"${f.child.nodeName}${operatorOf(f.child)} stays Spark's:" +
+          f.reasons.map(r => s"\n  - $r").mkString
+      case p: SparkPlan if p.nodeName.startsWith("Arrow") && p.isInstanceOf[StatefulOperator] =>
+        s"${p.nodeName}${operatorOf(p)} runs in arrowstate"
+    }.mkString("\n")
+  }
 }

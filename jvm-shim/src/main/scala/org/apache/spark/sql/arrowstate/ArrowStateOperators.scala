@@ -1,38 +1,17 @@
 package org.apache.spark.sql.arrowstate
 
-import org.json4s.JsonAST.JValue
+import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
-import org.apache.spark.{SparkContext, TaskContext}
+import org.apache.spark.TaskContext
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
-
-/** Metrics every arrowstate operator reports besides Spark's own. */
-case class ArrowStateMetric(name: String, desc: String, kind: String)
-  extends StatefulOperatorCustomMetric {
-  override def createSQLMetric(sc: SparkContext): SQLMetric = kind match {
-    case "timing" => SQLMetrics.createTimingMetric(sc, desc)
-    case "size" => SQLMetrics.createSizeMetric(sc, desc)
-    case _ => SQLMetrics.createMetric(sc, desc)
-  }
-}
-
-object ArrowStateMetrics {
-  val all: Seq[StatefulOperatorCustomMetric] = Seq(
-    ArrowStateMetric("pythonWorkerTimeMs", "time waiting on the Python state worker", "timing"),
-    ArrowStateMetric("arrowBytesToPython", "Arrow bytes sent to Python", "size"),
-    ArrowStateMetric("arrowBytesFromPython", "Arrow bytes received from Python", "size"),
-    ArrowStateMetric("stateLoadTimeMs", "time to load state from checkpoint", "timing"),
-    ArrowStateMetric("stateCacheHits", "state versions found loaded in the worker", "sum"),
-    ArrowStateMetric("stateCacheMisses", "state versions loaded from checkpoint files", "sum"))
-}
 
 object ArrowStateVersion {
   lazy val version: String = {
@@ -43,19 +22,24 @@ object ArrowStateVersion {
   }
 }
 
-/** Header fields common to every family, for one partition. */
+/** Header fields common to every family, for one partition (declared in contract.json). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = compact(render(
-    ("shimVersion" -> ArrowStateVersion.version) ~
-      ("family" -> family) ~
-      ("stateKey" -> stateKey) ~
-      ("operatorId" -> info.operatorId) ~
-      ("partitionId" -> partitionId) ~
-      ("version" -> info.storeVersion) ~
-      ("drop" -> drop.toList) ~
-      ("conf" -> conf) ~
-      ("operator" -> operator)))
+      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = {
+    val header: JObject =
+      ("shimVersion" -> ArrowStateVersion.version) ~
+        ("family" -> family) ~
+        ("stateKey" -> stateKey) ~
+        ("operatorId" -> info.operatorId) ~
+        ("partitionId" -> partitionId) ~
+        ("version" -> info.storeVersion) ~
+        ("drop" -> drop.toList) ~
+        ("conf" -> conf) ~
+        ("operator" -> operator)
+    require(header.obj.map(_._1).toSet == Contract.HeaderFields,
+      "arrowstate: the header's fields differ from contract.json's")
+    compact(render(header))
+  }
 }
 
 
@@ -67,20 +51,22 @@ case class StatePartitionOpener(
     family: String,
     info: StatefulOperatorStateInfo,
     operator: JValue,
-    settings: Map[String, Long],
+    storeConf: Map[String, Long],
+    affinityWaitMs: Long,
     sentSchema: StructType,
     timeZone: String,
     hadoopConf: Broadcast[SerializableConfiguration]) {
 
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
-    StateExchange.forTask(dir.toString, new StateFiles(dir, hadoopConf.value.value)) { exchange =>
+    StateExchange.forTask(dir.toString, new StateFiles(dir, hadoopConf.value.value),
+        affinityWaitMs) { exchange =>
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            settings, operator),
-          encoder.schemaIpc, info.storeVersion)
+            storeConf, operator),
+          encoder.schemaIpc)
       } finally encoder.close()
     }
   }
@@ -95,8 +81,11 @@ object StatePartitionOpener {
       operator: JValue,
       sentSchema: StructType): StatePartitionOpener = {
     val conf = session.sessionState.conf
-    StatePartitionOpener(family, info, operator,
-      Map("minDeltasForSnapshot" -> conf.stateStoreMinDeltasForSnapshot.toLong), sentSchema,
+    val storeConf = Contract.StoreConf.map { case (field, key) =>
+      field -> conf.getConfString(key).trim.toLong
+    }
+    StatePartitionOpener(family, info, operator, storeConf,
+      ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs), sentSchema,
       conf.sessionLocalTimeZone, session.sparkContext.broadcast(
         new SerializableConfiguration(session.sessionState.newHadoopConf())))
   }
@@ -122,7 +111,6 @@ object StateTasks {
     val opMetrics = plan.metrics
     val info = opener.info
     val conf = plan.session.sessionState.conf
-    val minVersionsToRetain = conf.minBatchesToRetain
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val coordinator = Some(plan.session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
@@ -136,7 +124,7 @@ object StateTasks {
           .map { r => numOutputRows += 1; r }
         CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
           if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
-          exchange.commit(info.storeVersion + 1, minVersionsToRetain, opMetrics.get)
+          exchange.commit(info.storeVersion + 1, opMetrics, opener.family)
           reporter.committed(info.storeVersion + 1)
         })
       })

@@ -61,7 +61,7 @@ case class AggregateStateSpec(
         ("batchSize" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
         ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
         ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
-    StatePartitionOpener.forSession(session, "aggregate", stateInfo.get, operator,
+    StatePartitionOpener.forSession(session, AggregateFamily.name, stateInfo.get, operator,
       ArrowBatches.schemaOf(keyExpressions ++ bufferOf(childOutput)))
   }
 
@@ -164,7 +164,7 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
   override def outputPartitioning: Partitioning = child.outputPartitioning
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    ArrowStateMetrics.all
+    Contract.customMetrics(AggregateFamily.name)
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     spec.outputMode != Complete && eventTimeWatermarkForEviction.exists(newInputWatermark > _)
@@ -207,43 +207,54 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
     copy(child = newChild)
 }
 
-object ArrowStateStoreAggregate {
-  /** Replaces Spark's save and the restore below it that shares its state, or says why not. */
-  def build(save: StateStoreSaveExec): Either[String, SparkPlan] = {
-    val conf = SQLConf.get
+/** Streaming aggregation: Spark's save and the restore below it that shares its state. */
+object AggregateFamily extends ArrowStateFamily {
+  override val name = "aggregate"
+
+  override def matches(plan: SparkPlan): Boolean = plan.isInstanceOf[StateStoreSaveExec]
+
+  private def restoreOf(save: StateStoreSaveExec): Option[StateStoreRestoreExec] = {
     val operatorId = save.stateInfo.map(_.operatorId)
-    val restore = save.child.collectFirst {
+    save.child.collectFirst {
       case r: StateStoreRestoreExec if r.stateInfo.map(_.operatorId) == operatorId => r
     }
+  }
+
+  private def eventTimeOf(save: StateStoreSaveExec): (Option[Attribute], Int) = {
     val eventTime = WatermarkSupport.findEventTimeColumn(save.child.output,
       allowMultipleEventTimeColumns = !save.allowMultipleStatefulOperators)
-    val eventTimeKeyIndex =
-      eventTime.map(et => save.keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
-    val buffer = save.child.output.filterNot(a => save.keyExpressions.exists(_.exprId == a.exprId))
-    val badKey = save.keyExpressions.iterator.flatMap { a =>
-      ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
-    }.nextOption()
-    val badBuffer = buffer.iterator.flatMap { a =>
-      ArrowBatches.unsupportedValueReason(a.dataType)
-        .map(r => s"aggregation buffer ${a.name}: unsupported $r")
-    }.nextOption()
-    val reason = ArrowStateOverrides.commonUnsupportedReason(save.stateInfo, conf)
-      .orElse(if (save.outputMode.isEmpty) Some("no output mode") else None)
-      .orElse(if (restore.isEmpty) Some("no StateStoreRestoreExec of the same state") else None)
-      .orElse(if (eventTime.isDefined && eventTimeKeyIndex < 0) {
-        Some(s"event-time column ${eventTime.get.name} is not a grouping key")
-      } else None)
-      .orElse(badKey).orElse(badBuffer)
-    reason match {
-      case Some(r) => Left(r)
-      case None =>
-        val spec = AggregateStateSpec(save.keyExpressions, save.stateInfo, save.outputMode.get,
-          save.eventTimeWatermarkForLateEvents, save.eventTimeWatermarkForEviction,
-          eventTimeKeyIndex, save.stateFormatVersion)
-        val child = save.child.transformDown {
-          case r: StateStoreRestoreExec if r eq restore.get => ArrowStateStoreRestoreExec(spec, r.child)
-        }
-        Right(ArrowStateStoreSaveExec(spec, child))
+    (eventTime,
+      eventTime.map(et => save.keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1))
+  }
+
+  override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
+    val save = plan.asInstanceOf[StateStoreSaveExec]
+    val (eventTime, eventTimeKeyIndex) = eventTimeOf(save)
+    val buffer =
+      save.child.output.filterNot(a => save.keyExpressions.exists(_.exprId == a.exprId))
+    Seq(
+      if (save.outputMode.isEmpty) Some("no output mode") else None,
+      if (restoreOf(save).isEmpty) Some("no StateStoreRestoreExec of the same state") else None,
+      eventTime.filter(_ => eventTimeKeyIndex < 0)
+        .map(et => s"event-time column ${et.name} is not a grouping key")).flatten ++
+      save.keyExpressions.flatMap { a =>
+        ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
+      } ++
+      buffer.flatMap { a =>
+        ArrowBatches.unsupportedValueReason(a.dataType)
+          .map(r => s"aggregation buffer ${a.name}: unsupported $r")
+      }
+  }
+
+  override def replace(plan: SparkPlan): SparkPlan = {
+    val save = plan.asInstanceOf[StateStoreSaveExec]
+    val restore = restoreOf(save).get
+    val spec = AggregateStateSpec(save.keyExpressions, save.stateInfo, save.outputMode.get,
+      save.eventTimeWatermarkForLateEvents, save.eventTimeWatermarkForEviction,
+      eventTimeOf(save)._2, save.stateFormatVersion)
+    val child = save.child.transformDown {
+      case r: StateStoreRestoreExec if r eq restore => ArrowStateStoreRestoreExec(spec, r.child)
     }
+    ArrowStateStoreSaveExec(spec, child)
   }
 }

@@ -12,7 +12,6 @@ import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
-import org.apache.spark.sql.internal.SQLConf
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
@@ -41,8 +40,7 @@ case class ArrowStreamingDeduplicateExec(
     StatefulOperatorPartitioning.getCompatibleDistribution(keyExpressions, getStateInfo, conf) :: Nil
 
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    StatefulOperatorCustomSumMetric("numDroppedDuplicateRows", "number of duplicates dropped") +:
-      ArrowStateMetrics.all
+    Contract.customMetrics(DeduplicateFamily.name)
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     eventTimeWatermarkForEviction.exists(newInputWatermark > _)
@@ -89,7 +87,8 @@ case class ArrowStreamingDeduplicateExec(
         ("lateEventsWatermarkMs" -> eventTimeWatermarkForLateEvents) ~
         ("evictionWatermarkMs" -> eventTimeWatermarkForEviction)
     val opener =
-      StatePartitionOpener.forSession(session, "deduplicate", info, operator, sentSchema)
+      StatePartitionOpener.forSession(session, DeduplicateFamily.name, info, operator,
+        sentSchema)
     val childOutput = child.output
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
@@ -110,24 +109,32 @@ case class ArrowStreamingDeduplicateExec(
     copy(child = newChild)
 }
 
-object ArrowStreamingDeduplicateExec {
-  def build(
-      keyExpressions: Seq[Attribute],
-      child: SparkPlan,
-      stateInfo: Option[StatefulOperatorStateInfo],
-      lateEventsWatermark: Option[Long],
-      evictionWatermark: Option[Long],
-      withinWatermark: Boolean): Either[String, SparkPlan] = {
-    val conf = SQLConf.get
-    val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
+/** Streaming deduplication, both kinds. */
+object DeduplicateFamily extends ArrowStateFamily {
+  override val name = "deduplicate"
+
+  override def matches(plan: SparkPlan): Boolean = plan match {
+    case _: StreamingDeduplicateExec | _: StreamingDeduplicateWithinWatermarkExec => true
+    case _ => false
+  }
+
+  override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
+    val ours = replace(plan).asInstanceOf[ArrowStreamingDeduplicateExec]
+    val eventTime = WatermarkSupport.findEventTimeColumn(ours.child.output,
       allowMultipleEventTimeColumns = true)
-    val badColumn = (keyExpressions ++ eventTime).iterator.flatMap { a =>
+    (ours.keyExpressions ++ eventTime).flatMap { a =>
       ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"column ${a.name}: unsupported $r")
-    }.nextOption()
-    ArrowStateOverrides.commonUnsupportedReason(stateInfo, conf).orElse(badColumn) match {
-      case Some(reason) => Left(reason)
-      case None => Right(ArrowStreamingDeduplicateExec(keyExpressions, child, stateInfo,
-        lateEventsWatermark, evictionWatermark, withinWatermark))
     }
+  }
+
+  override def replace(plan: SparkPlan): SparkPlan = plan match {
+    case d: StreamingDeduplicateExec =>
+      ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
+        d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
+        withinWatermark = false)
+    case d: StreamingDeduplicateWithinWatermarkExec =>
+      ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
+        d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
+        withinWatermark = true)
   }
 }

@@ -78,19 +78,6 @@ class PostedRows(
   }
 }
 
-/** Frame tags of the worker protocol; `python/arrowstate/protocol.py` has the same numbers. */
-object Protocol {
-  val Version = 1
-  val Ready = 0
-  val NeedFiles = 1
-  val Data = 2
-  val NoData = 3
-  val End = 4
-  val Committed = 5
-  val Lookup = 6
-  val Error = -1
-}
-
 /** An exception raised in the Python state worker, with its Python traceback. */
 class ArrowStatePythonException(message: String) extends RuntimeException(message)
 
@@ -140,8 +127,7 @@ object PythonStateWorkers extends Logging {
    * `spark.arrowstate.worker.affinityWaitMs` for it: reloading state costs more than waiting
    * for one task, the longest such a wait lasts. Only then another worker takes over.
    */
-  def borrow(stateKey: String): (PythonStateWorker, Seq[String]) = {
-    val waitMs = SparkEnv.get.conf.getLong("spark.arrowstate.worker.affinityWaitMs", 10000L)
+  def borrow(stateKey: String, waitMs: Long): (PythonStateWorker, Seq[String]) = {
     val chosen = synchronized {
       val deadline = System.currentTimeMillis() + waitMs
       def holderBusy = holderOf.get(stateKey).exists(w => !idle.contains(w))
@@ -197,9 +183,10 @@ object PythonStateWorkers extends Logging {
  * begin (load the state version), exchange Arrow batches, end input, commit.
  * Any failure before commit destroys the worker, so no half-applied state survives.
  */
-class StateExchange(stateKey: String, files: StateFiles) extends Logging {
+class StateExchange(stateKey: String, files: StateFiles, affinityWaitMs: Long)
+  extends Logging {
 
-  private val (worker, drops) = PythonStateWorkers.borrow(stateKey)
+  private val (worker, drops) = PythonStateWorkers.borrow(stateKey, affinityWaitMs)
   private val in = worker.in
   private val out = worker.out
   private var finished = false
@@ -237,31 +224,35 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
           s"arrowstate: Python state worker ${worker.id} exited unexpectedly " +
             "(see the executor log for its output)", e)
     }
-    if (tag == Protocol.Error) {
+    if (tag == Contract.Frame.Error) {
       val traceback = new String(readBytes(), UTF_8)
       throw new ArrowStatePythonException(s"arrowstate Python worker failed:\n$traceback")
     }
     tag
   }
 
-  /** Sends the header and the input schema; serves the state files if the worker asks. */
-  def begin(headerJson: String, inputSchemaIpc: Array[Byte], version: Long): Unit = timed {
-    out.writeInt(Protocol.Version)
+  /** Sends the header and the input schema; serves the state files the worker asks for
+   * (it decides which: the store's lifecycle lives in Python) until it is ready. */
+  def begin(headerJson: String, inputSchemaIpc: Array[Byte]): Unit = timed {
+    out.writeInt(Contract.ProtocolVersion)
     writeBytes(headerJson.getBytes(UTF_8))
     writeBytes(inputSchemaIpc)
     out.flush()
     var tag = readTag()
-    if (tag == Protocol.NeedFiles) {
-      val chain = files.chainFor(version)
-      out.writeInt(chain.size)
-      chain.foreach { p =>
-        writeBytes(p.toString.getBytes(UTF_8))
-        writeBytes(files.read(p))
+    while (tag != Contract.Frame.Ready) {
+      tag match {
+        case Contract.Frame.ListFiles =>
+          val names = files.names()
+          out.writeInt(names.size)
+          names.foreach(n => writeBytes(n.getBytes(UTF_8)))
+        case Contract.Frame.ReadFile =>
+          writeBytes(files.read(new String(readBytes(), UTF_8)))
+        case other =>
+          throw new IllegalStateException(s"arrowstate: unexpected frame $other from Python")
       }
       out.flush()
       tag = readTag()
     }
-    require(tag == Protocol.Ready, s"arrowstate: unexpected frame $tag from Python worker")
   }
 
   private val awaiting = mutable.Queue[Option[Array[Byte]] => Unit]()
@@ -272,7 +263,7 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
    * one batch in flight lets the worker process it while this task encodes the next.
    */
   def post(batchIpc: Array[Byte])(onAnswer: Option[Array[Byte]] => Unit): Unit = {
-    write(Protocol.Data, batchIpc)
+    write(Contract.Frame.Data, batchIpc)
     awaiting.enqueue(onAnswer)
   }
 
@@ -291,7 +282,7 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
   /** Asks what the state (the version being updated) holds for a batch of keys. */
   def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = {
     settle()
-    write(Protocol.Lookup, keysIpc)
+    write(Contract.Frame.Lookup, keysIpc)
     timed(readAnswer())
   }
 
@@ -303,11 +294,11 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
   }
 
   private def readAnswer(): Option[Array[Byte]] = readTag() match {
-    case Protocol.Data =>
+    case Contract.Frame.Data =>
       val b = readBytes()
       bytesFromPython += b.length
       Some(b)
-    case Protocol.NoData => None
+    case Contract.Frame.NoData => None
     case other => throw new IllegalStateException(s"arrowstate: unexpected frame $other")
   }
 
@@ -317,15 +308,15 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
     ended = true
     settle()
     timed {
-      out.writeInt(Protocol.End)
+      out.writeInt(Contract.Frame.End)
       out.flush()
     }
     new Iterator[Array[Byte]] {
       private var nextBatch: Option[Array[Byte]] = fetch()
       private def fetch(): Option[Array[Byte]] = timed {
         readTag() match {
-          case Protocol.End => None
-          case Protocol.Data =>
+          case Contract.Frame.End => None
+          case Contract.Frame.Data =>
             val b = readBytes()
             bytesFromPython += b.length
             Some(b)
@@ -342,35 +333,39 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
   }
 
   /**
-   * Writes the new version's delta atomically, and any snapshots of earlier versions the worker
-   * finished meanwhile (it makes them off the micro-batch's path), tells the worker it is
-   * committed and adds the worker's metrics to the operator's SQL metrics.
+   * Writes the new version's delta atomically, hands the snapshots the worker finished
+   * meanwhile and its pruning to the maintenance thread, tells the worker it is committed
+   * and adds the worker's metrics to the operator's SQL metrics.
    */
-  def commit(
-      newVersion: Long, minVersionsToRetain: Int, metrics: String => Option[SQLMetric]): Unit = {
-    val (delta, snapshots) = timed {
+  def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String): Unit = {
+    val (delta, snapshots, pruneBelow) = timed {
+      require(readTag() == Contract.Frame.Commit, "arrowstate: the worker did not commit")
       val d = readBytes()
       val s = Seq.fill(in.readInt())(in.readLong() -> readBytes())
-      (d, s)
+      (d, s, in.readLong())
     }
     val commitStart = System.nanoTime()
-    files.write(files.deltaPath(newVersion), delta)
-    snapshots.foreach { case (version, bytes) => files.write(files.snapshotPath(version), bytes) }
-    if (snapshots.nonEmpty) files.cleanup(newVersion, minVersionsToRetain)
+    files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
     val commitMs = (System.nanoTime() - commitStart) / 1000000
+    StateMaintenance.submit(files, snapshots, pruneBelow)
     val metricsJson = timed {
-      out.writeInt(Protocol.Committed)
+      out.writeInt(Contract.Frame.Committed)
       out.flush()
-      require(readTag() == Protocol.Committed, "arrowstate: worker did not confirm the commit")
+      require(readTag() == Contract.Frame.Committed,
+        "arrowstate: worker did not confirm the commit")
       new String(readBytes(), UTF_8)
     }
     finished = true
     PythonStateWorkers.giveBack(worker)
 
-    val reported = WorkerMetrics.parse(metricsJson)
-    def add(name: String, v: Long): Unit = metrics(name).foreach(_ += v)
+    val reported = WorkerMetrics.parse(metricsJson, family)
+    def add(name: String, v: Long): Unit = metrics.get(name) match {
+      case Some(m) => m += v
+      case None => throw new IllegalStateException(
+        s"arrowstate: the $family operator has no SQL metric $name (contract.json declares it)")
+    }
     reported.foreach { case (k, v) => add(k, v) }
-    add("commitTimeMs", commitMs + reported.getOrElse("pythonCommitTimeMs", 0L))
+    add("commitTimeMs", commitMs)
     add("numStateStoreInstances", 1)
     add("pythonWorkerTimeMs", pythonNanos / 1000000)
     add("arrowBytesToPython", bytesToPython)
@@ -379,17 +374,27 @@ class StateExchange(stateKey: String, files: StateFiles) extends Logging {
 }
 
 object WorkerMetrics {
-  /** The worker sends a flat JSON object of integer metrics. */
-  def parse(json: String): Map[String, Long] = {
+  /** The worker's flat JSON object of integer metrics; a name the contract does not let
+   * Python report for this family fails, instead of being dropped. */
+  def parse(json: String, family: String): Map[String, Long] = {
     import org.json4s._
     import org.json4s.jackson.JsonMethods
-    JsonMethods.parse(json) match {
-      case JObject(fields) => fields.collect {
+    val values = JsonMethods.parse(json) match {
+      case JObject(fields) => fields.map {
         case (k, JInt(v)) => k -> v.toLong
         case (k, JLong(v)) => k -> v
+        case (k, other) => throw new IllegalStateException(
+          s"arrowstate: the worker reported metric $k as $other, not a whole number")
       }.toMap
-      case _ => Map.empty
+      case other => throw new IllegalStateException(s"arrowstate: bad worker metrics $other")
     }
+    val unknown = values.keySet -- Contract.pythonMetrics(family)
+    if (unknown.nonEmpty) {
+      throw new IllegalStateException(s"arrowstate: the worker reported metrics " +
+        s"${unknown.toSeq.sorted.mkString(", ")} that contract.json does not declare for " +
+        s"family $family")
+    }
+    values
   }
 }
 
@@ -401,12 +406,12 @@ object StateExchange {
    * streaming aggregation (restore and save, in the same task) share it: one worker, one
    * state version, one commit.
    */
-  def forTask(stateKey: String, files: => StateFiles)(begin: StateExchange => Unit)
-    : StateExchange = {
+  def forTask(stateKey: String, files: => StateFiles, affinityWaitMs: Long)(
+      begin: StateExchange => Unit): StateExchange = {
     val context = TaskContext.get()
     val id = (context.taskAttemptId(), stateKey)
     open.computeIfAbsent(id, { _ =>
-      val exchange = new StateExchange(stateKey, files)
+      val exchange = new StateExchange(stateKey, files, affinityWaitMs)
       context.addTaskCompletionListener[Unit](_ => open.remove(id))
       begin(exchange)
       exchange

@@ -1,6 +1,7 @@
 package org.apache.spark.sql.arrowstate
 
 import java.io.{DataOutputStream, FileNotFoundException}
+import java.util.concurrent.{Executors, ThreadFactory}
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{Path, PathFilter}
@@ -9,60 +10,34 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
 /**
- * The files of one operator partition's state: `<version>.arrowstate.delta` and
- * `<version>.arrowstate.snapshot` under `<checkpoint>/state/<operatorId>/<partitionId>/`.
- * The bytes are Arrow IPC written by the Python worker; this class only moves them through
- * Hadoop's filesystem layer (atomic write then rename), so any checkpoint filesystem works.
+ * The files of one operator partition's state, under
+ * `<checkpoint>/state/<operatorId>/<partitionId>/`. Which files exist, load, are written or
+ * pruned is decided by the Python store (its `lifecycle` module); this class only moves
+ * bytes through Hadoop's filesystem layer (atomic write then rename), so any checkpoint
+ * filesystem works.
  */
 class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   import StateFiles._
 
   private lazy val fm = CheckpointFileManager.create(dir, hadoopConf)
 
-  def deltaPath(version: Long): Path = new Path(dir, s"$version$DeltaSuffix")
-  def snapshotPath(version: Long): Path = new Path(dir, s"$version$SnapshotSuffix")
+  /** The names of our files in the directory (none if it does not exist). */
+  def names(): Seq[String] =
+    if (!fm.exists(dir)) Nil else fm.list(dir, OurFiles).toSeq.map(_.getPath.getName)
 
-  /** Every (version, isSnapshot) present in the directory. */
-  def listVersions(): Seq[(Long, Boolean)] = {
-    if (!fm.exists(dir)) return Nil
-    fm.list(dir, OurFiles).toSeq.flatMap { st =>
-      val name = st.getPath.getName
-      if (name.endsWith(DeltaSuffix)) {
-        name.stripSuffix(DeltaSuffix).toLongOption.map(_ -> false)
-      } else {
-        name.stripSuffix(SnapshotSuffix).toLongOption.map(_ -> true)
-      }
-    }
-  }
-
-  /** The files whose contents, applied in order, give `version`: a snapshot and deltas. */
-  def chainFor(version: Long): Seq[Path] = {
-    if (version <= 0) return Nil
-    val present = listVersions()
-    val base = present.collect { case (v, true) if v <= version => v }.maxOption.getOrElse(0L)
-    val deltas = present.collect { case (v, false) if v > base && v <= version => v }.toSet
-    val missing = ((base + 1) to version).filterNot(deltas.contains)
-    if (missing.nonEmpty) {
-      throw new FileNotFoundException(
-        s"arrowstate: cannot load state version $version of $dir: missing " +
-          missing.map(deltaPath).mkString(", "))
-    }
-    (if (base > 0) Seq(snapshotPath(base)) else Nil) ++
-      ((base + 1) to version).map(deltaPath)
-  }
-
-  def read(path: Path): Array[Byte] = {
-    val in = fm.open(path)
+  def read(name: String): Array[Byte] = {
+    val in = fm.open(new Path(dir, name))
     try in.readAllBytes() finally in.close()
   }
 
   /** Atomic write: readers see the old file or the whole new one; the last complete one wins. */
-  def write(path: Path, bytes: Array[Byte]): Unit = {
-    if (!createdDirs.contains(dir.toString)) {
-      fm.mkdirs(dir)
-      createdDirs.add(dir.toString)
+  def write(name: String, bytes: Array[Byte]): Unit = {
+    val path = new Path(dir, name)
+    val out = try fm.createAtomic(path, true) catch {
+      case _: FileNotFoundException =>   // the directory's first file, or it was deleted
+        fm.mkdirs(dir)
+        fm.createAtomic(path, true)
     }
-    val out = fm.createAtomic(path, true)
     try {
       new DataOutputStream(out).write(bytes)
       out.close()
@@ -73,37 +48,66 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     }
   }
 
-  /**
-   * Deletes files no longer needed to load any of the newest `minVersionsToRetain` versions:
-   * everything older than the newest snapshot at or below the oldest retained version.
-   */
-  def cleanup(latestVersion: Long, minVersionsToRetain: Int): Unit = {
-    val oldestRetained = latestVersion - minVersionsToRetain + 1
-    if (oldestRetained <= 0) return
-    val present = listVersions()
-    val base = present.collect { case (v, true) if v <= oldestRetained => v }.maxOption
-    base.foreach { b =>
-      present.foreach { case (v, isSnapshot) =>
-        if (v < b) fm.delete(if (isSnapshot) snapshotPath(v) else deltaPath(v))
-      }
+  /** Deletes our files of versions below `version`, once that version's snapshot exists. */
+  def pruneBelow(version: Long): Unit = {
+    if (!fm.exists(new Path(dir, s"$version$SnapshotSuffix"))) return
+    names().foreach { name =>
+      versionOf(name).filter(_ < version).foreach(_ => fm.delete(new Path(dir, name)))
     }
   }
 }
 
 object StateFiles {
-  val DeltaSuffix = ".arrowstate.delta"
-  val SnapshotSuffix = ".arrowstate.snapshot"
-
-  /** Directories this JVM already made, so a steady-state commit does no mkdirs call. */
-  private val createdDirs = java.util.concurrent.ConcurrentHashMap.newKeySet[String]()
+  val DeltaSuffix: String = Contract.DeltaSuffix
+  val SnapshotSuffix: String = Contract.SnapshotSuffix
 
   private object OurFiles extends PathFilter {
-    override def accept(p: Path): Boolean = {
-      val n = p.getName
-      n.endsWith(DeltaSuffix) || n.endsWith(SnapshotSuffix)
-    }
+    override def accept(p: Path): Boolean = versionOf(p.getName).isDefined
   }
+
+  def versionOf(name: String): Option[Long] =
+    Seq(DeltaSuffix, SnapshotSuffix).collectFirst {
+      case s if name.endsWith(s) => name.stripSuffix(s).toLongOption
+    }.flatten
 
   def partitionDir(checkpointLocation: String, operatorId: Long, partitionId: Int): Path =
     new Path(new Path(checkpointLocation, operatorId.toString), partitionId.toString)
+}
+
+/**
+ * Writes snapshots and prunes old files off the micro-batch's path, as Spark's state store
+ * maintenance does: one daemon thread per JVM, in submission order. A failed snapshot write
+ * loses nothing (the deltas stay) and stops that job's pruning.
+ */
+object StateMaintenance extends Logging {
+  private lazy val executor = Executors.newSingleThreadExecutor(new ThreadFactory {
+    override def newThread(r: Runnable): Thread = {
+      val t = new Thread(r, "arrowstate-state-maintenance")
+      t.setDaemon(true)
+      t
+    }
+  })
+
+  def submit(files: StateFiles, snapshots: Seq[(Long, Array[Byte])], pruneBelow: Long): Unit =
+    if (snapshots.nonEmpty || pruneBelow > 0) {
+      executor.execute(() => {
+        try {
+          snapshots.foreach { case (v, bytes) =>
+            files.write(s"$v${StateFiles.SnapshotSuffix}", bytes)
+          }
+          if (pruneBelow > 0) files.pruneBelow(pruneBelow)
+        } catch {
+          case e: Exception =>
+            logWarning(s"arrowstate: state maintenance of ${files.dir} failed; its deltas " +
+              "stay, so nothing is lost", e)
+        }
+      })
+    }
+
+  /** Waits for the jobs submitted so far (tests and shutdown). */
+  def awaitIdle(): Unit = {
+    val done = new java.util.concurrent.CountDownLatch(1)
+    executor.execute(() => done.countDown())
+    done.await()
+  }
 }

@@ -19,14 +19,14 @@ import base64
 import itertools
 import json
 import sys
-import time
 from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from . import keys as keycodec
-from .store import VersionedState
+from .. import keys as keycodec
+from ..store import VersionedState
+from .base import FamilyBase
 
 NO_TIMESTAMP = -1
 DEFINED, TIMEOUT = "__defined", "__timeout"
@@ -41,10 +41,12 @@ class _Group:
         self.key_batch, self.key_row, self.stored = key_batch, key_row, stored
 
 
-class FlatMapGroupsWithState:
-    family = "flatMapGroupsWithState"
+class FlatMapGroupsWithState(FamilyBase):
+    name = "flatMapGroupsWithState"
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
+        super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
+                                    "allUpdatesTimeMs", "allRemovalsTimeMs"))
         import pandas as pd
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
@@ -89,9 +91,6 @@ class FlatMapGroupsWithState:
                                                  pa.field(TIMEOUT, pa.int64())]
         self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
         self.defined_column = self.timeout_column - 1
-        self.metrics = {"numUpdatedStateRows": 0, "numRemovedStateRows": 0,
-                        "allUpdatesTimeMs": 0, "allRemovalsTimeMs": 0}
-        self._update_ns = 0
         self._pending: _Group | None = None
         self._outputs: list = []
         self._puts: list = []      # (hkey, key batch, row, value tuple or None, timeout)
@@ -102,10 +101,9 @@ class FlatMapGroupsWithState:
     def _index(self, state: VersionedState, keys: list, timeouts: np.ndarray) -> None:
         state.index.add_many(timeouts, keys, timeouts != NO_TIMESTAMP)
 
-    def rebuild_index(self, state: VersionedState) -> None:
-        rows = state.take(state.live_ids())
-        self._index(state, list(state.data),
-                    rows.column(self.timeout_column).to_numpy(zero_copy_only=False))
+    def index_rows(self, state: VersionedState, keys: list, rows: pa.RecordBatch) -> None:
+        """Indexes groups by their timeout timestamp (none: never times out)."""
+        self._index(state, keys, rows.column(self.timeout_column).to_numpy(zero_copy_only=False))
 
     def _stored_values(self, rows: pa.RecordBatch) -> list:
         """Per stored row: the state value tuple, or None where none is defined."""
@@ -237,8 +235,12 @@ class FlatMapGroupsWithState:
             prefer_int_ext_dtype=self.prefer_int_ext_dtype, df_for_struct=False)
 
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        with self.updating():
+            self._process(state, batch)
+        return self._output_batch()
+
+    def _process(self, state: VersionedState, batch: pa.RecordBatch) -> None:
         pd = self._pd
-        start = time.perf_counter_ns()
         n = batch.num_rows
         key_batch = batch.select(self.key_indices)
         hkeys = keycodec.rows(key_batch.columns, n)
@@ -248,10 +250,10 @@ class FlatMapGroupsWithState:
         # as PySpark's own per-group frames are.
         frame = pd.concat(series[: self.value_count], axis=1)
         key_arrays = [series[i].array for i in self.key_indices]
-        ids = state.lookup([hkeys[i] for i in boundaries[:-1]])
+        ids = state.rows.lookup([hkeys[i] for i in boundaries[:-1]])
         found = np.flatnonzero(ids >= 0)
         stored: list = [None] * len(ids)
-        for g, value in zip(found.tolist(), self._stored_values(state.take(ids[found]))):
+        for g, value in zip(found.tolist(), self._stored_values(state.rows.take(ids[found]))):
             stored[g] = value
         for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             chunk = frame.iloc[lo:hi]
@@ -267,27 +269,23 @@ class FlatMapGroupsWithState:
             group.chunks.append(chunk)
             self._pending = group
         self._write(state)
-        self._update_ns += time.perf_counter_ns() - start
-        return self._output_batch()
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
-        start = time.perf_counter_ns()
-        if self._pending is not None:
-            self._call(self._pending, timed_out=False)
-            self._pending = None
-        self._write(state)
-        self._update_ns += time.perf_counter_ns() - start
-        self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000
+        with self.updating():
+            if self._pending is not None:
+                self._call(self._pending, timed_out=False)
+                self._pending = None
+            self._write(state)
         batch = self._output_batch()
         if batch is not None:
             yield batch
 
-        start = time.perf_counter_ns()
-        threshold = {"ProcessingTimeTimeout": self.batch_ts,
-                     "EventTimeTimeout": self.watermark}.get(self.timeout_conf)
-        if threshold is not None and threshold != NO_TIMESTAMP:
-            self._timeouts(state, threshold)
-        self.metrics["allRemovalsTimeMs"] = (time.perf_counter_ns() - start) // 1_000_000
+        with self.removing():
+            threshold = {"ProcessingTimeTimeout": self.batch_ts,
+                         "EventTimeTimeout": self.watermark}.get(self.timeout_conf)
+            if threshold is not None and threshold != NO_TIMESTAMP:
+                self._timeouts(state, threshold)
+        self.close_timings()
         batch = self._output_batch()
         if batch is not None:
             yield batch
@@ -295,9 +293,9 @@ class FlatMapGroupsWithState:
     def _timeouts(self, state: VersionedState, threshold: int) -> None:
         """Calls the function for each group whose timeout is below the threshold."""
         hkeys, times = state.index.pop_until(threshold - 1)
-        ids = state.lookup(hkeys)
+        ids = state.rows.lookup(hkeys)
         found = ids >= 0
-        rows = state.take(ids[found])
+        rows = state.rows.take(ids[found])
         current = rows.column(self.timeout_column).to_numpy(zero_copy_only=False)
         due = np.flatnonzero(current == times[found])
         due_keys = list(itertools.compress(hkeys, found.tolist()))

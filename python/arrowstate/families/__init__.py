@@ -1,0 +1,14 @@
+"""Operator families: one module each, one row each in `REGISTRY` (the shim has the same
+rows, and contract.json names them)."""
+from __future__ import annotations
+
+from .aggregate import Aggregate
+from .base import FamilyBase, StateFamily
+from .dedup import Deduplicate
+from .flatmap import FlatMapGroupsWithState
+
+REGISTRY: dict[str, type[StateFamily]] = {
+    family.name: family for family in (Deduplicate, Aggregate, FlatMapGroupsWithState)}
+
+__all__ = ["REGISTRY", "StateFamily", "FamilyBase", "Aggregate", "Deduplicate",
+           "FlatMapGroupsWithState"]

@@ -1,0 +1,110 @@
+"""What every operator family is (`StateFamily`) and what families share (`FamilyBase`):
+watermark thresholds, timing of updates and removals, rebuilding the time index after a
+load, and expiring what the eviction watermark closes."""
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Hashable, Iterable, Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..store import VersionedState
+
+
+class StateFamily(Protocol):
+    """One operator family's state logic in the worker. The worker makes one per task from
+    the header's `operator` fields and the schema of the rows the JVM sends."""
+
+    name: ClassVar[str]
+    key_fields: list[pa.Field]     # the state's key columns
+    value_fields: list[pa.Field]   # the state's value columns
+    metrics: dict[str, int]        # reported after the commit (names from contract.json)
+
+    def rebuild_index(self, state: VersionedState) -> None:
+        """Rebuilds the state's time index after a load from files."""
+
+    def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """Answers a LOOKUP frame: reads state, changes nothing."""
+
+    def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """Answers a DATA frame: one batch of input."""
+
+    def finish(self, state: VersionedState) -> Iterable[pa.RecordBatch]:
+        """After all input: evictions, timeouts, and the batches to emit last."""
+
+
+def micros(ms: int | None) -> int | None:
+    return None if ms is None else ms * 1000
+
+
+class FamilyBase:
+    """Shared parts. A family sets its key and value fields and `metrics`, and says how rows
+    enter the time index (`index_rows`), if it uses one."""
+
+    name: ClassVar[str]
+
+    def __init__(self, operator: dict[str, Any], metric_names: Sequence[str]) -> None:
+        self.late_threshold = micros(operator.get("lateEventsWatermarkMs"))
+        self.evict_threshold = micros(operator.get("evictionWatermarkMs"))
+        self.metrics = dict.fromkeys(metric_names, 0)
+        self._update_ns = 0
+        self._removal_ns = 0
+
+    # -- timing -----------------------------------------------------------------------------
+    def updating(self) -> "_Timed":
+        """`with self.updating():` adds the block's time to allUpdatesTimeMs."""
+        return _Timed(self, "_update_ns")
+
+    def removing(self) -> "_Timed":
+        """`with self.removing():` adds the block's time to allRemovalsTimeMs."""
+        return _Timed(self, "_removal_ns")
+
+    def close_timings(self) -> None:
+        if "allUpdatesTimeMs" in self.metrics:
+            self.metrics["allUpdatesTimeMs"] = self._update_ns // 1_000_000
+        if "allRemovalsTimeMs" in self.metrics:
+            self.metrics["allRemovalsTimeMs"] = self._removal_ns // 1_000_000
+
+    # -- time index -------------------------------------------------------------------------
+    def index_rows(self, state: VersionedState, keys: list[Hashable],
+                   rows: pa.RecordBatch) -> None:
+        """Adds stored rows to the time index; families without one keep this no-op."""
+
+    def rebuild_index(self, state: VersionedState) -> None:
+        rows = state.rows
+        self.index_rows(state, list(rows.data), rows.take(rows.live_ids()))
+
+    def expire(self, state: VersionedState) -> pa.RecordBatch | None:
+        """Removes the keys the eviction watermark closes; their rows (None without one)."""
+        if self.evict_threshold is None:
+            return None
+        closed, _ = state.index.pop_until(self.evict_threshold)
+        evicted = state.pop_present(closed)
+        self.metrics["numRemovedStateRows"] += evicted.num_rows
+        return evicted
+
+    def late_mask(self, micros_: np.ndarray, valid: np.ndarray) -> np.ndarray | None:
+        """Rows at or below the late-events watermark (counted as dropped), or None."""
+        if self.late_threshold is None:
+            return None
+        late = valid & (micros_ <= self.late_threshold)
+        self.metrics["numRowsDroppedByWatermark"] += int(late.sum())
+        return late
+
+    def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        raise RuntimeError(f"arrowstate: the {self.name} family answers no LOOKUP frame")
+
+
+class _Timed:
+    __slots__ = ("_owner", "_field", "_start")
+
+    def __init__(self, owner: FamilyBase, field: str) -> None:
+        self._owner, self._field = owner, field
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter_ns()
+
+    def __exit__(self, *exc) -> None:
+        setattr(self._owner, self._field,
+                getattr(self._owner, self._field) + time.perf_counter_ns() - self._start)

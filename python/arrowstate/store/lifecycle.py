@@ -1,0 +1,116 @@
+"""The lifecycle of one partition's files: which files load a version, when a snapshot is
+made, and which files retention lets go. The JVM only lists, reads, writes and deletes what
+this decides; snapshots are encoded here in a thread and written, like the pruning, by the
+shim's maintenance thread, both off the micro-batch's path (as Spark's maintenance does).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Protocol, Sequence
+
+from . import files
+from .rows import FrozenRows
+
+
+class FileSource(Protocol):
+    """The files of one partition's directory, as the JVM serves them."""
+
+    where: str
+
+    def names(self) -> list[str]: ...
+
+    def read(self, name: str) -> bytes: ...
+
+
+class MissingStateFiles(FileNotFoundError):
+    """No chain of files loads the version; the message names what is missing."""
+
+
+def load_chain(names: Sequence[str], version: int, where: str
+               ) -> tuple[list[str], int, list[int]]:
+    """The files that, applied in order, give `version` (the newest snapshot at or below it,
+    0 if none, and the deltas after it), that snapshot's version, and every snapshot's."""
+    present = [parsed for parsed in map(files.parse_name, names) if parsed is not None]
+    snapshots = sorted(v for v, kind in present if kind == files.SNAPSHOT)
+    deltas = {v for v, kind in present if kind == files.DELTA}
+    base = max((v for v in snapshots if v <= version), default=0)
+    missing = [v for v in range(base + 1, version + 1) if v not in deltas]
+    if missing:
+        raise MissingStateFiles(
+            f"arrowstate: cannot load state version {version} of {where}: missing "
+            + ", ".join(f"{where}/{files.file_name(files.DELTA, v)}" for v in missing))
+    chain = [files.file_name(files.SNAPSHOT, base)] if base else []
+    chain += [files.file_name(files.DELTA, v) for v in range(base + 1, version + 1)]
+    return chain, base, snapshots
+
+
+class Lifecycle:
+    """Snapshot scheduling and retention for one partition."""
+
+    def __init__(self) -> None:
+        self.snapshots: set[int] = set()      # versions with a snapshot written or shipped
+        self.last_snapshot_version = 0        # the newest snapshot made or loaded
+        self.pruned_below = 0
+        self._pending: _Snapshot | None = None
+
+    def loaded(self, snapshots: Sequence[int], base: int) -> None:
+        self.snapshots = set(snapshots)
+        self.last_snapshot_version = base
+
+    def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int) -> None:
+        """After `version` is committed: makes its snapshot in a thread when one is due.
+        `rows_of` is called only then (it freezes the live rows)."""
+        due = version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
+        if due and self._pending is None:
+            self._pending = _Snapshot(rows_of(), schema, version)
+            self.last_snapshot_version = version
+
+    def maintenance(self, new_version: int, min_versions_to_retain: int
+                    ) -> tuple[list[tuple[int, bytes]], int]:
+        """What to write and prune with the commit of `new_version`: finished snapshots, and
+        the version below which files may go (-1 for none): the newest snapshot at or below
+        the oldest version retention keeps loadable. The JVM prunes only after the
+        snapshots are written and once that snapshot's file exists."""
+        snapshots = []
+        if self._pending is not None and not self._pending.is_alive():
+            snapshots.append(self._pending.result())
+            self._pending = None
+            self.snapshots.add(snapshots[0][0])
+        oldest_retained = new_version - min_versions_to_retain + 1
+        base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
+        if base > self.pruned_below:
+            self.pruned_below = base
+            return snapshots, base
+        return snapshots, -1
+
+    def wait_for_snapshot(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+
+
+class _Snapshot(threading.Thread):
+    """Encodes a snapshot of one committed version; Arrow's take and IPC release the GIL."""
+
+    def __init__(self, rows: FrozenRows, schema, version: int) -> None:
+        super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
+        self.version = version
+        self._rows, self._schema = rows, schema
+        self._bytes: bytes | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._bytes = files.encode(
+                self._schema, files.SNAPSHOT, self.version,
+                (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 20)))
+        except BaseException as e:  # surfaced by result(), in the task that ships it
+            self._error = e
+        finally:
+            self._rows = None
+
+    def result(self) -> tuple[int, bytes]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self.version, self._bytes

@@ -1,0 +1,156 @@
+"""Rows of one state partition, kept as Arrow and found by key.
+
+Each put appends a record batch (a "chunk") of key and value columns, and a dict maps every
+live key to its row's global id. Lookups and reads are Arrow `take`s, so values never turn
+into Python objects and keep their exact types. Replaced and removed rows are dead until a
+compaction rewrites the live ones.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import sys
+from typing import Hashable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+_MIN_DEAD_FOR_COMPACTION = 65536
+
+
+class KeyedRows:
+    """Key -> Arrow row mapping; keys are the hashable values of `arrowstate.keys`."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.data: dict[Hashable, int] = {}   # key -> global row id
+        self._chunks: list[pa.RecordBatch] = []
+        self._starts: list[int] = []           # global id of each chunk's first row
+        self._next_id = 0
+        self._dead = 0
+        self._key_bytes = 0.0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def clear(self) -> None:
+        self.data.clear()
+        self._chunks, self._starts, self._next_id, self._dead = [], [], 0, 0
+
+    # -- changing ---------------------------------------------------------------------------
+    def insert(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
+        """Stores one row per key (the last of repeated keys wins)."""
+        before = len(self.data)
+        start = self._next_id
+        self.data.update(zip(keys, range(start, start + len(keys))))
+        self._dead += len(keys) - (len(self.data) - before)
+        self._chunks.append(batch)
+        self._starts.append(start)
+        self._next_id += batch.num_rows
+        # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
+        while len(self._chunks) >= 2 and (self._chunks[-1].num_rows
+                                          >= self._chunks[-2].num_rows):
+            last = self._chunks.pop()
+            self._starts.pop()
+            self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
+
+    def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
+        """Removes those of the keys that are present (repeats count once); returns their rows."""
+        ids = self.lookup(keys)
+        found = ids >= 0
+        ids, first = np.unique(ids[found], return_index=True)
+        found_keys = list(itertools.compress(keys, found.tolist()))
+        gone = [found_keys[i] for i in first.tolist()]
+        collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
+        self._dead += len(ids)
+        return self.take(ids)
+
+    def discard(self, keys: Sequence[Hashable]) -> None:
+        """Removes the keys, present or not, without reading their rows."""
+        for k in keys:
+            self.data.pop(k, None)
+        self._dead += len(keys)
+
+    def compact_if_sparse(self) -> None:
+        """Rewrites the live rows into one chunk once dead rows outnumber them: O(live)."""
+        if self._dead <= max(len(self.data), _MIN_DEAD_FOR_COMPACTION):
+            return
+        ids = self.live_ids()
+        order = np.argsort(ids, kind="stable")
+        rows = self.take(ids[order])
+        new_ids = np.empty_like(ids)
+        new_ids[order] = np.arange(len(ids))
+        self.data = dict(zip(self.data.keys(), new_ids.tolist()))
+        self._chunks, self._starts = [rows], [0]
+        self._next_id, self._dead = rows.num_rows, 0
+
+    # -- reading ----------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """Each key's row id, -1 where the key is absent."""
+        return np.fromiter(map(self.data.get, keys, itertools.repeat(-1)), dtype=np.int64,
+                           count=len(keys))
+
+    def take(self, ids: np.ndarray) -> pa.RecordBatch:
+        """Rows by global id, in the order given."""
+        return take(self.schema, self._chunks, self._starts, ids)
+
+    def live_ids(self) -> np.ndarray:
+        """Every live row id, in the dict's key order."""
+        return np.fromiter(self.data.values(), dtype=np.int64, count=len(self.data))
+
+    def frozen(self) -> "FrozenRows":
+        """The live rows as they are now, readable from another thread while this changes
+        (chunks are immutable and the lists are copied)."""
+        return FrozenRows(self.schema, list(self._chunks), list(self._starts),
+                          np.sort(self.live_ids()))
+
+    def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        return self.frozen().batches(batch_size)
+
+    # -- memory -----------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk)."""
+        sample = list(itertools.islice(self.data, 32))
+        if sample:
+            size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id
+            self._key_bytes = size if not self._key_bytes else 0.8 * self._key_bytes + 0.2 * size
+        return sum(c.nbytes for c in self._chunks) + int(len(self.data) * self._key_bytes)
+
+
+class FrozenRows:
+    """A consistent view of the live rows at one moment, in row-id order."""
+
+    def __init__(self, schema: pa.Schema, chunks: list, starts: list, ids: np.ndarray):
+        self.schema, self._chunks, self._starts, self._ids = schema, chunks, starts, ids
+
+    def batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        ids = self._ids
+        for lo in range(0, len(ids), max(1, batch_size)):
+            yield take(self.schema, self._chunks, self._starts, ids[lo:lo + batch_size])
+
+
+def take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
+         ids: np.ndarray) -> pa.RecordBatch:
+    """Rows by global id from these chunks, in the order given."""
+    if len(ids) == 0:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema],
+                                          schema=schema)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.asarray(starts, dtype=np.int64)
+    chunk_of = np.searchsorted(starts, sorted_ids, side="right") - 1
+    bounds = np.searchsorted(chunk_of, np.arange(len(chunks) + 1))
+    parts = [chunks[c].take(pa.array(sorted_ids[lo:hi] - starts[c]))
+             for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+    rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+    if np.any(order[1:] < order[:-1]):
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        rows = rows.take(pa.array(inverse))
+    return rows
+
+
+def _deep_size(v: object) -> int:
+    if isinstance(v, tuple):
+        return sys.getsizeof(v) + sum(_deep_size(x) for x in v)
+    return sys.getsizeof(v)

@@ -1,0 +1,96 @@
+"""The versioned state of one operator partition, held in memory between micro-batches.
+
+Like Spark's state store, a task works on version V and commits V + 1 as a delta (the puts
+and removes, in order). The rows live in `KeyedRows`, the family's expiry or timeout index in
+a `TimeIndex`, the files' format in `files` and their lifecycle (load chain, snapshots,
+retention) in `Lifecycle`; this class records the changes between them.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import pyarrow as pa
+
+from .. import keys as keycodec
+from . import files
+from .lifecycle import FileSource, Lifecycle, load_chain
+from .rows import KeyedRows
+from .time_index import TimeIndex
+
+
+class VersionedState:
+    """Key -> Arrow row mapping with the changes since the last committed version."""
+
+    def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field]):
+        self.key_count = len(key_fields)
+        fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
+        fields += [pa.field(f"v{i}", f.type) for i, f in enumerate(value_fields)]
+        self.schema = pa.schema(fields)
+        self.rows = KeyedRows(self.schema)
+        self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
+        self.lifecycle = Lifecycle()
+        self.version = 0
+        self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # -- changing ---------------------------------------------------------------------------
+    def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
+        """Stores one row per key; `batch` holds the key then the value columns."""
+        if len(keys) == 0:
+            return
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        self.rows.insert(keys, batch)
+        self._changes.append(files.with_op(batch, files.OP_PUT))
+
+    def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
+        """Removes those of the keys that are present (repeats count once); returns their rows."""
+        rows = self.rows.pop_present(keys)
+        if rows.num_rows:
+            removed = rows.columns[: self.key_count] + [
+                pa.nulls(rows.num_rows, f.type) for f in list(self.schema)[self.key_count:]]
+            self._changes.append(files.with_op(
+                pa.RecordBatch.from_arrays(removed, schema=self.schema), files.OP_REMOVE))
+        return rows
+
+    # -- versions ---------------------------------------------------------------------------
+    def commit_files(self, new_version: int, min_versions_to_retain: int
+                     ) -> tuple[bytes, list[tuple[int, bytes]], int]:
+        """The delta for new_version, the snapshots (of earlier versions) made meanwhile, and
+        the version below which files may be pruned (-1 for none)."""
+        delta = files.encode(self.schema, files.DELTA, new_version, self._changes)
+        snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
+        return delta, snapshots, prune_below
+
+    def mark_committed(self, new_version: int, min_deltas_for_snapshot: int) -> None:
+        """The JVM wrote new_version's delta; a snapshot is made if one is due."""
+        self.version = new_version
+        self._changes.clear()
+        self.rows.compact_if_sparse()
+        self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
+                                 min_deltas_for_snapshot)
+
+    def load(self, source: FileSource, version: int) -> None:
+        """Applies the newest snapshot at or below `version` and the deltas after it."""
+        chain, base, snapshots = load_chain(source.names(), version, source.where)
+        self.rows.clear()
+        for name in chain:
+            for batch in files.decode(f"{source.where}/{name}", source.read(name), self.schema):
+                self._apply(batch)
+        self.lifecycle.loaded(snapshots, base)
+        self.version = version
+        self._changes.clear()
+
+    def _apply(self, batch: pa.RecordBatch) -> None:
+        """Replays a file batch: runs of puts and removes, in order."""
+        for op, run in files.op_runs(batch):
+            run = pa.RecordBatch.from_arrays(run.columns[:-1], schema=self.schema)
+            run_keys = keycodec.rows(run.columns[: self.key_count], run.num_rows)
+            if op == files.OP_PUT:
+                self.rows.insert(run_keys, run)
+            else:
+                self.rows.discard(run_keys)
+
+    def memory_bytes(self) -> int:
+        return self.rows.memory_bytes() + self.index.memory_bytes()
