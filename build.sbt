@@ -1,20 +1,27 @@
-// Builds the same shim jar as `python -m arrowstate build`, for people with sbt.
-// Spark is "provided": the jar runs inside the Spark that pyspark ships.
+// For people with sbt. There is one way to build the shim jar: `sbt package` runs
+// `python -m arrowstate build` (the pyspark wheel's Scala compiler, against the Spark jars
+// pyspark runs with, contract.json packed in), so both give the same jar. sbt's own
+// compile of the same sources is for IDEs and quick checks. The version comes from
+// python/arrowstate/_version.py, its one definition.
+import scala.sys.process._
+
 ThisBuild / scalaVersion := "2.13.18"
+
+lazy val packageVersion: String = {
+  val source = IO.read(file("python/arrowstate/_version.py"))
+  "__version__ = \"([^\"]+)\"".r.findFirstMatchIn(source).map(_.group(1))
+    .getOrElse(sys.error("no __version__ in python/arrowstate/_version.py"))
+}
 
 lazy val root = (project in file("."))
   .settings(
     name := "arrowstate-shim",
-    version := "0.1.0", // keep equal to python/arrowstate/_version.py
+    version := packageVersion,
     Compile / scalaSource := baseDirectory.value / "jvm-shim" / "src" / "main" / "scala",
     libraryDependencies += "org.apache.spark" %% "spark-sql" % "4.3.0" % "provided",
     scalacOptions ++= Seq("-release", "17", "-deprecation"),
-    // The Python side checks this file to refuse a jar of another version.
-    Compile / resourceGenerators += Def.task {
-      val props = (Compile / resourceManaged).value / "arrowstate.properties"
-      IO.write(props, s"version=${version.value}\n")
-      Seq(props)
-    }.taskValue,
-    Compile / packageBin / artifactPath :=
-      target.value / s"arrowstate-shim_2.13-${version.value}.jar"
+    Compile / packageBin := {
+      val jar = Seq("python", "-m", "arrowstate", "build").!!.trim.linesIterator.toSeq.last
+      file(jar)
+    }
   )

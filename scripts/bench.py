@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
@@ -164,7 +165,9 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     import arrowstate
-    from arrowstate.procinfo import rss_bytes, state_worker_pids
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from procinfo import rss_bytes, state_worker_pids
 
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")

@@ -14,7 +14,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from arrowstate.procinfo import parent_command, parent_pid, state_worker_pids  # noqa: E402
+from procinfo import parent_command, parent_pid, state_worker_pids  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
 
 

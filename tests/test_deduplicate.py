@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from arrowstate.procinfo import state_worker_pids
+from procinfo import state_worker_pids
 from harness import assert_same, run_query
 
 NODE = "ArrowStreamingDeduplicate"

@@ -148,13 +148,15 @@ class FlatMapGroupsWithState(FamilyBase):
                                                              "actual": str(len(pdf.columns))})
             if len(pdf) > 0:
                 self._outputs.append(pdf)
-        # The output is consumed: record what becomes of the state, as Spark does.
-        timeout = state._timeout_timestamp
-        if state._removed and timeout == NO_TIMESTAMP:
+        # The output is consumed: record what becomes of the state, as Spark does. json() is
+        # how pyspark's own worker reads the outcome back from a GroupState.
+        outcome = json.loads(state.json())
+        removed, timeout = outcome["removed"], outcome["timeoutTimestamp"]
+        if removed and timeout == NO_TIMESTAMP:
             self._removes.append(group.hkey)
             self.metrics["numRemovedStateRows"] += 1
-        elif state._updated or state._removed or timeout != NO_TIMESTAMP:
-            value = tuple(state._value) if state.exists else None
+        elif outcome["updated"] or removed or timeout != NO_TIMESTAMP:
+            value = state.getOption
             self._puts.append((group.hkey, group.key_batch, group.key_row, value, timeout))
             self.metrics["numUpdatedStateRows"] += 1
         elif timed_out:

@@ -1,4 +1,5 @@
-"""Finds this machine's arrowstate Python workers (Linux /proc), for benchmarks and tests."""
+"""Finds this machine's arrowstate Python workers (Linux /proc), for tests and benchmarks
+(scripts/bench.py imports it from here); not part of the shipped package."""
 from __future__ import annotations
 
 import glob
