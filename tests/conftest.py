@@ -1,9 +1,19 @@
+"""Test layout: tests/unit (no Spark, run first) and tests/spark (a local Spark session with
+arrowstate; `slow` and `cluster` marked where they start more than that)."""
 import os
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Spark-free tests run first; every test under tests/spark is marked `spark`."""
+    for item in items:
+        if f"{os.sep}spark{os.sep}" in str(item.fspath):
+            item.add_marker(pytest.mark.spark)
+    items.sort(key=lambda item: ("spark" in item.keywords, "slow" in item.keywords))
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +34,30 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _session_settings_restored(request):
+    """Whatever a Spark test sets on the session is put back afterwards."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    session = request.getfixturevalue("spark")
+    before = dict(session.conf.getAll)
+    yield
+    after = dict(session.conf.getAll)
+    for key in after:
+        if key not in before:
+            session.conf.unset(key)
+        elif after[key] != before[key]:
+            session.conf.set(key, before[key])
+
+
+@pytest.fixture
+def spark_conf(spark):
+    """`spark_conf(key=value, ...)`: session settings for this test only (restored by
+    `_session_settings_restored`)."""
+    def set_conf(**settings):
+        for key, value in settings.items():
+            spark.conf.set(key, str(value))
+    return set_conf

@@ -115,13 +115,10 @@ def test_key_types(spark, tmp_path, case):
                 lambda df: df.dropDuplicates(keys), expect_node=NODE)
 
 
-def test_switched_off_family_stays_spark_with_reason(spark, tmp_path):
-    spark.conf.set("spark.arrowstate.deduplicate.enabled", "false")
-    try:
-        run = run_query(spark, str(tmp_path), EVENTS, [[ev("a", 1)], [ev("a", 2)]],
-                        lambda df: df.dropDuplicates(["user"]), arrowstate=True)
-    finally:
-        spark.conf.unset("spark.arrowstate.deduplicate.enabled")
+def test_switched_off_family_stays_spark_with_reason(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.arrowstate.deduplicate.enabled": "false"})
+    run = run_query(spark, str(tmp_path), EVENTS, [[ev("a", 1)], [ev("a", 2)]],
+                    lambda df: df.dropDuplicates(["user"]), arrowstate=True)
     assert run.outputs == {0: [("a", dt.datetime(1970, 1, 1, 0, 0, 1), 0)], 1: []}
     assert all("ArrowStateFallback [reason: spark.arrowstate.deduplicate.enabled=false]"
                in p and "StreamingDeduplicate" in p for p in run.plans)
@@ -175,16 +172,14 @@ def test_corrupt_state_file_fails_loudly_naming_it(spark, tmp_path):
     assert "Traceback" in message and "2.arrowstate.delta" in message
 
 
-def test_snapshots_and_retention(spark, tmp_path):
-    spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "3")
-    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "4")
-    try:
-        batches = [[ev(f"u{i}", i), ev(f"u{i - 1}", i)] for i in range(1, 12)]
-        run_query(spark, str(tmp_path), EVENTS, batches,
-                  lambda df: df.dropDuplicates(["user"]), arrowstate=True)
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.minDeltasForSnapshot")
-        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
+def test_snapshots_and_retention(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 3,
+                  "spark.sql.streaming.minBatchesToRetain": 4})
+    batches = [[ev(f"u{i}", i), ev(f"u{i - 1}", i)] for i in range(1, 12)]
+    run_query(spark, str(tmp_path), EVENTS, batches,
+              lambda df: df.dropDuplicates(["user"]), arrowstate=True)
+    # snapshots are written and old files pruned by the maintenance thread, off the batch
+    spark._jvm.org.apache.spark.sql.arrowstate.StateMaintenance.awaitIdle()
     state_dirs = glob.glob(os.path.join(str(tmp_path), "*-on", "ck", "state", "0", "[0-9]*"))
     assert state_dirs
     for d in state_dirs:

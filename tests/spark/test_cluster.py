@@ -64,9 +64,11 @@ def standalone_cluster(tmp_path_factory):
                 p.kill()
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster):
     master, env, logs = standalone_cluster
-    app = os.path.join(os.path.dirname(__file__), "cluster_app.py")
+    app = os.path.join(os.path.dirname(__file__), "..", "cluster_app.py")
     done = subprocess.run([sys.executable, app, master], env=env, capture_output=True,
                           text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -44,22 +44,19 @@ def test_no_timeout_running_count_with_restart(spark, tmp_path):
 
 
 def test_processing_time_timeout_fires_in_a_batch_without_data_for_the_group(
-        spark, tmp_path):
+        spark, spark_conf, tmp_path):
     # Batches run only when data comes (no endless no-data batches for processing-time
     # timeouts), 1.5 s apart: a 1 s timeout fires in the next batch that lacks the group.
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    try:
-        batches = [[ev("a", 1, 2), ev("b", 2, 3)], [ev("a", 3, 4)], [ev("c", 4)],
-                   [ev("c", 5), ev("b", 6)], [ev("a", 6)]]
-        _, ours = assert_same(
-            spark, tmp_path, EVENTS, batches,
-            apply(fns.session_with_processing_timeout,
-                  "user string, total long, timedOut boolean", "total long",
-                  GroupStateTimeout.ProcessingTimeTimeout),
-            expect_node=NODE, output_mode="update",
-            between_batches=lambda i, _: time.sleep(1.5 if i else 0))
-    finally:
-        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+    spark_conf(**{"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    batches = [[ev("a", 1, 2), ev("b", 2, 3)], [ev("a", 3, 4)], [ev("c", 4)],
+               [ev("c", 5), ev("b", 6)], [ev("a", 6)]]
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        apply(fns.session_with_processing_timeout,
+              "user string, total long, timedOut boolean", "total long",
+              GroupStateTimeout.ProcessingTimeTimeout),
+        expect_node=NODE, output_mode="update",
+        between_batches=lambda i, _: time.sleep(1.5 if i else 0))
     timed_out = {row[0] for rows in ours.outputs.values() for row in rows if row[2]}
     assert timed_out == {"a", "b", "c"}
 
@@ -91,17 +88,14 @@ def test_state_removal_and_recreation_across_restart(spark, tmp_path):
     assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
 
 
-def test_large_groups_arrive_in_chunks_and_partial_reads(spark, tmp_path):
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
-    try:
-        batches = [[ev("a", i) for i in range(8)] + [ev("b", 1), ev("c", 2)],
-                   [ev("b", i) for i in range(5)]]
-        assert_same(spark, tmp_path, EVENTS, batches,
-                    apply(fns.first_chunk_only, "user string, first long", "first long",
-                          mode="Append"),
-                    expect_node=NODE, output_mode="append")
-    finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+def test_large_groups_arrive_in_chunks_and_partial_reads(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": 3})
+    batches = [[ev("a", i) for i in range(8)] + [ev("b", 1), ev("c", 2)],
+               [ev("b", i) for i in range(5)]]
+    assert_same(spark, tmp_path, EVENTS, batches,
+                apply(fns.first_chunk_only, "user string, first long", "first long",
+                      mode="Append"),
+                expect_node=NODE, output_mode="append")
 
 
 def test_output_frames_of_differing_shapes_are_joined_as_pandas_would(spark, tmp_path):
@@ -137,6 +131,7 @@ def test_failing_function_fails_the_query_with_its_traceback_and_commits_nothing
     assert len(partitions) == 3 and failed, partitions
 
 
+@pytest.mark.slow
 def test_jvm_function_stays_spark_with_reason(spark, tmp_path):
     """Scala's flatMapGroupsWithState, run in spark-shell with arrowstate configured."""
     source = tmp_path / "in"
@@ -148,7 +143,7 @@ def test_jvm_function_stays_spark_with_reason(spark, tmp_path):
         [shell, "--master", "local[1]", "--jars", str(jar_path()),
          "--conf", "spark.sql.extensions=org.apache.spark.sql.arrowstate.ArrowStateExtensions",
          "--conf", "spark.ui.enabled=false",
-         "-i", os.path.join(os.path.dirname(__file__), "jvm_flatmap_query.scala")],
+         "-i", os.path.join(os.path.dirname(__file__), "..", "jvm_flatmap_query.scala")],
         env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert "ROWS 3" in done.stdout, done.stdout + done.stderr
     assert "ArrowStateFallback [reason: the state function is a JVM function" in done.stdout

@@ -136,12 +136,9 @@ def test_unsupported_buffer_and_session_windows_stay_spark_with_reason(spark, tm
     assert all("reason: session windows" in p for p in ours.plans)
 
 
-def test_switched_off_aggregation_stays_spark(spark, tmp_path):
-    spark.conf.set("spark.arrowstate.aggregate.enabled", "false")
-    try:
-        run = run_query(spark, str(tmp_path), EVENTS, WINDOWED[:2], windowed_counts,
-                        arrowstate=True, output_mode="update")
-    finally:
-        spark.conf.unset("spark.arrowstate.aggregate.enabled")
+def test_switched_off_aggregation_stays_spark(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.arrowstate.aggregate.enabled": "false"})
+    run = run_query(spark, str(tmp_path), EVENTS, WINDOWED[:2], windowed_counts,
+                    arrowstate=True, output_mode="update")
     assert all("spark.arrowstate.aggregate.enabled=false" in p for p in run.plans)
     assert not any(SAVE in p for p in run.plans)

@@ -1,0 +1,189 @@
+"""Each operator family's state logic, driven directly as the worker drives it: no Spark."""
+import base64
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.serializers import CloudPickleSerializer
+
+from arrowstate import contract
+from arrowstate.families import REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState
+from arrowstate.store import VersionedState
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+def _seconds(*values):
+    return pa.array([None if v is None else dt.datetime.fromtimestamp(v, dt.timezone.utc)
+                     for v in values], TS)
+
+
+def _task(family_class, operator, schema):
+    """A family and an empty state, as the worker makes them for a task."""
+    family = family_class(operator, schema)
+    return family, VersionedState(family.key_fields, family.value_fields)
+
+
+def _mask(answer):
+    return answer.column(0).to_pylist()
+
+
+def _commit(state, version):
+    state.commit_files(version, 100)
+    state.mark_committed(version, 1000)
+
+
+def test_registry_is_the_contracts_families():
+    assert set(REGISTRY) == set(contract.FAMILIES)
+    for name, family in REGISTRY.items():
+        assert family.name == name
+
+
+DEDUP_SCHEMA = pa.schema([("c0", pa.string()), ("c1", TS)])
+
+
+def _dedup(**operator):
+    return _task(Deduplicate, {"keyCount": 2, "eventTimeIndex": 1, "evictByKey": True,
+                               "withinWatermark": False, **operator}, DEDUP_SCHEMA)
+
+
+def test_dedup_keeps_first_of_each_key_drops_late_and_evicts_by_watermark():
+    family, state = _dedup(lateEventsWatermarkMs=5000, evictionWatermarkMs=12000)
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", "a", "b", "c", None, None]),
+                                        _seconds(10, 10, 3, 20, 11, 11)], schema=DEDUP_SCHEMA)
+    assert _mask(family.process(state, batch)) == [True, False, False, True, True, False]
+    assert list(family.finish(state)) == []
+    m = family.metrics
+    assert (m["numRowsDroppedByWatermark"], m["numDroppedDuplicateRows"],
+            m["numUpdatedStateRows"], m["numRemovedStateRows"]) == (1, 2, 3, 2)
+    assert len(state) == 1   # ("c", 20 s) outlives the eviction watermark of 12 s
+
+
+def test_dedup_within_watermark_expires_at_event_time_plus_delay():
+    schema = pa.schema([("c0", pa.string()), ("c1", TS)])
+    family, state = _task(Deduplicate, {
+        "keyCount": 1, "eventTimeIndex": 1, "evictByKey": False, "withinWatermark": True,
+        "delayMs": 10000, "evictionWatermarkMs": 15000}, schema)
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", "b", "a"]), _seconds(1, 8, 2)],
+                                       schema=schema)
+    assert _mask(family.process(state, batch)) == [True, True, False]
+    family.finish(state)
+    # a expires at 11 s (evicted by 15 s), b at 18 s (kept)
+    assert family.metrics["numRemovedStateRows"] == 1 and len(state) == 1
+
+
+def test_dedup_index_is_rebuilt_from_loaded_rows():
+    family, state = _dedup()
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), _seconds(1, 100)],
+                                       schema=DEDUP_SCHEMA)
+    family.process(state, batch)
+    family.finish(state)
+    state.index = type(state.index)()   # as after a load
+    fresh, _ = _dedup(evictionWatermarkMs=50000)
+    fresh.rebuild_index(state)
+    fresh.finish(state)
+    assert fresh.metrics["numRemovedStateRows"] == 1 and len(state) == 1
+
+
+AGG_SCHEMA = pa.schema([("c0", pa.string()), ("c1", TS), ("c2", pa.int64())])
+
+
+def _agg(mode, **operator):
+    return _task(Aggregate, {"keyCount": 2, "outputMode": mode, "eventTimeIndex": 1,
+                             "batchSize": 2, **operator}, AGG_SCHEMA)
+
+
+def _agg_batch(users, seconds, counts):
+    return pa.RecordBatch.from_arrays([pa.array(users), _seconds(*seconds), pa.array(counts)],
+                                      schema=AGG_SCHEMA)
+
+
+def test_aggregate_lookup_returns_stored_buffers_by_position():
+    family, state = _agg("update")
+    assert family.process(state, _agg_batch(["a", "b"], [1, 2], [3, 4])) is None
+    _commit(state, 1)
+    answer = family.lookup(state, pa.RecordBatch.from_arrays(
+        [pa.array(["x", "b", "a"]), _seconds(1, 2, 1)], names=["c0", "c1"]))
+    assert answer.column(0).to_pylist() == [1, 2] and answer.column(1).to_pylist() == [4, 3]
+
+
+def test_aggregate_update_mode_masks_late_rows_and_evicts_without_output():
+    family, state = _agg("update", lateEventsWatermarkMs=5000, evictionWatermarkMs=5000)
+    family.lookup(state, _agg_batch(["a", "b", "c"], [1, 10, 20], [1, 1, 1]).select([0, 1]))
+    answer = family.process(state, _agg_batch(["a", "b", "c"], [1, 10, 20], [1, 1, 1]))
+    assert _mask(answer) == [False, True, True]
+    assert list(family.finish(state)) == []
+    assert family.metrics["numRowsDroppedByWatermark"] == 1 and len(state) == 2
+
+
+def test_aggregate_append_mode_emits_closed_groups_in_batches():
+    family, state = _agg("append", evictionWatermarkMs=15000)
+    rows = _agg_batch(["a", "b", "c", "d"], [1, 5, 10, 20], [1, 2, 3, 4])
+    family.lookup(state, rows.select([0, 1]))
+    family.process(state, rows)
+    out = list(family.finish(state))
+    assert [b.num_rows for b in out] == [2, 1]
+    assert sorted(v for b in out for v in b.column(2).to_pylist()) == [1, 2, 3]
+    assert family.metrics["numRemovedStateRows"] == 3 and len(state) == 1
+
+
+def test_aggregate_complete_mode_emits_every_group():
+    family, state = _agg("complete", evictionWatermarkMs=15000)
+    family.process(state, _agg_batch(["a", "b", "c"], [1, 5, 10], [1, 2, 3]))
+    out = pa.Table.from_batches(list(family.finish(state)))
+    assert sorted(out.column(2).to_pylist()) == [1, 2, 3]
+    assert family.metrics["numRemovedStateRows"] == 0
+
+
+def running_count(key, pdfs, state):
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    if n >= 3:
+        state.remove()
+    else:
+        state.update((n,))
+    yield pd.DataFrame({"user": [key[0]], "count": [n]})
+
+
+def _flatmap(func):
+    schema = pa.schema([("user", pa.string()), ("v", pa.int64())])
+    command = base64.b64encode(CloudPickleSerializer().dumps((func, None))).decode()
+    operator = {
+        "command": command, "pythonIncludes": [], "keyIndices": [0], "valueCount": 2,
+        "timeoutConf": "NoTimeout", "batchTimestampMs": 0, "eventTimeWatermarkMs": -1,
+        "watermarkPresent": False, "runnerConf": {"spark.sql.session.timeZone": "UTC"},
+        "stateSchema": '{"type":"struct","fields":[{"name":"count","type":"long",'
+                       '"nullable":true,"metadata":{}}]}',
+        "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
+                        '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
+                        '"nullable":true,"metadata":{}}]}'}
+    return _task(FlatMapGroupsWithState, operator, schema), schema
+
+
+def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
+    (family, state), schema = _flatmap(running_count)
+
+    def run(users):
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(users), pa.array(np.arange(len(users)))], schema=schema))
+        rows = ([] if out is None else out.to_pylist()) + [
+            r for b in family.finish(state) for r in b.to_pylist()]
+        return sorted((r["user"], r["count"]) for r in rows)
+
+    assert run(["a", "a", "b"]) == [("a", 2), ("b", 1)]
+    assert len(state) == 2
+    _commit(state, 1)
+    (family, _), _ = _flatmap(running_count)   # a new task on the same state
+    assert run(["a", "b"]) == [("a", 3), ("b", 2)]
+    assert len(state) == 1 and family.metrics["numRemovedStateRows"] == 1
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_family_metrics_are_declared_in_the_contract(name):
+    declared = contract.python_metrics(name)
+    family = {"deduplicate": lambda: _dedup()[0], "aggregate": lambda: _agg("update")[0],
+              "flatMapGroupsWithState": lambda: _flatmap(running_count)[0][0]}[name]()
+    assert set(family.metrics) <= declared
