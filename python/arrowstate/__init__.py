@@ -23,8 +23,9 @@ if not _pyspark.__version__.startswith(SUPPORTED_PYSPARK + "."):
 from .shim import jar_path  # noqa: E402
 
 EXTENSION_CLASS = "org.apache.spark.sql.arrowstate.ArrowStateExtensions"
+EXPLAIN_CLASS = "org.apache.spark.sql.arrowstate.ArrowStateExplainGenerator"
 
-__all__ = ["configure", "jar_path", "EXTENSION_CLASS", "__version__"]
+__all__ = ["configure", "jar_path", "EXTENSION_CLASS", "EXPLAIN_CLASS", "__version__"]
 
 
 def _append(existing: str | None, item: str) -> str:
@@ -37,7 +38,8 @@ def _append(existing: str | None, item: str) -> str:
 def configure(builder):
     """Adds arrowstate to a SparkSession builder, keeping whatever the user set.
 
-    Appends the shim jar to `spark.jars` and the extension to `spark.sql.extensions`. When
+    Appends the shim jar to `spark.jars`, the extension to `spark.sql.extensions` and the
+    explain provider that lists fallbacks to `spark.sql.extendedExplainProviders`. When
     neither `spark.pyspark.python` nor PYSPARK_PYTHON names the workers' Python, sets it to
     this interpreter, so workers import the same arrowstate (a virtual environment included).
     """
@@ -45,6 +47,8 @@ def configure(builder):
     builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
     builder.config("spark.sql.extensions",
                    _append(options.get("spark.sql.extensions"), EXTENSION_CLASS))
+    builder.config("spark.sql.extendedExplainProviders",
+                   _append(options.get("spark.sql.extendedExplainProviders"), EXPLAIN_CLASS))
     if "spark.pyspark.python" not in options and not os.environ.get("PYSPARK_PYTHON"):
         builder.config("spark.pyspark.python", sys.executable)
     return builder
