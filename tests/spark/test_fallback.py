@@ -2,13 +2,18 @@
 explain section), a strict mode that fails instead; and every micro-batch trigger kind."""
 import datetime as dt
 import os
+import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
+from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql.pandas.types import from_arrow_schema
+
+from arrowstate import EXPLAIN_CLASS, EXTENSION_CLASS
+from arrowstate.shim import jar_path
 
 from harness import assert_same, run_query
 
@@ -101,3 +106,30 @@ def test_terminating_triggers_run_on_arrowstate(spark, tmp_path, trigger):
     ours, plans = _run_with_trigger(spark, str(tmp_path / "on"), True, trigger)
     assert ours == native and len(ours) >= len(BATCHES)
     assert all("ArrowStateStoreSave" in p for p in plans), plans
+
+
+@pytest.mark.slow
+def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path):
+    """tests/jvm_queries.scala in spark-shell, with the shim added as spark-submit users
+    add it: a Scala flatMapGroupsWithState, and dropDuplicates under Trigger.RealTime."""
+    source = tmp_path / "in"
+    spark.range(3).write.parquet(str(source))
+    shell = os.path.join(_find_spark_home(), "bin", "spark-shell")
+    env = dict(os.environ, ARROWSTATE_TEST_SOURCE=str(source),
+               ARROWSTATE_TEST_CHECKPOINT=str(tmp_path / "ck"))
+    done = subprocess.run(
+        # real-time mode runs its stages at once: it needs more task slots than local[2]
+        [shell, "--master", "local[6]", "--jars", str(jar_path()),
+         "--conf", f"spark.sql.extensions={EXTENSION_CLASS}",
+         "--conf", f"spark.sql.extendedExplainProviders={EXPLAIN_CLASS}",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+         "-i", os.path.join(os.path.dirname(__file__), "..", "jvm_queries.scala")],
+        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = done.stdout
+    assert "ROWS 3" in out, out + done.stderr
+    assert "ArrowStateFallback [reason: the state function is a JVM function" in out, out
+    assert "FlatMapGroupsWithState" in out
+    assert "REALTIME EXCEPTION None" in out, out + done.stderr
+    assert "REALTIME ROWS 4" in out, out
+    assert "real-time mode (Trigger.RealTime)" in out, out
+    assert "StreamingDeduplicate" in out and "ArrowStreamingDeduplicate" not in out, out

@@ -1,18 +1,15 @@
 """applyInPandasWithState: arrowstate against Spark's own FlatMapGroupsInPandasWithStateExec."""
 import datetime as dt
 import os
-import subprocess
 import time
 
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
-from pyspark.find_spark_home import _find_spark_home
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 import fmgws_functions as fns
-from arrowstate.shim import jar_path
 from harness import assert_same, run_query
 
 cloudpickle.register_pickle_by_value(fns)
@@ -129,22 +126,3 @@ def test_failing_function_fails_the_query_with_its_traceback_and_commits_nothing
     partitions = list(tmp_path.glob("run*-on/ck/state/0/[0-9]*"))
     failed = [p for p in partitions if not (p / "2.arrowstate.delta").exists()]
     assert len(partitions) == 3 and failed, partitions
-
-
-@pytest.mark.slow
-def test_jvm_function_stays_spark_with_reason(spark, tmp_path):
-    """Scala's flatMapGroupsWithState, run in spark-shell with arrowstate configured."""
-    source = tmp_path / "in"
-    spark.range(3).write.parquet(str(source))
-    shell = os.path.join(_find_spark_home(), "bin", "spark-shell")
-    env = dict(os.environ, ARROWSTATE_TEST_SOURCE=str(source),
-               ARROWSTATE_TEST_CHECKPOINT=str(tmp_path / "ck"))
-    done = subprocess.run(
-        [shell, "--master", "local[1]", "--jars", str(jar_path()),
-         "--conf", "spark.sql.extensions=org.apache.spark.sql.arrowstate.ArrowStateExtensions",
-         "--conf", "spark.ui.enabled=false",
-         "-i", os.path.join(os.path.dirname(__file__), "..", "jvm_flatmap_query.scala")],
-        env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert "ROWS 3" in done.stdout, done.stdout + done.stderr
-    assert "ArrowStateFallback [reason: the state function is a JVM function" in done.stdout
-    assert "FlatMapGroupsWithState" in done.stdout

@@ -110,7 +110,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
       logWarning(s"arrowstate leaves ${node.nodeName} to Spark: ${reasons.mkString("; ")}")
     }
     node.setTagValue(KeptReasons, reasons)
-    ArrowStateFallbackExec(reasons, node)
+    // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
+    if (TriggerSupport.isRealTime(node)) node else ArrowStateFallbackExec(reasons, node)
   }
 }
 
@@ -169,9 +170,9 @@ class ArrowStateExplainGenerator extends ExtendedExplainGenerator {
       case _ => ""
     }
     plan.collect {
-      case f: ArrowStateFallbackExec =>
-        s"${f.child.nodeName}${operatorOf(f.child)} stays Spark's:" +
-          f.reasons.map(r => s"\n  - $r").mkString
+      case p: SparkPlan if p.getTagValue(ArrowStateOverrides.KeptReasons).isDefined =>
+        s"${p.nodeName}${operatorOf(p)} stays Spark's:" +
+          p.getTagValue(ArrowStateOverrides.KeptReasons).get.map(r => s"\n  - $r").mkString
       case p: SparkPlan if p.nodeName.startsWith("Arrow") && p.isInstanceOf[StatefulOperator] =>
         s"${p.nodeName}${operatorOf(p)} runs in arrowstate"
     }.mkString("\n")

@@ -1,0 +1,35 @@
+// Stateful queries only the JVM can write, run by test_fallback.py in one spark-shell with
+// arrowstate on; each operator must stay Spark's, run, and show its reason.
+import org.apache.spark.sql.execution.streaming.sources.LowLatencyMemoryStream
+import org.apache.spark.sql.streaming.{GroupState, GroupStateTimeout, OutputMode, Trigger}
+import spark.implicits._
+
+// 1. Scala's flatMapGroupsWithState: a JVM state function.
+val counts = spark.readStream.schema("id long").parquet(sys.env("ARROWSTATE_TEST_SOURCE"))
+  .as[Long].groupByKey(identity)
+  .flatMapGroupsWithState(OutputMode.Update, GroupStateTimeout.NoTimeout) {
+    (key: Long, rows: Iterator[Long], state: GroupState[Long]) =>
+      val n = state.getOption.getOrElse(0L) + rows.size
+      state.update(n)
+      Iterator((key, n))
+  }
+val query = counts.writeStream.format("memory").queryName("counts").outputMode("update")
+  .option("checkpointLocation", sys.env("ARROWSTATE_TEST_CHECKPOINT") + "/jvm").start()
+query.processAllAvailable()
+query.explain()
+println(s"ROWS ${spark.table("counts").count()}")
+query.stop()
+
+// 2. Deduplication in real-time mode (Trigger.RealTime), from a low-latency memory source.
+implicit val sqlContext: org.apache.spark.sql.SQLContext = spark.sqlContext
+val source = LowLatencyMemoryStream[Int](2)
+val realTime = source.toDF().dropDuplicates().writeStream.format("console")
+  .outputMode("update").trigger(Trigger.RealTime("5 seconds"))
+  .option("checkpointLocation", sys.env("ARROWSTATE_TEST_CHECKPOINT") + "/realtime").start()
+source.addData(Seq(1, 2, 3, 1))
+Thread.sleep(12000)
+realTime.explain()
+println(s"REALTIME EXCEPTION ${realTime.exception}")
+println(s"REALTIME ROWS ${realTime.recentProgress.map(_.numInputRows).sum}")
+realTime.stop()
+System.exit(0)
