@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import os
 
 
 def state_worker_pids() -> list[int]:
@@ -15,6 +16,12 @@ def state_worker_pids() -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def own_state_worker_pids() -> list[int]:
+    """The state workers started by this process's own Spark (its JVM is our child)."""
+    me = os.getpid()
+    return [p for p in state_worker_pids() if parent_pid(parent_pid(p)) == me]
 
 
 def rss_bytes(pid: int) -> int:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from procinfo import state_worker_pids
+from procinfo import own_state_worker_pids
 from harness import assert_same, run_query
 
 NODE = "ArrowStreamingDeduplicate"
@@ -22,8 +22,8 @@ def ev(user, second, v=0):
 
 
 def kill_state_workers():
-    """SIGKILLs every arrowstate Python worker of this machine's Spark."""
-    pids = state_worker_pids()
+    """SIGKILLs the arrowstate Python workers of this test session's Spark."""
+    pids = own_state_worker_pids()
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     return len(pids)
