@@ -17,12 +17,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def test_jar(tmp_path_factory):
+    """tests/jvm/*.scala (test-only JVM helpers such as the failure-injecting checkpoint
+    file manager), compiled against Spark and the shim: kept out of the shipped jar."""
+    from pathlib import Path
+
+    from arrowstate.shim import compile_scala, jar_path, write_jar
+
+    out = tmp_path_factory.mktemp("test-jar")
+    sources = sorted((Path(__file__).parent / "jvm").glob("*.scala"))
+    compile_scala(sources, out, [jar_path()])
+    return str(write_jar(out, out / "arrowstate-tests.jar"))
+
+
+@pytest.fixture(scope="session")
+def spark(test_jar):
     from pyspark.sql import SparkSession
 
     import arrowstate
 
     builder = (SparkSession.builder
+               .config("spark.jars", test_jar)
                # local[N, F]: a failed task is retried, as on a cluster
                .master("local[2,3]")
                .appName("arrowstate-tests")

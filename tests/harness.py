@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -26,6 +27,7 @@ _run_ids = itertools.count()
 @dataclass
 class Run:
     outputs: dict[int, list] = field(default_factory=dict)
+    history: list[tuple[int, list]] = field(default_factory=list)   # every call, in order
     figures: dict[int, list[dict]] = field(default_factory=dict)
     custom: dict[int, list[dict]] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
@@ -43,8 +45,13 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
               batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
               *, arrowstate: bool, output_mode: str = "append",
               restart_after: Sequence[int] = (), custom_metrics: Sequence[str] = (),
-              between_batches: Callable[[int, str], None] | None = None) -> Run:
-    """Runs the query over `batches`; restarts it from its checkpoint after the given ones."""
+              between_batches: Callable[[int, str], None] | None = None,
+              on_restart: Callable[[int, str], None] | None = None,
+              recover: Callable[[], None] | None = None) -> Run:
+    """Runs the query over `batches`; restarts it from its checkpoint after the given ones
+    (calling `on_restart(i, checkpoint)` while it is stopped; while it returns True the
+    query runs once more over the input there is). With `recover`, a query that
+    fails is recovered (`recover()`) and restarted, as an operator would."""
     run_dir = os.path.join(workdir, f"run{next(_run_ids)}-{'on' if arrowstate else 'off'}")
     source, checkpoint = os.path.join(run_dir, "in"), os.path.join(run_dir, "ck")
     os.makedirs(source)
@@ -53,6 +60,7 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
 
     def collect(df: DataFrame, batch_id: int) -> None:
         result.outputs[batch_id] = sorted((tuple(r) for r in df.collect()), key=_sortable)
+        result.history.append((batch_id, result.outputs[batch_id]))
 
     def start():
         stream = (spark.readStream.schema(from_arrow_schema(schema))
@@ -79,10 +87,25 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
                 between_batches(i, checkpoint)
             pq.write_table(pa.Table.from_pylist(list(rows), schema=schema),
                            os.path.join(source, f"{i:05d}.parquet"))
-            query.processAllAvailable()
+            try:
+                query.processAllAvailable()
+            except StreamingQueryException:
+                if recover is None:
+                    raise
+                harvest(query)
+                recover()
+                query = start()
+                query.processAllAvailable()
             if i in restart_after:
                 harvest(query)
                 query.stop()
+                # on_restart returning True asks for one more run (to the end of the input
+                # there is) and stop before the next call
+                while on_restart is not None and on_restart(i, checkpoint):
+                    query = start()
+                    query.processAllAvailable()
+                    harvest(query)
+                    query.stop()
                 query = start()
         harvest(query)
     finally:
@@ -99,6 +122,8 @@ def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
     ours = run_query(spark, str(tmp_path), schema, batches, build, arrowstate=True, **kwargs)
     # compared as text so that NaN equals NaN, as it does for Spark
     assert _as_text(ours.outputs) == _as_text(spark_run.outputs)
+    assert ([(b, [_sortable(r) for r in rows]) for b, rows in ours.history]
+            == [(b, [_sortable(r) for r in rows]) for b, rows in spark_run.history])
     assert ours.figures == spark_run.figures
     assert sorted(ours.outputs) == sorted(ours.figures), "a batch ran without progress"
     if expect_node is not None:

@@ -67,42 +67,57 @@ def find_jar() -> Path | None:
     return None
 
 
-def build_jar(quiet: bool = False) -> Path:
-    """Compiles the shim into the package (or the user cache if the package is read-only)."""
+def compile_scala(sources: list[Path], classes: Path, extra_classpath: list[str] = ()) -> None:
+    """Compiles Scala sources into `classes` with the Scala compiler the Spark jars carry,
+    against those jars (and `extra_classpath`)."""
     jars = spark_jars_dir()
-    all_jars = sorted(str(p) for p in jars.glob("*.jar"))
+    all_jars = sorted(str(p) for p in jars.glob("*.jar")) + list(extra_classpath)
     compiler = [str(p) for p in sorted(jars.glob("scala-compiler-*.jar"))
                 + sorted(jars.glob("scala-library-*.jar"))
                 + sorted(jars.glob("scala-reflect-*.jar"))]
     if len(compiler) < 3:
         raise RuntimeError(f"arrowstate: no Scala compiler among the Spark jars in {jars}")
     java = shutil.which("java") or (os.environ.get("JAVA_HOME", "") + "/bin/java")
+    cmd = [java, "-cp", os.pathsep.join(compiler), "scala.tools.nsc.Main",
+           "-nowarn", "-cp", os.pathsep.join(all_jars), "-d", str(classes), *map(str, sources)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"arrowstate: compiling {len(sources)} Scala sources failed:\n"
+                           + done.stdout + done.stderr)
+
+
+def write_jar(classes: Path, target: Path, extra: dict[str, Path | str] = {}) -> Path:
+    """Zips `classes` (plus `extra` entries: name -> file or text) into `target` atomically."""
+    partial = target.with_name(target.name + ".tmp")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+        for name, content in extra.items():
+            if isinstance(content, Path):
+                z.write(content, name)
+            else:
+                z.writestr(name, content)
+        for f in sorted(classes.rglob("*.class")):
+            z.write(f, f.relative_to(classes).as_posix())
+    os.replace(partial, target)
+    return target
+
+
+def build_jar(quiet: bool = False) -> Path:
+    """Compiles the shim into the package (or the user cache if the package is read-only)."""
     with tempfile.TemporaryDirectory(prefix="arrowstate-build-") as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
-        cmd = [java, "-cp", os.pathsep.join(compiler), "scala.tools.nsc.Main",
-               "-nowarn", "-cp", os.pathsep.join(all_jars), "-d", str(classes),
-               *map(str, scala_sources())]
         if not quiet:
-            print(f"arrowstate: compiling the JVM shim against {jars}", file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError("arrowstate: compiling the JVM shim failed:\n"
-                               + done.stdout + done.stderr)
+            print(f"arrowstate: compiling the JVM shim against {spark_jars_dir()}",
+                  file=sys.stderr)
+        compile_scala(scala_sources(), classes)
         last_error: Exception | None = None
         for d in _jar_dirs():
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                target = d / JAR_NAME
-                partial = d / (JAR_NAME + ".tmp")
-                with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
-                    z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
-                    z.writestr("arrowstate.properties", f"version={__version__}\n")
-                    z.write(CONTRACT, "arrowstate/contract.json")
-                    for f in sorted(classes.rglob("*.class")):
-                        z.write(f, f.relative_to(classes).as_posix())
-                os.replace(partial, target)
-                return target
+                return write_jar(classes, d / JAR_NAME, {
+                    "arrowstate.properties": f"version={__version__}\n",
+                    "arrowstate/contract.json": CONTRACT})
             except OSError as e:
                 last_error = e
         raise RuntimeError(f"arrowstate: cannot write the shim jar: {last_error}")

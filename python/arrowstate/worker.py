@@ -27,13 +27,14 @@ from . import protocol as p
 from ._version import __version__
 from .families import REGISTRY
 from .store import VersionedState
+from .store import files as store_files
 
 
 class JvmFiles:
     """The partition's state files, listed and read through the JVM (Hadoop's filesystem)."""
 
-    def __init__(self, f: BinaryIO, where: str) -> None:
-        self._f, self.where = f, where
+    def __init__(self, f: BinaryIO, where: str, context: str) -> None:
+        self._f, self.where, self.context = f, where, context
 
     def names(self) -> list[str]:
         p.write_int(self._f, p.LIST_FILES)
@@ -45,6 +46,25 @@ class JvmFiles:
         p.write_str(self._f, name)
         self._f.flush()
         return p.read_bytes(self._f)
+
+    def tail(self, name: str, size: int) -> bytes:
+        p.write_int(self._f, p.FILE_TAIL)
+        p.write_str(self._f, name)
+        p.write_int(self._f, size)
+        self._f.flush()
+        return p.read_bytes(self._f)
+
+
+def committed_here(state: VersionedState, files: JvmFiles) -> bool:
+    """Whether the checkpoint's newest delta of the state's version is the one this state
+    committed (the idea of Spark's checkpoint format v2): another attempt or executor may
+    have rewritten it since. One small read of that file's trailer."""
+    if state.version == 0:
+        return True
+    name = store_files.file_name(store_files.DELTA, state.version)
+    return (state.last_uid is not None
+            and store_files.unique_id(files.tail(name, store_files.TRAILER.size))
+            == state.last_uid)
 
 
 class Worker:
@@ -62,17 +82,25 @@ class Worker:
             self.states.pop(stale, None)
         family = REGISTRY[header["family"]](header["operator"], input_schema)
         key, version, conf = header["stateKey"], header["version"], header["conf"]
+        run_id = header["queryRunId"]
+        files = JvmFiles(f, key, f"operator {header['operatorId']}, partition "
+                                 f"{header['partitionId']}, version {version}")
 
         state = self.states.pop(key, None)
-        metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0}
-        if state is not None and state.version == version:
+        metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0,
+                   "stateSnapshotsSkipped": 0}
+        # In-memory state is reused only when it is provably what the checkpoint holds.
+        if (state is not None and state.version == version and state.run_id == run_id
+                and committed_here(state, files)):
             metrics["stateCacheHits"] = 1
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
             state = VersionedState(family.key_fields, family.value_fields)
+            state.run_id = run_id
             if version > 0:
-                state.load(JvmFiles(f, key), version)
+                state.load(files, version)
+                metrics["stateSnapshotsSkipped"] = state.files_skipped
             family.rebuild_index(state)
             metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
         p.write_int(f, p.READY)

@@ -8,7 +8,7 @@ import pytest
 
 from arrowstate import keys
 from arrowstate.store import CorruptStateFile, MissingStateFiles, TimeIndex, VersionedState
-from arrowstate.store.lifecycle import load_chain
+from arrowstate.store.lifecycle import load_plans
 
 KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz="UTC"))]
 VALUE_FIELDS = [pa.field("v0", pa.int64())]
@@ -69,8 +69,8 @@ def _contents(state):
 class DictFiles:
     """A partition directory held in a dict: name -> bytes."""
 
-    def __init__(self, files, where="ck/state/0/0"):
-        self.files, self.where = files, where
+    def __init__(self, files, where="ck/state/0/0", context="operator 0, partition 0"):
+        self.files, self.where, self.context = files, where, context
 
     def names(self):
         return list(self.files)
@@ -114,11 +114,12 @@ def test_delta_and_snapshot_chain_loads_each_version():
 def test_load_chain_takes_newest_snapshot_and_names_missing_deltas():
     names = ["1.arrowstate.delta", "2.arrowstate.delta", "2.arrowstate.snapshot",
              "3.arrowstate.delta", "5.arrowstate.delta", "2.delta", "x.arrowstate.delta"]
-    chain, base, snapshots = load_chain(names, 3, "ck/state/0/1")
-    assert chain == ["2.arrowstate.snapshot", "3.arrowstate.delta"] and base == 2
+    plans, snapshots = load_plans(names, 3, "ck/state/0/1", "operator 0, partition 1")
+    assert plans == [(["2.arrowstate.snapshot", "3.arrowstate.delta"], 2),
+                     ([f"{v}.arrowstate.delta" for v in (1, 2, 3)], 0)]
     assert snapshots == [2]
     with pytest.raises(MissingStateFiles, match="ck/state/0/1/4.arrowstate.delta"):
-        load_chain(names, 5, "ck/state/0/1")
+        load_plans(names, 5, "ck/state/0/1", "operator 0, partition 1")
 
 
 def test_rows_survive_chunk_merges_and_compaction():

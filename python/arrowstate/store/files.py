@@ -1,14 +1,29 @@
-"""The state file format: its one home (names, encoding, decoding, checks).
+"""The state file format: its one home (names, encoding, decoding, verification).
 
 A partition's files live in `<checkpoint>/state/<operatorId>/<partitionId>/`:
 `<version>.arrowstate.delta` (the puts and removes of one version, in order) and
-`<version>.arrowstate.snapshot` (every live row of one version). Each file is an Arrow IPC
-stream of the key and value columns plus an `__op` column (1 put, 0 remove); its schema's
-metadata names the format, the kind and the version. Data only: no pickle.
+`<version>.arrowstate.snapshot` (every live row of one version). Format 2, written since
+arrowstate 0.2:
+
+    file    := payload trailer
+    payload := an Arrow IPC stream: the key and value columns plus an `__op` column
+               (1 put, 0 remove); its schema metadata names the format, kind and version
+    trailer := 60 bytes, little-endian: magic "ARWSTATE", format version (u16), kind (u8:
+               0 delta, 1 snapshot), flags (u8, 0), reserved (u32, 0), state version (i64),
+               row count (i64), payload length (i64), unique id (16 bytes), then CRC-32
+               (zlib's) of the payload and every trailer byte before it (u32)
+
+Nothing in a file is used before all of it is verified: trailer, length, checksum, then
+every record batch in full (Arrow's `validate(full=True)`: offsets, UTF-8, nulls), its
+columns' types and its row count. Format 1 files (arrowstate 0.1: the IPC stream alone,
+no trailer) still load, with the same full validation of their batches.
 """
 from __future__ import annotations
 
 import re
+import struct
+import uuid
+import zlib
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -16,16 +31,28 @@ import pyarrow as pa
 
 from ..contract import FILES
 
-FORMAT = FILES["format"].encode()
+FORMAT_VERSION = 2
+FORMAT = FILES["format"].encode()          # format 1's schema tag
+FORMAT_2 = b"arrowstate-state-2"
 OP_COLUMN = FILES["opColumn"]
 DELTA, SNAPSHOT = "delta", "snapshot"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
+KIND_CODE = {DELTA: 0, SNAPSHOT: 1}
 OP_PUT, OP_REMOVE = 1, 0
+MAGIC = b"ARWSTATE"
+TRAILER = struct.Struct("<8sHBBIqqq16sI")
+_CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
 _NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
 
 
 class CorruptStateFile(RuntimeError):
-    """A state file that is not what its name says; the message names the file."""
+    """A state file that cannot be used; the message names it and says what is wrong."""
+
+    def __init__(self, path: str, context: str, what: str) -> None:
+        self.path, self.what = path, what
+        super().__init__(
+            f"[CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE] An error occurred during loading "
+            f"state. arrowstate cannot use state file {path} ({context}): {what}")
 
 
 def file_name(kind: str, version: int) -> str:
@@ -47,34 +74,101 @@ def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
-           batches: Iterable[pa.RecordBatch]) -> bytes:
-    """One file's bytes; `batches` carry the state columns plus the op column."""
+           batches: Iterable[pa.RecordBatch]) -> tuple[bytes, bytes]:
+    """One file's bytes and its unique id; `batches` carry the state columns plus the op
+    column."""
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
-        {b"format": FORMAT, b"kind": kind.encode(), b"version": str(version).encode()})
+        {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()})
     sink = pa.BufferOutputStream()
+    rows = 0
     with pa.ipc.new_stream(sink, file_schema) as writer:
         for b in batches:
             writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
-    return sink.getvalue().to_pybytes()
+            rows += b.num_rows
+    payload = sink.getvalue()
+    uid = uuid.uuid4().bytes
+    head = TRAILER.pack(MAGIC, FORMAT_VERSION, KIND_CODE[kind], 0, 0, version, rows,
+                        payload.size, uid, 0)[:_CRC_AT]
+    crc = zlib.crc32(head, zlib.crc32(payload))
+    return b"".join((memoryview(payload), head, struct.pack("<I", crc))), uid
 
 
-def decode(where: str, payload: bytes, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The batches of one file (state columns plus the op column); any damage or foreign
-    content is a CorruptStateFile naming `where`."""
+def unique_id(payload: bytes) -> bytes | None:
+    """The unique id in a format-2 file's trailer (the last TRAILER.size bytes will do)."""
+    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
+        return None
+    return TRAILER.unpack(payload[-TRAILER.size:])[8]
+
+
+def decode(path: str, context: str, payload: bytes, schema: pa.Schema
+           ) -> tuple[list[pa.RecordBatch], bytes | None]:
+    """Every batch of one file (state columns plus the op column), all verified, and the
+    file's unique id (None for format 1). Any damage is a CorruptStateFile naming `path`."""
+    parsed = parse_name(path.rsplit("/", 1)[-1])
+    if parsed is None:
+        raise CorruptStateFile(path, context, "not an arrowstate state file name")
+    version, kind = parsed
+
+    def bad(what: str) -> CorruptStateFile:
+        return CorruptStateFile(path, context, what)
+
+    if len(payload) == 0:
+        raise bad("the file is empty")
+    uid = None
+    if len(payload) >= TRAILER.size and payload[-TRAILER.size:][:8] == MAGIC:
+        (_, fmt, kind_code, flags, _, file_version, rows, length, uid,
+         crc) = TRAILER.unpack(payload[-TRAILER.size:])
+        if fmt != FORMAT_VERSION:
+            raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
+                      f"formats 1 and {FORMAT_VERSION} (damaged, or a newer arrowstate "
+                      f"wrote it)")
+        if length != len(payload) - TRAILER.size:
+            raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
+                      f"says {length} (truncated or appended to)")
+        computed = zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
+                              zlib.crc32(memoryview(payload)[:length]))
+        if computed != crc:
+            raise bad(f"checksum mismatch (stored CRC-32 {crc:#010x}, computed "
+                      f"{computed:#010x}): the file is damaged")
+        if kind_code != KIND_CODE[kind] or file_version != version or flags:
+            raise bad(f"its trailer describes a {('delta', 'snapshot')[kind_code & 1]} of "
+                      f"version {file_version}, not this file's {kind} of version {version}")
+        body, expected_format = memoryview(payload)[:length], FORMAT_2
+    else:
+        body, rows, expected_format = memoryview(payload), None, FORMAT
     try:
-        reader = pa.ipc.open_stream(payload)
+        reader = pa.ipc.open_stream(pa.py_buffer(body))
         meta = reader.schema.metadata or {}
-        if meta.get(b"format") != FORMAT:
-            raise CorruptStateFile("not an arrowstate state file")
-        expected = [f.type for f in schema]
-        actual = [f.type for f in reader.schema][:-1]
+        if meta.get(b"format") != expected_format:
+            if expected_format == FORMAT:
+                raise bad("no arrowstate trailer and not a format 1 file either (truncated, "
+                          "or not written by arrowstate)")
+            raise bad(f"its payload is tagged {meta.get(b'format')!r}, not {FORMAT_2!r}")
+        expected = [f.type for f in schema] + [pa.int8()]
+        actual = [f.type for f in reader.schema]
         if actual != expected:
-            raise CorruptStateFile(f"its columns {actual} are not this operator's {expected}")
-        yield from reader
-    except CorruptStateFile as e:
-        raise CorruptStateFile(f"arrowstate: state file {where} is unusable: {e}") from e
-    except (pa.ArrowInvalid, pa.ArrowException, ValueError, KeyError) as e:
-        raise CorruptStateFile(f"arrowstate: state file {where} is corrupt: {e}") from e
+            raise bad(f"its columns {actual[:-1]} are not this operator's {expected[:-1]}")
+        batches = []
+        for batch in reader:
+            batch.validate(full=True)
+            batches.append(batch)
+    except CorruptStateFile:
+        raise
+    except (pa.ArrowException, ValueError, KeyError, OSError, IndexError) as e:
+        if expected_format == FORMAT:
+            raise bad("no arrowstate trailer, and not a readable format 1 file either "
+                      f"(truncated, or not written by arrowstate): {e}") from e
+        raise bad(f"its Arrow data is invalid: {e}") from e
+    total = sum(b.num_rows for b in batches)
+    if rows is not None and total != rows:
+        raise bad(f"it holds {total} rows but its trailer says {rows}")
+    for b in batches:
+        ops = b.column(b.num_columns - 1)
+        if ops.null_count or not np.isin(ops.to_numpy(zero_copy_only=False),
+                                         (OP_PUT, OP_REMOVE)).all():
+            raise bad(f"its {OP_COLUMN} column holds values other than {OP_PUT} and "
+                      f"{OP_REMOVE}")
+    return batches, uid
 
 
 def op_runs(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:

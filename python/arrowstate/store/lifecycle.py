@@ -15,33 +15,45 @@ from .rows import FrozenRows
 class FileSource(Protocol):
     """The files of one partition's directory, as the JVM serves them."""
 
-    where: str
+    where: str     # the directory, as errors name it
+    context: str   # operator, partition and version, as errors name them
 
     def names(self) -> list[str]: ...
 
     def read(self, name: str) -> bytes: ...
+
+    def tail(self, name: str, size: int) -> bytes:
+        """The file's last `size` bytes (all of a shorter one); empty if it is missing."""
 
 
 class MissingStateFiles(FileNotFoundError):
     """No chain of files loads the version; the message names what is missing."""
 
 
-def load_chain(names: Sequence[str], version: int, where: str
-               ) -> tuple[list[str], int, list[int]]:
-    """The files that, applied in order, give `version` (the newest snapshot at or below it,
-    0 if none, and the deltas after it), that snapshot's version, and every snapshot's."""
+def load_plans(names: Sequence[str], version: int, where: str, context: str
+               ) -> tuple[list[tuple[list[str], int]], list[int]]:
+    """Every chain of files that, applied in order, gives `version`, best first: a snapshot
+    at or below it (newest first; 0 for none) and the deltas after it. Also every snapshot
+    version present. Raises MissingStateFiles, naming what is missing, when none exists."""
     present = [parsed for parsed in map(files.parse_name, names) if parsed is not None]
     snapshots = sorted(v for v, kind in present if kind == files.SNAPSHOT)
     deltas = {v for v, kind in present if kind == files.DELTA}
-    base = max((v for v in snapshots if v <= version), default=0)
-    missing = [v for v in range(base + 1, version + 1) if v not in deltas]
-    if missing:
+    bases = [v for v in reversed(snapshots) if v <= version] + [0]
+    plans = []
+    for base in bases:
+        if all(v in deltas for v in range(base + 1, version + 1)):
+            chain = [files.file_name(files.SNAPSHOT, base)] if base else []
+            chain += [files.file_name(files.DELTA, v) for v in range(base + 1, version + 1)]
+            plans.append((chain, base))
+    if not plans:
+        missing = [v for v in range(bases[0] + 1, version + 1) if v not in deltas]
         raise MissingStateFiles(
-            f"arrowstate: cannot load state version {version} of {where}: missing "
-            + ", ".join(f"{where}/{files.file_name(files.DELTA, v)}" for v in missing))
-    chain = [files.file_name(files.SNAPSHOT, base)] if base else []
-    chain += [files.file_name(files.DELTA, v) for v in range(base + 1, version + 1)]
-    return chain, base, snapshots
+            f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error occurred "
+            f"during loading state. arrowstate cannot load state version {version} of "
+            f"{where} ({context}): no snapshot at or below it is followed by every delta; "
+            f"missing " + ", ".join(f"{where}/{files.file_name(files.DELTA, v)}"
+                                    for v in missing))
+    return plans, snapshots
 
 
 class Lifecycle:
@@ -53,8 +65,9 @@ class Lifecycle:
         self.pruned_below = 0
         self._pending: _Snapshot | None = None
 
-    def loaded(self, snapshots: Sequence[int], base: int) -> None:
-        self.snapshots = set(snapshots)
+    def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int]) -> None:
+        """After a load from `base`: a damaged snapshot is never counted on for pruning."""
+        self.snapshots = set(snapshots) - set(damaged)
         self.last_snapshot_version = base
 
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int) -> None:
@@ -101,7 +114,7 @@ class _Snapshot(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._bytes = files.encode(
+            self._bytes, _ = files.encode(
                 self._schema, files.SNAPSHOT, self.version,
                 (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 20)))
         except BaseException as e:  # surfaced by result(), in the task that ships it

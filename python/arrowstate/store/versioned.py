@@ -7,13 +7,14 @@ retention) in `Lifecycle`; this class records the changes between them.
 """
 from __future__ import annotations
 
+import sys
 from typing import Hashable, Sequence
 
 import pyarrow as pa
 
 from .. import keys as keycodec
 from . import files
-from .lifecycle import FileSource, Lifecycle, load_chain
+from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows
 from .time_index import TimeIndex
 
@@ -30,6 +31,10 @@ class VersionedState:
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
         self.lifecycle = Lifecycle()
         self.version = 0
+        self.run_id: str | None = None     # the query run that committed or loaded it
+        self.last_uid: bytes | None = None  # unique id of the newest delta it committed
+        self.files_skipped = 0              # damaged snapshots passed over by the last load
+        self._pending_uid: bytes | None = None
         self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
 
     def __len__(self) -> int:
@@ -59,28 +64,60 @@ class VersionedState:
                      ) -> tuple[bytes, list[tuple[int, bytes]], int]:
         """The delta for new_version, the snapshots (of earlier versions) made meanwhile, and
         the version below which files may be pruned (-1 for none)."""
-        delta = files.encode(self.schema, files.DELTA, new_version, self._changes)
+        delta, self._pending_uid = files.encode(self.schema, files.DELTA, new_version,
+                                                self._changes)
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
         return delta, snapshots, prune_below
 
     def mark_committed(self, new_version: int, min_deltas_for_snapshot: int) -> None:
         """The JVM wrote new_version's delta; a snapshot is made if one is due."""
         self.version = new_version
+        self.last_uid = self._pending_uid
         self._changes.clear()
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
                                  min_deltas_for_snapshot)
 
     def load(self, source: FileSource, version: int) -> None:
-        """Applies the newest snapshot at or below `version` and the deltas after it."""
-        chain, base, snapshots = load_chain(source.names(), version, source.where)
-        self.rows.clear()
-        for name in chain:
-            for batch in files.decode(f"{source.where}/{name}", source.read(name), self.schema):
+        """Loads `version`: the newest snapshot at or below it and the deltas after it. A
+        damaged snapshot is passed over, with a warning naming it, for an older one (or none)
+        and the deltas after that, as Spark's automatic snapshot repair does; a damaged or
+        missing delta that every chain needs fails, naming it."""
+        plans, snapshots = load_plans(source.names(), version, source.where, source.context)
+        damaged: list[int] = []
+
+        def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
+            return files.decode(f"{source.where}/{name}", source.context, source.read(name),
+                                self.schema)
+
+        for chain, base in plans:
+            try:
+                first, uid = decoded(chain[0])
+            except files.CorruptStateFile as e:
+                if not base:
+                    raise
+                damaged.append(base)
+                print(f"arrowstate: WARN skipping damaged snapshot {e.path} "
+                      f"({source.context}): {e.what}; loading from an older snapshot and "
+                      "the deltas after it", file=sys.stderr, flush=True)
+                continue
+            self.rows.clear()
+            for batch in first:
                 self._apply(batch)
-        self.lifecycle.loaded(snapshots, base)
-        self.version = version
-        self._changes.clear()
+            for name in chain[1:]:   # each file is verified whole before it is applied
+                batches, uid = decoded(name)
+                for batch in batches:
+                    self._apply(batch)
+            self.lifecycle.loaded(snapshots, base, damaged)
+            self.version = version
+            self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
+            self.files_skipped = len(damaged)
+            self._changes.clear()
+            return
+        raise files.CorruptStateFile(
+            f"{source.where}/{files.file_name(files.SNAPSHOT, damaged[-1])}", source.context,
+            f"every snapshot that could load version {version} is damaged "
+            f"({', '.join(map(str, damaged))}) and no chain of deltas alone reaches it")
 
     def _apply(self, batch: pa.RecordBatch) -> None:
         """Replays a file batch: runs of puts and removes, in order."""

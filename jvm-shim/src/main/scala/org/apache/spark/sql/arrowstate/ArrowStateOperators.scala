@@ -30,6 +30,7 @@ object StateHeader {
       ("shimVersion" -> ArrowStateVersion.version) ~
         ("family" -> family) ~
         ("stateKey" -> stateKey) ~
+        ("queryRunId" -> info.queryRunId.toString) ~
         ("operatorId" -> info.operatorId) ~
         ("partitionId" -> partitionId) ~
         ("version" -> info.storeVersion) ~

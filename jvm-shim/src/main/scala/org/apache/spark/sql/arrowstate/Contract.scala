@@ -42,6 +42,7 @@ object Contract {
     val Lookup: Int = frame("LOOKUP")
     val ReadFile: Int = frame("READ_FILE")
     val Commit: Int = frame("COMMIT")
+    val FileTail: Int = frame("FILE_TAIL")
   }
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
@@ -96,7 +97,8 @@ object Contract {
         "ERROR" -> Frame.Error, "READY" -> Frame.Ready, "LIST_FILES" -> Frame.ListFiles,
         "DATA" -> Frame.Data, "NO_DATA" -> Frame.NoData, "END" -> Frame.End,
         "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
-        "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit).map { case (k, v) =>
+        "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
+        "FILE_TAIL" -> Frame.FileTail).map { case (k, v) =>
           k -> JInt(v) }),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),

@@ -247,6 +247,9 @@ class StateExchange(stateKey: String, files: StateFiles, affinityWaitMs: Long)
           names.foreach(n => writeBytes(n.getBytes(UTF_8)))
         case Contract.Frame.ReadFile =>
           writeBytes(files.read(new String(readBytes(), UTF_8)))
+        case Contract.Frame.FileTail =>
+          val name = new String(readBytes(), UTF_8)
+          writeBytes(files.tail(name, in.readInt()))
         case other =>
           throw new IllegalStateException(s"arrowstate: unexpected frame $other from Python")
       }

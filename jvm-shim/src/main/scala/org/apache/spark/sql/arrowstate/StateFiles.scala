@@ -30,6 +30,22 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try in.readAllBytes() finally in.close()
   }
 
+  /** The last `size` bytes of a file (all of a shorter one); empty if it does not exist. */
+  def tail(name: String, size: Int): Array[Byte] = {
+    val path = new Path(dir, name)
+    val fs = path.getFileSystem(hadoopConf)
+    try {
+      val length = fs.getFileStatus(path).getLen
+      val in = fs.open(path)
+      try {
+        in.seek(math.max(0L, length - size))
+        in.readNBytes(size)
+      } finally in.close()
+    } catch {
+      case _: FileNotFoundException => Array.emptyByteArray
+    }
+  }
+
   /** Atomic write: readers see the old file or the whole new one; the last complete one wins. */
   def write(name: String, bytes: Array[Byte]): Unit = {
     val path = new Path(dir, name)

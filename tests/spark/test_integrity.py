@@ -1,0 +1,226 @@
+"""State you can trust, tested as Spark tests its stores: failures injected into the
+checkpoint filesystem at each step of a commit and of a snapshot write, workers killed
+mid-batch, damaged files, and checkpoints reused, restored from copies or rewound. Each run
+is compared with native Spark doing the same."""
+import datetime as dt
+import glob
+import os
+import shutil
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from arrowstate.store import files
+from harness import assert_same, run_query
+from procinfo import own_state_worker_pids
+
+NODE = "ArrowStreamingDeduplicate"
+EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64())])
+INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
+
+
+def ev(user, second, v=0):
+    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
+
+
+BATCHES = [[ev(f"u{(i * 7 + j) % 13}", i * 10 + j) for j in range(6)] for i in range(6)]
+
+
+def dedup(df):
+    return df.withWatermark("ts", "25 seconds").dropDuplicates(["user", "ts"])
+
+
+def kill_own_workers():
+    for pid in own_state_worker_pids():
+        os.kill(pid, 9)
+
+
+def await_maintenance(spark):
+    spark._jvm.org.apache.spark.sql.arrowstate.StateMaintenance.awaitIdle()
+
+
+def state_files(checkpoint):
+    return sorted(glob.glob(os.path.join(checkpoint, "state", "*", "*", "*.arrowstate.*")))
+
+
+def assert_every_file_verifies(run_dir_glob):
+    """No file left behind that a later load would trust wrongly: all verify whole."""
+    paths = [p for d in glob.glob(run_dir_glob) for p in state_files(d)]
+    assert paths
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        assert files.unique_id(data) is not None, path   # a complete format-2 file
+        assert not os.path.basename(path).startswith("."), path
+
+
+@pytest.fixture
+def injection(spark):
+    jvm_injection = spark._jvm.org.apache.spark.sql.arrowstate.testing.FailureInjection
+    jvm_injection.reset()
+    yield jvm_injection
+    jvm_injection.reset()
+
+
+# (what fails, which file, how often): once is retried as a task; five times fail the
+# query, which is then restarted from its checkpoint
+COMMIT_FAILURES = [
+    ("createAtomic", "delta", 1), ("write", "delta", 1), ("close", "delta", 1),
+    ("afterClose", "delta", 1), ("afterClose", "delta", 5), ("close", "delta", 5),
+    ("createAtomic", "snapshot", 5), ("close", "snapshot", 5), ("afterClose", "snapshot", 5),
+    ("delete", "", 50),
+]
+
+
+@pytest.mark.parametrize("op,kind,times", COMMIT_FAILURES,
+                         ids=[f"{op}-{kind or 'prune'}-x{n}" for op, kind, n in COMMIT_FAILURES])
+def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, injection, tmp_path,
+                                                       op, kind, times):
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 1,
+                  "spark.sql.streaming.minBatchesToRetain": 2,
+                  "spark.sql.streaming.checkpointFileManagerClass": INJECTING})
+    pattern = f".*/state/0/1/3\\.arrowstate\\.{kind}" if kind else ".*\\.arrowstate\\..*"
+
+    def arm_before_third(i, _checkpoint):
+        if i == 2 and not spark.conf.get("spark.arrowstate.enabled") == "false":
+            injection.arm(op, pattern, times)
+        if i == 4:   # the files the failures touched are loaded again
+            await_maintenance(spark)
+            kill_own_workers()
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                          between_batches=arm_before_third, recover=injection.disarm)
+    assert injection.failures(op) > 0, "the failure was never injected"
+    await_maintenance(spark)
+    assert_every_file_verifies(str(tmp_path / "run*-on" / "ck"))
+
+
+def exits_once(marker):
+    """A state function whose worker process dies on its first call for user u3."""
+    def count(key, pdfs, state):
+        if key[0] == "u3" and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        n = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+        state.update((n,))
+        yield pd.DataFrame({"user": [key[0]], "n": [n]})
+    return count
+
+
+def test_worker_killed_before_the_input_ends(spark, tmp_path):
+    """The process running the task dies mid-input, natively and in arrowstate alike; the
+    retried task reloads and the answers are Spark's."""
+    markers = iter(str(tmp_path / f"died-{i}") for i in range(2))
+
+    def build(df):
+        return df.groupBy("user").applyInPandasWithState(
+            exits_once(next(markers)), "user string, n long", "n long", "Update",
+            GroupStateTimeout.NoTimeout)
+
+    assert_same(spark, tmp_path, EVENTS, BATCHES, build,
+                expect_node="ArrowFlatMapGroupsWithState", output_mode="update",
+                custom_metrics=["stateCacheMisses"])
+    assert all(os.path.exists(tmp_path / f"died-{i}") for i in range(2))
+
+
+def test_damaged_newest_snapshot_is_repaired_around(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 2})
+    damaged = []
+
+    def damage_before_fifth(i, checkpoint):
+        if i == 4 and "-on" in checkpoint:
+            await_maintenance(spark)
+            kill_own_workers()
+            for d in glob.glob(os.path.join(checkpoint, "state", "0", "*")):
+                snaps = sorted(glob.glob(os.path.join(d, "*.arrowstate.snapshot")),
+                               key=lambda p: int(os.path.basename(p).split(".")[0]))
+                if len(snaps) >= 2:
+                    with open(snaps[-1], "r+b") as f:
+                        f.seek(10)
+                        f.write(b"\xff")
+                    damaged.append(snaps[-1])
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                          between_batches=damage_before_fifth,
+                          custom_metrics=["stateSnapshotsSkipped"])
+    assert damaged
+    assert sum(c[0]["stateSnapshotsSkipped"] for c in ours.custom.values()) == len(damaged)
+
+
+def test_damaged_delta_fails_naming_file_operator_partition_and_version(spark, tmp_path):
+    batches = [[ev("a", 1)], [ev("b", 2)], [ev("c", 3)]]
+    damaged = []
+
+    def damage_before_third(i, checkpoint):
+        if i == 2:
+            kill_own_workers()
+            path = glob.glob(os.path.join(checkpoint, "state", "0", "*", "2.arrowstate.delta"))[0]
+            with open(path, "r+b") as f:
+                f.seek(20)
+                f.write(b"\x00\x01")
+            damaged.append(path)
+
+    with pytest.raises(StreamingQueryException) as failure:
+        run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["user"]),
+                  arrowstate=True, between_batches=damage_before_third)
+    message = str(failure.value)
+    partition = os.path.basename(os.path.dirname(damaged[0]))
+    assert "CANNOT_LOAD_STATE_STORE" in message and "2.arrowstate.delta" in message
+    assert f"operator 0, partition {partition}, version 2" in message
+    assert "checksum mismatch" in message
+
+
+def test_checkpoint_deleted_and_reused_at_the_same_path(spark, tmp_path):
+    assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                restart_after=[2], on_restart=lambda i, ck: shutil.rmtree(ck))
+
+
+def test_checkpoint_restored_from_a_copy_at_the_same_path(spark, tmp_path):
+    """Two lineages reach the same version: the worker holds lineage B's, the checkpoint
+    is restored to lineage A's copy. The state in memory must not be taken for the copy's."""
+    batches = [[ev("a", 1)], [ev("b", 2)], [ev("c", 3), ev("d", 4)],
+               [ev("c", 3), ev("d", 4), ev("zz", 9), ev("e", 5)]]
+    steps = {}
+
+    def lineages(i, checkpoint):
+        copies = checkpoint + "-copies"
+        source = os.path.join(os.path.dirname(checkpoint), "in")
+        step = steps[checkpoint, i] = steps.get((checkpoint, i), 0) + 1
+        if i == 1:      # after batches 0, 1 (version 2): keep a copy
+            shutil.copytree(checkpoint, os.path.join(copies, "at-1"))
+        elif i == 2 and step == 1:   # batch 2 made lineage A's version 3; run B's instead
+            shutil.copytree(checkpoint, os.path.join(copies, "lineage-a"))
+            shutil.rmtree(checkpoint)
+            shutil.copytree(os.path.join(copies, "at-1"), checkpoint)
+            os.rename(os.path.join(source, "00002.parquet"), os.path.join(copies, "a.parquet"))
+            pq.write_table(pa.Table.from_pylist([ev("zz", 9)], schema=EVENTS),
+                           os.path.join(source, "00002b.parquet"))
+            return True
+        elif i == 2:    # back to lineage A's version 3, while the worker holds B's
+            shutil.rmtree(checkpoint)
+            shutil.copytree(os.path.join(copies, "lineage-a"), checkpoint)
+            os.remove(os.path.join(source, "00002b.parquet"))
+            os.rename(os.path.join(copies, "a.parquet"), os.path.join(source, "00002.parquet"))
+        return False
+
+    assert_same(spark, tmp_path, EVENTS, batches, lambda df: df.dropDuplicates(["user", "ts"]),
+                expect_node=NODE, restart_after=[1, 2], on_restart=lineages,
+                custom_metrics=["stateCacheHits"])
+
+
+def test_newest_offsets_and_commits_deleted_and_the_batch_run_again(spark, tmp_path):
+    def rewind(i, checkpoint):
+        newest = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits"))
+                     if n.isdigit())
+        for sub in ("offsets", "commits"):
+            for name in (str(newest), f".{newest}.crc"):   # the file and Hadoop's checksum
+                if os.path.exists(os.path.join(checkpoint, sub, name)):
+                    os.remove(os.path.join(checkpoint, sub, name))
+
+    assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                restart_after=[2, 4], on_restart=rewind)

@@ -1,0 +1,269 @@
+"""Self-verifying state files: every byte flip and truncation of a real delta and snapshot
+is detected, crafted files are errors (never crashes or huge allocations), a damaged
+snapshot is repaired around, and format 1 files still load."""
+import datetime as dt
+import decimal
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrowstate import keys as keycodec
+from arrowstate.store import CorruptStateFile, MissingStateFiles, VersionedState
+from arrowstate.store import files
+
+KEYS = [pa.field("user", pa.string()), pa.field("window", pa.struct(
+    [("start", pa.timestamp("us", tz="UTC")), ("end", pa.timestamp("us", tz="UTC"))]))]
+VALUES = [pa.field("count", pa.int64()), pa.field("total", pa.decimal128(20, 3)),
+          pa.field("names", pa.list_(pa.string()))]
+WHERE, CONTEXT = "ck/state/0/3", "operator 0, partition 3, version 7"
+
+
+class DictFiles:
+    """A partition directory held in a dict: name -> bytes."""
+
+    def __init__(self, contents, where=WHERE, context=CONTEXT):
+        self.files, self.where, self.context = contents, where, context
+
+    def names(self):
+        return list(self.files)
+
+    def read(self, name):
+        return self.files[name]
+
+    def tail(self, name, size):
+        return self.files.get(name, b"")[-size:]
+
+
+def _state():
+    return VersionedState(KEYS, VALUES)
+
+
+def _put(state, version, n=6):
+    users = [f"user-{version}-{i}" if i % 3 else f"é{i}" for i in range(n)]
+    start = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(minutes=version)
+    window = pa.StructArray.from_arrays(
+        [pa.array([start] * n, KEYS[1].type.field(0).type),
+         pa.array([start + dt.timedelta(minutes=10)] * n, KEYS[1].type.field(1).type)],
+        fields=list(KEYS[1].type))
+    batch = pa.RecordBatch.from_arrays([
+        pa.array(users), window, pa.array(np.arange(n) + version),
+        pa.array([decimal.Decimal(f"{version}.{i:03d}") for i in range(n)], VALUES[1].type),
+        pa.array([[u, None] for u in users], VALUES[2].type)], names=["a", "b", "c", "d", "e"])
+    keys = keycodec.rows(batch.columns[:2], n)
+    state.put_rows(keys, batch)
+    return keys
+
+
+def _history(versions=10, every=4, retain=100):
+    """Commits `versions` versions; returns the written files and each version's rows."""
+    state, written, expected = _state(), {}, {}
+    for v in range(1, versions + 1):
+        keys = _put(state, v)
+        if v % 2 == 0:
+            state.pop_present(keys[:2])
+        state.lifecycle.wait_for_snapshot()
+        delta, snapshots, _ = state.commit_files(v, retain)
+        written[files.file_name(files.DELTA, v)] = delta
+        written.update((files.file_name(files.SNAPSHOT, s), b) for s, b in snapshots)
+        state.mark_committed(v, every)
+        expected[v] = _rows(state)
+    return written, expected
+
+
+def _rows(state):
+    return sorted(json.dumps(r, default=str)
+                  for r in state.rows.take(state.rows.live_ids()).to_pylist())
+
+
+def _load(contents, version):
+    state = _state()
+    state.load(DictFiles(contents), version)
+    return state
+
+
+def test_history_round_trips_through_its_files():
+    written, expected = _history()
+    for v in range(1, 11):
+        assert _rows(_load(written, v)) == expected[v]
+
+
+SWEEP = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import pyarrow as pa
+    from test_state_files import KEYS, VALUES, WHERE
+    from arrowstate.store import files
+    schema = pa.schema([pa.field(f"k{i}", f.type) for i, f in enumerate(KEYS)]
+                       + [pa.field(f"v{i}", f.type) for i, f in enumerate(VALUES)])
+    result = {}
+    for name, data in json.load(sys.stdin).items():
+        data = bytes.fromhex(data)
+        path = f"{WHERE}/{name}"
+        silent, unnamed, cases = 0, [], 0
+        variants = [data[:cut] for cut in range(len(data))]
+        for i in range(len(data)):
+            for mask in (0x01, 0x80, 0xFF):
+                damaged = bytearray(data)
+                damaged[i] ^= mask
+                variants.append(bytes(damaged))
+        for damaged in variants:
+            cases += 1
+            try:
+                files.decode(path, "test", damaged, schema)
+                silent += 1
+            except files.CorruptStateFile as e:
+                if path not in str(e):
+                    unnamed.append(str(e))
+        result[name] = {"cases": cases, "silent": silent, "unnamed": unnamed[:3]}
+    print(json.dumps(result))
+''')
+
+
+def test_every_byte_flip_and_truncation_is_detected_without_a_crash(tmp_path):
+    written, _ = _history()
+    sample = {n: written[n].hex() for n in ("6.arrowstate.delta", "4.arrowstate.snapshot")}
+    (tmp_path / "sweep.py").write_text(SWEEP)
+    # in its own process: a crash there is a failure here, not the end of the test run
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "sweep.py"),
+         str(__import__("pathlib").Path(__file__).parent)],
+        input=json.dumps(sample), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    for name, seen in result.items():
+        assert seen["cases"] > 3 * len(written[name])
+        assert seen["silent"] == 0 and seen["unnamed"] == [], (name, seen)
+
+
+def _schema():
+    return _state().schema
+
+
+def _reframe(payload, kind="delta", version=3, rows=None, fmt=files.FORMAT_VERSION):
+    """A file around `payload` with a valid trailer and checksum (as a forger would)."""
+    if rows is None:
+        rows = sum(b.num_rows for b in pa.ipc.open_stream(payload))
+    head = files.TRAILER.pack(files.MAGIC, fmt, files.KIND_CODE[kind], 0, 0, version, rows,
+                              len(payload), b"0123456789abcdef", 0)[:-4]
+    return payload + head + struct.pack("<I", zlib.crc32(head, zlib.crc32(payload)))
+
+
+def _payload(file_bytes):
+    return file_bytes[:-files.TRAILER.size]
+
+
+def _decode(data, name="3.arrowstate.delta"):
+    return files.decode(f"{WHERE}/{name}", CONTEXT, data, _schema())
+
+
+def test_crafted_string_offsets_are_an_error_not_a_crash():
+    state = VersionedState([pa.field("k", pa.string())], [])
+    good = pa.array(["a", "bb", "ccc"])
+    offsets = pa.py_buffer(np.array([0, 1, 1 << 30, 6], dtype=np.int32).tobytes())
+    bad = pa.Array.from_buffers(pa.string(), 3, [None, offsets, good.buffers()[2]])
+    batch = files.with_op(pa.RecordBatch.from_arrays([bad], names=["k0"]), files.OP_PUT)
+    data, _ = files.encode(state.schema, "delta", 3, [batch])
+    with pytest.raises(CorruptStateFile, match="Arrow data is invalid") as e:
+        files.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, data, state.schema)
+    assert WHERE in str(e.value) and "operator 0, partition 3" in str(e.value)
+
+
+def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
+    written, _ = _history()
+    payload = _payload(written["3.arrowstate.delta"])
+    other = VersionedState([pa.field("k", pa.int64())], [])
+    other.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
+    foreign, _, _ = other.commit_files(3, 100)
+    with pytest.raises(CorruptStateFile, match="columns"):
+        _decode(foreign)
+    # a message length of 2 GiB - 1, checksum made valid: an error, no allocation
+    huge = bytearray(payload)
+    huge[4:8] = struct.pack("<i", 0x7FFFFFFF)
+    with pytest.raises(CorruptStateFile, match="invalid"):
+        _decode(_reframe(bytes(huge), rows=0))
+    with pytest.raises(CorruptStateFile, match="rows but its trailer says 999"):
+        _decode(_reframe(payload, rows=999))
+    with pytest.raises(CorruptStateFile, match="not this file's delta of version 4"):
+        _decode(written["3.arrowstate.delta"], "4.arrowstate.delta")
+    with pytest.raises(CorruptStateFile, match="format 3"):
+        _decode(_reframe(payload, fmt=3))
+    with pytest.raises(CorruptStateFile, match="the file is empty"):
+        _decode(b"")
+    with pytest.raises(CorruptStateFile, match="not written by arrowstate"):
+        _decode(b"PAR1" + b"\0" * 100)
+
+
+def test_format_1_files_still_load():
+    """Files as arrowstate 0.1 wrote them: the IPC stream alone, tagged format 1."""
+    written, expected = _history(versions=3, every=100)
+    legacy = {}
+    for name, data in written.items():
+        reader = pa.ipc.open_stream(_payload(data))
+        meta = dict(reader.schema.metadata)
+        meta[b"format"] = files.FORMAT
+        schema = reader.schema.with_metadata(meta)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            for b in reader:
+                w.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=schema))
+        legacy[name] = sink.getvalue().to_pybytes()
+    assert _rows(_load(legacy, 3)) == expected[3]
+
+
+def test_a_damaged_newest_snapshot_is_repaired_around_with_a_warning(capfd):
+    written, expected = _history(versions=10, every=4)
+    assert {"4.arrowstate.snapshot", "8.arrowstate.snapshot"} <= set(written)
+    damaged = dict(written)
+    damaged["8.arrowstate.snapshot"] = written["8.arrowstate.snapshot"][:-1] + b"\0"
+    state = _load(damaged, 10)
+    assert _rows(state) == expected[10] and state.files_skipped == 1
+    assert "skipping damaged snapshot ck/state/0/3/8.arrowstate.snapshot" in capfd.readouterr().err
+    # pruning never counts on it: only the good snapshot may free older files
+    assert state.lifecycle.snapshots == {4}
+    damaged["4.arrowstate.snapshot"] = b"junk"
+    assert _rows(_load(damaged, 10)) == expected[10]   # from the deltas alone
+
+
+def test_no_chain_is_an_error_naming_what_is_missing_or_damaged():
+    written, _ = _history(versions=10, every=4)
+    gone = {n: b for n, b in written.items() if n != "9.arrowstate.delta"}
+    with pytest.raises(MissingStateFiles, match="ck/state/0/3/9.arrowstate.delta") as e:
+        _load(gone, 10)
+    assert "operator 0, partition 3" in str(e.value)
+    pruned = {n: b for n, b in written.items()
+              if files.parse_name(n)[0] >= 4 or n.endswith("snapshot")}
+    pruned["4.arrowstate.snapshot"] = pruned["8.arrowstate.snapshot"] = b"junk"
+    with pytest.raises(CorruptStateFile, match="every snapshot that could load version 10"):
+        _load(pruned, 10)
+    bad_delta = dict(written)
+    bad_delta["10.arrowstate.delta"] = written["10.arrowstate.delta"][:-2]
+    with pytest.raises(CorruptStateFile, match="10.arrowstate.delta"):
+        _load(bad_delta, 10)
+
+
+def test_each_file_has_its_own_unique_id():
+    written, _ = _history(versions=3, every=100)
+    ids = {files.unique_id(b) for b in written.values()}
+    assert len(ids) == 3 and None not in ids
+    state = _load(written, 3)
+    assert state.last_uid == files.unique_id(written["3.arrowstate.delta"])
+
+
+def test_state_in_memory_is_reused_only_while_the_checkpoint_holds_its_delta():
+    from arrowstate.worker import committed_here
+
+    written, _ = _history(versions=3, every=100)
+    state = _load(written, 3)
+    assert committed_here(state, DictFiles(written))
+    rewritten = dict(written)   # another attempt or executor wrote version 3 again
+    rewritten["3.arrowstate.delta"], _ = files.encode(state.schema, "delta", 3, [])
+    assert not committed_here(state, DictFiles(rewritten))
+    del rewritten["3.arrowstate.delta"]
+    assert not committed_here(state, DictFiles(rewritten))
