@@ -18,9 +18,18 @@ from procinfo import parent_command, parent_pid, state_worker_pids  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
 
 
-def main(master: str) -> None:
+INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
+
+
+def main(master: str, test_jar: str, attempt_log: str) -> None:
     spark = arrowstate.configure(
         SparkSession.builder.master(master).appName("arrowstate-cluster-test")
+        .config("spark.jars", test_jar)
+        # a task that runs 1.5x the median of the others gets a second attempt elsewhere
+        .config("spark.speculation", "true")
+        .config("spark.speculation.interval", "100ms")
+        .config("spark.speculation.multiplier", "1.5")
+        .config("spark.speculation.quantile", "0.5")
         .config("spark.executor.memory", "768m")
         .config("spark.cores.max", "2")
         .config("spark.sql.shuffle.partitions", "4")
@@ -44,6 +53,13 @@ def main(master: str) -> None:
     off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
     on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
                    custom_metrics=["stateCacheHits", "stateCacheMisses"])
+    # Speculation: partition 1's first attempt at version 3 waits 8 s before writing its
+    # delta, long after the second attempt committed the same version, then writes it too.
+    spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", INJECTING)
+    spark.conf.set("arrowstate.test.attemptLog", attempt_log)
+    spark.conf.set("arrowstate.test.slowFirstAttempt", ".*/state/0/1/3\\.arrowstate\\.delta=8000")
+    spec_off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
+    spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
     # This app's workers: under its executors (their command names the app), or under its
     # driver JVM (a child of this process), where none may be. Other Spark apps of the
@@ -59,9 +75,11 @@ def main(master: str) -> None:
         "executors": executors,
         "cache_hits": sum(c[0]["stateCacheHits"] or 0 for c in on.custom.values()),
         "worker_parents": [parent_command(p) for p in ours],
+        "speculation_same_outputs": _as_text(spec_on.outputs) == _as_text(spec_off.outputs),
+        "speculation_same_figures": spec_on.figures == spec_off.figures,
     }))
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:4])

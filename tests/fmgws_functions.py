@@ -94,3 +94,21 @@ def mixed_output_frames(key, pdfs, state):
         yield pd.DataFrame({"user": [], "count": []})
     else:
         yield pd.DataFrame({"user": [key[0], key[0]], "count": [n, n + 1]})
+
+
+def looks_for_other_queries_state(key, pdfs, state):
+    """A hostile state function: counts the rows of other queries' state it can reach in
+    its own process through the garbage collector."""
+    import gc
+
+    from arrowstate.store import VersionedState
+
+    foreign = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, VersionedState) and len(obj):
+            users = obj.rows.take(obj.rows.live_ids()).column(0).to_pylist()
+            foreign += sum(1 for u in users if isinstance(u, str) and u.startswith("secret"))
+    for _ in pdfs:
+        pass
+    state.update((1,))
+    yield pd.DataFrame({"user": [key[0]], "foreign": [foreign]})

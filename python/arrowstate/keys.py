@@ -1,8 +1,9 @@
 """Arrow columns <-> hashable Python values, for keys and values held in state.
 
-Two keys are equal here exactly when Spark's binary row encoding makes them equal: floats
-compare by their bits after Spark's normalisation (-0.0 is 0.0, every NaN is one NaN), structs
-by their fields, and a null struct differs from a struct of nulls. Only the dict of live keys
+Two keys are equal here exactly when Spark's binary row encoding makes them equal: strings
+by their bytes (valid UTF-8 or not), floats by their bits after Spark's normalisation (-0.0
+is 0.0, every NaN is one NaN), structs by their fields, and a null struct differs from a
+struct of nulls. Only the dict of live keys
 holds these values: state rows themselves stay in Arrow.
 """
 from __future__ import annotations
@@ -64,7 +65,11 @@ def column_values(arr: pa.Array | pa.ChunkedArray) -> list:
         return rows
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [_tupled(v) for v in arr.to_pylist()]
-    # strings, binary, decimals: Python's own values hash and compare like Spark's bytes.
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        # as bytes: Spark compares strings by their bytes, which need not be UTF-8
+        # (cast(binary as string)); decoding would fail on those and cost time
+        return arr.view(pa.binary() if pa.types.is_string(t) else pa.large_binary()).to_pylist()
+    # binary, decimals: Python's own values hash and compare like Spark's bytes.
     return arr.to_pylist()
 
 

@@ -14,6 +14,7 @@ and the state is reloaded from the checkpoint by whoever runs the retry.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -21,6 +22,8 @@ import sys
 import time
 import traceback
 from typing import Any, BinaryIO
+
+import pyarrow as pa
 
 from . import contract
 from . import protocol as p
@@ -55,6 +58,15 @@ class JvmFiles:
         return p.read_bytes(self._f)
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where that is not there)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def committed_here(state: VersionedState, files: JvmFiles) -> bool:
     """Whether the checkpoint's newest delta of the state's version is the one this state
     committed (the idea of Spark's checkpoint format v2): another attempt or executor may
@@ -70,6 +82,7 @@ def committed_here(state: VersionedState, files: JvmFiles) -> bool:
 class Worker:
     def __init__(self) -> None:
         self.states: dict[str, VersionedState] = {}
+        self.reported: dict[tuple, int] = {}   # (run, operator) -> version RSS was sent for
 
     def serve_task(self, f: BinaryIO) -> None:
         header: dict[str, Any] = json.loads(p.read_bytes(f))
@@ -123,6 +136,7 @@ class Worker:
             p.write_bytes(f, p.batch_to_ipc(batch))
         p.write_int(f, p.END)
 
+        self.check_cap(state, int(conf.get("maxStateBytes", 0)), header)
         start = time.perf_counter()
         delta, snapshots, prune_below = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]))
@@ -144,9 +158,39 @@ class Worker:
         metrics["numTotalStateRows"] = len(state)
         metrics["stateMemory"] = state.memory_bytes()
         metrics["commitTimeMs"] = commit_ms
+        # each worker counts once per operator and batch, so the sum over tasks is the
+        # resident memory of the workers that ran them
+        operator = (run_id, header["operatorId"])
+        first = self.reported.get(operator) != version
+        metrics["pythonWorkerRssBytes"] = resident_bytes() if first else 0
+        self.reported[operator] = version
         contract.check_reported(family.name, metrics)
         p.write_int(f, p.COMMITTED)
         p.write_bytes(f, json.dumps(metrics).encode())
+        f.flush()
+
+    def check_cap(self, state: VersionedState, cap: int, header: dict[str, Any]) -> None:
+        """Fails the task (before it commits) when this worker's state would pass the cap."""
+        if cap <= 0:
+            return
+        total = state.memory_bytes() + sum(s.memory_bytes() for s in self.states.values())
+        if total > cap:
+            raise MemoryError(
+                f"arrowstate: this Python state worker would hold {total} bytes of state, over "
+                f"spark.arrowstate.worker.maxStateBytes={cap} (query run "
+                f"{header['queryRunId']}, operator {header['operatorId']}, partition "
+                f"{header['partitionId']}, state {header['stateKey']}). Raise the setting, "
+                "give executors more memory or cores, or use more shuffle partitions.")
+
+    def drop(self, f: BinaryIO) -> None:
+        """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
+        gives the memory back."""
+        for _ in range(p.read_int(f)):
+            self.states.pop(p.read_str(f), None)
+        gc.collect()
+        pa.default_memory_pool().release_unused()
+        p.write_int(f, p.DROP)
+        p.write_long(f, resident_bytes())
         f.flush()
 
     def serve(self, f: BinaryIO) -> None:
@@ -156,6 +200,9 @@ class Worker:
             except EOFError:
                 return
             try:
+                if proto == p.DROP:
+                    self.drop(f)
+                    continue
                 if proto != p.VERSION:
                     raise RuntimeError(f"arrowstate: unknown protocol version {proto}")
                 self.serve_task(f)

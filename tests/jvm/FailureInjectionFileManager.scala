@@ -1,12 +1,15 @@
 package org.apache.spark.sql.arrowstate.testing
 
 import java.io.IOException
+import java.nio.charset.StandardCharsets.UTF_8
+import java.nio.file.{Files, Paths, StandardOpenOption}
 
 import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FSDataInputStream, Path, PathFilter}
 
+import org.apache.spark.TaskContext
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.CancellableFSDataOutputStream
 import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager
@@ -17,16 +20,32 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCh
  * the test through py4j (driver and executors share the JVM in local mode):
  * `FailureInjection.arm(op, pathRegex, times)`, op one of createAtomic, write, close (the
  * rename that publishes the file), afterClose (published, then the call fails), open, list,
- * delete.
+ * delete. On a cluster, whose executors are other JVMs, the Hadoop configuration carries
+ * the one rule used there: `arrowstate.test.slowFirstAttempt` = `<path regex>=<ms>` makes
+ * the first attempt of a task wait (uninterruptibly) before it creates a matching file, and
+ * `arrowstate.test.attemptLog` names a local file where each such creation is logged.
  */
 class FailureInjectionFileManager(path: Path, hadoopConf: Configuration)
   extends CheckpointFileManager {
 
   private val inner = new FileContextBasedCheckpointFileManager(path, hadoopConf)
+  private val slowFirstAttempt = Option(hadoopConf.get("arrowstate.test.slowFirstAttempt"))
+  private val attemptLog = Option(hadoopConf.get("arrowstate.test.attemptLog"))
 
   override def createAtomic(path: Path, overwriteIfPossible: Boolean)
     : CancellableFSDataOutputStream = {
     FailureInjection.check("createAtomic", path)
+    slowFirstAttempt.foreach { rule =>
+      val cut = rule.lastIndexOf('=')
+      if (path.toString.matches(rule.take(cut))) {
+        val attempt = Option(TaskContext.get()).map(_.attemptNumber()).getOrElse(-1)
+        attemptLog.foreach { log =>
+          Files.write(Paths.get(log), s"$attempt $path\n".getBytes(UTF_8),
+            StandardOpenOption.CREATE, StandardOpenOption.APPEND)
+        }
+        if (attempt == 0) FailureInjection.sleepThroughInterrupts(rule.drop(cut + 1).toLong)
+      }
+    }
     new InjectingStream(inner.createAtomic(path, overwriteIfPossible), path)
   }
 
@@ -86,6 +105,18 @@ object FailureInjection {
   }
 
   def reset(): Unit = synchronized { rules.clear(); hits.clear() }
+
+  /** Sleeps `ms` even if the task is killed meanwhile (so a killed attempt still writes). */
+  def sleepThroughInterrupts(ms: Long): Unit = {
+    val until = System.currentTimeMillis() + ms
+    var interrupted = false
+    while (System.currentTimeMillis() < until) {
+      try Thread.sleep(math.max(1L, until - System.currentTimeMillis())) catch {
+        case _: InterruptedException => interrupted = true
+      }
+    }
+    if (interrupted) Thread.currentThread().interrupt()
+  }
 
   def check(op: String, path: Path): Unit = {
     val fail = synchronized {

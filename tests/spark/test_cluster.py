@@ -38,21 +38,24 @@ def standalone_cluster(tmp_path_factory):
     port = free_port()
     procs = []
 
-    def start(name, *args):
+    def start(name, *args, host="127.0.0.1"):
         log = open(logs / f"{name}.log", "w")
-        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([spark_class, *args], env=dict(env, SPARK_LOCAL_IP=host),
+                                      stdout=log, stderr=subprocess.STDOUT))
 
     try:
         start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
               "--port", str(port), "--webui-port", str(free_port()))
         wait_for_port(port, 60)
+        # two hosts on loopback: Spark never speculates a task onto the host already
+        # running it
         for i in range(2):
             work_dir = tmp_path_factory.mktemp(f"worker{i}")
+            host = f"127.0.0.{i + 1}"
             start(f"worker{i}", "org.apache.spark.deploy.worker.Worker",
-                  f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1",
+                  f"spark://127.0.0.1:{port}", "--host", host, "--cores", "1",
                   "--memory", "1g", "--webui-port", str(free_port()),
-                  "--work-dir", str(work_dir))
+                  "--work-dir", str(work_dir), host=host)
         yield f"spark://127.0.0.1:{port}", env, logs
     finally:
         for p in procs:
@@ -66,17 +69,23 @@ def standalone_cluster(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster):
+def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path):
+    """Also two attempts of one task committing the same version: speculation, with the
+    first attempt held back before it writes its delta (and writing it all the same)."""
     master, env, logs = standalone_cluster
     app = os.path.join(os.path.dirname(__file__), "..", "cluster_app.py")
-    done = subprocess.run([sys.executable, app, master], env=env, capture_output=True,
-                          text=True, timeout=600)
+    attempt_log = tmp_path / "attempts.log"
+    done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_log)], env=env,
+                          capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     seen = json.loads(lines[-1])
     assert seen["same_outputs"] and seen["same_figures"], seen
     assert seen["arrow_node_in_plan"], seen
     assert seen["executors"] == 2, seen
+    assert seen["speculation_same_outputs"] and seen["speculation_same_figures"], seen
+    attempts = {line.split()[0] for line in attempt_log.read_text().splitlines()}
+    assert {"0", "1"} <= attempts, "the slow first attempt was not speculated"
     assert seen["cache_hits"] > 0, "state must stay loaded in the executors' workers"
     parents = seen["worker_parents"]
     assert parents and all("CoarseGrainedExecutorBackend" in p for p in parents), parents

@@ -267,3 +267,14 @@ def test_state_in_memory_is_reused_only_while_the_checkpoint_holds_its_delta():
     assert not committed_here(state, DictFiles(rewritten))
     del rewritten["3.arrowstate.delta"]
     assert not committed_here(state, DictFiles(rewritten))
+
+
+def test_strings_that_are_not_utf8_load_as_spark_keeps_them():
+    """cast(binary as string) gives Spark strings of any bytes; their offsets are still
+    checked in full."""
+    state = VersionedState([pa.field("k", pa.string())], [])
+    raw = pa.array([b"\xff\xfe", b"ok"], pa.binary()).view(pa.string())
+    batch = files.with_op(pa.RecordBatch.from_arrays([raw], names=["k0"]), files.OP_PUT)
+    data, _ = files.encode(state.schema, "delta", 1, [batch])
+    batches, _ = files.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, data, state.schema)
+    assert batches[0].column(0).view(pa.binary()).to_pylist() == [b"\xff\xfe", b"ok"]

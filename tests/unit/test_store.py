@@ -54,11 +54,16 @@ def _ts(s):
     return int(s * 1_000_000)
 
 
+def _key(name, micros):
+    """The key the store uses for (name, time): as `keys.rows` makes it from columns."""
+    return keys.rows([pa.array([name]), pa.array([micros], pa.timestamp("us", tz="UTC"))], 1)[0]
+
+
 def _put(state, key, value):
     batch = pa.RecordBatch.from_arrays(
         [pa.array([key[0]]), pa.array([key[1]], pa.timestamp("us", tz="UTC")),
          pa.array([value], pa.int64())], names=["a", "b", "c"])
-    state.put_rows([key], batch)
+    state.put_rows([_key(*key)], batch)
 
 
 def _contents(state):
@@ -86,7 +91,8 @@ def test_delta_and_snapshot_chain_loads_each_version():
         _put(state, (f"k{version}", _ts(version)), version)
         _put(state, ("same", _ts(0)), version)
         if version % 3 == 0:
-            removed = state.pop_present([(f"k{version - 1}", _ts(version - 1)), ("nope", 0)])
+            removed = state.pop_present([_key(f"k{version - 1}", _ts(version - 1)),
+                                         _key("nope", 0)])
             assert removed.column(2).to_pylist() == [version - 1]
         # made in a thread: wait, so the test knows when it ships
         state.lifecycle.wait_for_snapshot()
@@ -171,3 +177,12 @@ def test_fixed_width_keys_keep_spark_equality():
     assert k[0] == k[1] and k[3] == k[4]
     assert len({k[0], k[2], k[3], k[5]}) == 4
     assert keys.rows([ints.slice(0, 0), floats.slice(0, 0)], 0) == []
+
+
+def test_string_keys_compare_by_bytes_even_when_not_utf8():
+    raw = pa.array([b"\xff\xfe", b"ok", b"\xff\xfe", None], pa.binary()).view(pa.string())
+    k = keys.column_values(raw)
+    assert k[0] == k[2] and k[0] != k[1] and k[3] is None
+    nested = pa.StructArray.from_arrays([raw, pa.array([1, 2, 1, 3])], names=["s", "n"])
+    r = keys.rows([nested, pa.array([1, 1, 1, 1])], 4)
+    assert r[0] == r[2] and len(set(r)) == 3

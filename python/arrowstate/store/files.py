@@ -14,8 +14,9 @@ arrowstate 0.2:
                (zlib's) of the payload and every trailer byte before it (u32)
 
 Nothing in a file is used before all of it is verified: trailer, length, checksum, then
-every record batch in full (Arrow's `validate(full=True)`: offsets, UTF-8, nulls), its
-columns' types and its row count. Format 1 files (arrowstate 0.1: the IPC stream alone,
+every record batch in full (Arrow's `validate(full=True)` on a view with strings as bytes:
+every offset and length, without rejecting the non-UTF-8 strings Spark allows), its
+columns' types, its row count and its op values. Format 1 files (arrowstate 0.1: the IPC stream alone,
 no trailer) still load, with the same full validation of their batches.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..contract import FILES
 
@@ -150,7 +152,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema
             raise bad(f"its columns {actual[:-1]} are not this operator's {expected[:-1]}")
         batches = []
         for batch in reader:
-            batch.validate(full=True)
+            _structural_view(batch).validate(full=True)
             batches.append(batch)
     except CorruptStateFile:
         raise
@@ -164,11 +166,37 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema
         raise bad(f"it holds {total} rows but its trailer says {rows}")
     for b in batches:
         ops = b.column(b.num_columns - 1)
-        if ops.null_count or not np.isin(ops.to_numpy(zero_copy_only=False),
-                                         (OP_PUT, OP_REMOVE)).all():
+        low, high = pc.min_max(ops).values()
+        if ops.null_count or (len(ops) and (low.as_py() < OP_REMOVE or high.as_py() > OP_PUT)):
             raise bad(f"its {OP_COLUMN} column holds values other than {OP_PUT} and "
                       f"{OP_REMOVE}")
     return batches, uid
+
+
+def _bytes_type(t: pa.DataType) -> pa.DataType:
+    """The type with every string replaced by binary of the same layout."""
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_bytes_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_bytes_type(t.key_type), _bytes_type(t.item_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_bytes_type(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_bytes_type(t.value_type)))
+    return t
+
+
+def _structural_view(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A zero-copy view in which strings are bytes: full validation then checks every
+    offset and length (what a crash needs) but not UTF-8, since Spark's strings may hold
+    any bytes (cast(binary as string)) and the checksum already vouches for the content."""
+    columns = [c if _bytes_type(c.type) == c.type else c.view(_bytes_type(c.type))
+               for c in batch.columns]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 def op_runs(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:

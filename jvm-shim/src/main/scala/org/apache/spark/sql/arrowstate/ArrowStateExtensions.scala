@@ -38,6 +38,9 @@ trait ArrowStateFamily {
   /** The setting that turns the family on. */
   final def switch: String = Contract.family(name).switch
 
+  /** Whether it runs user code: then its workers serve one query run only. */
+  final def runsUserCode: Boolean = Contract.family(name).userCode
+
   def matches(plan: SparkPlan): Boolean
 
   /** Every reason this node cannot run in arrowstate; empty when it can. */

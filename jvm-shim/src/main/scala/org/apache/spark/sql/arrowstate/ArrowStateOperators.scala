@@ -53,7 +53,7 @@ case class StatePartitionOpener(
     info: StatefulOperatorStateInfo,
     operator: JValue,
     storeConf: Map[String, Long],
-    affinityWaitMs: Long,
+    workerSettings: WorkerSettings,
     sentSchema: StructType,
     timeZone: String,
     hadoopConf: Broadcast[SerializableConfiguration]) {
@@ -61,7 +61,7 @@ case class StatePartitionOpener(
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
     StateExchange.forTask(dir.toString, new StateFiles(dir, hadoopConf.value.value),
-        affinityWaitMs) { exchange =>
+        ArrowStateRDD.providerId(info, partitionId), workerSettings) { exchange =>
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(
@@ -83,10 +83,15 @@ object StatePartitionOpener {
       sentSchema: StructType): StatePartitionOpener = {
     val conf = session.sessionState.conf
     val storeConf = Contract.StoreConf.map { case (field, key) =>
-      field -> conf.getConfString(key).trim.toLong
+      field -> (if (Contract.Settings.contains(key)) ArrowStateConf.long(conf, key)
+                else conf.getConfString(key).trim.toLong)
     }
-    StatePartitionOpener(family, info, operator, storeConf,
-      ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs), sentSchema,
+    val workerSettings = WorkerSettings(
+      affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
+      idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
+      maintenanceIntervalMs = conf.streamingMaintenanceInterval,
+      owner = if (Contract.family(family).userCode) Some(info.queryRunId.toString) else None)
+    StatePartitionOpener(family, info, operator, storeConf, workerSettings, sentSchema,
       conf.sessionLocalTimeZone, session.sparkContext.broadcast(
         new SerializableConfiguration(session.sessionState.newHadoopConf())))
   }

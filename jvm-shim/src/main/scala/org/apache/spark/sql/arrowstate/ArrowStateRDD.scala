@@ -23,10 +23,7 @@ class ArrowStateRDD[T: ClassTag, U: ClassTag](
   override protected def getPartitions: Array[Partition] = prev.partitions
 
   private def providerId(partitionId: Int): StateStoreProviderId =
-    StateStoreProviderId(
-      StateStoreId(info.checkpointLocation, info.operatorId, partitionId,
-        StateStoreId.DEFAULT_STORE_NAME),
-      info.queryRunId)
+    ArrowStateRDD.providerId(info, partitionId)
 
   override def getPreferredLocations(partition: Partition): Seq[String] =
     coordinator.flatMap(_.getLocation(providerId(partition.index))).toSeq
@@ -47,13 +44,22 @@ class ArrowStateRDD[T: ClassTag, U: ClassTag](
   }
 }
 
+object ArrowStateRDD {
+  /** The id Spark's coordinator knows a partition's state by: it includes the query run. */
+  def providerId(info: StatefulOperatorStateInfo, partitionId: Int): StateStoreProviderId =
+    StateStoreProviderId(
+      StateStoreId(info.checkpointLocation, info.operatorId, partitionId,
+        StateStoreId.DEFAULT_STORE_NAME),
+      info.queryRunId)
+}
+
 /** Tells Spark's commit validation that a partition's state version was committed. */
 trait StateCommitReporter extends Serializable {
   def committed(newVersion: Long): Unit
 }
 
 /** The coordinator's reference in this executor, made once per SparkEnv. */
-private object ExecutorCoordinator {
+private[arrowstate] object ExecutorCoordinator {
   private var cached: Option[(SparkEnv, StateStoreCoordinatorRef)] = None
 
   def apply(env: SparkEnv): StateStoreCoordinatorRef = synchronized {

@@ -43,6 +43,7 @@ object Contract {
     val ReadFile: Int = frame("READ_FILE")
     val Commit: Int = frame("COMMIT")
     val FileTail: Int = frame("FILE_TAIL")
+    val Drop: Int = frame("DROP")
   }
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
@@ -54,10 +55,11 @@ object Contract {
   val DeltaSuffix: String = files("deltaSuffix")
   val SnapshotSuffix: String = files("snapshotSuffix")
 
-  case class Family(name: String, node: String, switch: String)
+  case class Family(name: String, node: String, switch: String, userCode: Boolean)
   val Families: Map[String, Family] = (spec \ "families") match {
     case JObject(fields) => fields.map { case (name, f) =>
-      name -> Family(name, (f \ "node").extract[String], (f \ "switch").extract[String])
+      name -> Family(name, (f \ "node").extract[String], (f \ "switch").extract[String],
+        (f \ "userCode").extractOpt[Boolean].getOrElse(false))
     }.toMap
     case _ => Map.empty
   }
@@ -98,7 +100,7 @@ object Contract {
         "DATA" -> Frame.Data, "NO_DATA" -> Frame.NoData, "END" -> Frame.End,
         "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
         "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
-        "FILE_TAIL" -> Frame.FileTail).map { case (k, v) =>
+        "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop).map { case (k, v) =>
           k -> JInt(v) }),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),
@@ -123,6 +125,7 @@ object ArrowStateConf {
   val Enabled = "spark.arrowstate.enabled"
   val FallbackStrict = "spark.arrowstate.fallback.strict"
   val AffinityWaitMs = "spark.arrowstate.worker.affinityWaitMs"
+  val IdleTimeoutSeconds = "spark.arrowstate.worker.idleTimeoutSeconds"
 
   def get(conf: SQLConf, key: String): String =
     conf.getConfString(key, Contract.setting(key).default).trim

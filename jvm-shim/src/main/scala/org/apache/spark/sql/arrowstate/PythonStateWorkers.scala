@@ -7,7 +7,8 @@ import java.nio.charset.StandardCharsets.UTF_8
 import scala.collection.mutable
 
 import org.apache.spark.{SparkEnv, TaskContext}
-import org.apache.spark.api.python.PythonWorker
+import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.metric.SQLMetric
@@ -82,7 +83,9 @@ class PostedRows(
 class ArrowStatePythonException(message: String) extends RuntimeException(message)
 
 /** One Python process that holds the state of any number of operator partitions. */
-class PythonStateWorker(val handle: PythonWorker, val id: Int) {
+class PythonStateWorker(
+    val handle: PythonWorker, process: Option[PythonWorkerHandle], val id: Int,
+    val owner: Option[String]) {
   private val channel = handle.channel
   if (!channel.isBlocking) {
     // Spark's factory hands out a channel registered with a selector; we use plain streams.
@@ -95,54 +98,115 @@ class PythonStateWorker(val handle: PythonWorker, val id: Int) {
   val out = new DataOutputStream(new BufferedOutputStream(Channels.newOutputStream(channel), 1 << 16))
   /** State keys whose copy in this process went stale because another worker took them over. */
   val staleStateKeys: mutable.Set[String] = mutable.Set.empty
+  /** When it was last given back (for the idle timeout). */
+  @volatile var idleSince: Long = System.currentTimeMillis()
+
+  def isAlive: Boolean = channel.isOpen && process.forall(_.isAlive)
 }
+
+/**
+ * What a task tells the pool about the session it runs for. `owner` is set for families that
+ * run user code: their workers serve that query run only, so a user's function never shares
+ * a process with another query's state.
+ */
+case class WorkerSettings(
+    affinityWaitMs: Long, idleTimeoutMs: Long, maintenanceIntervalMs: Long,
+    owner: Option[String] = None)
 
 /**
  * The executor's pool of Python state workers. A partition's state stays loaded in the worker
  * that last ran it; a task borrows that worker exclusively when it is free, else another one
  * (which reloads from the checkpoint). The pool grows to the number of concurrent tasks.
+ *
+ * Like Spark's Python worker factory, it belongs to one SparkEnv: a new SparkContext in the
+ * same JVM gets a new pool (the old env's factory stopped the old workers). A dead worker is
+ * never handed out. Every maintenance interval, as Spark's state store maintenance unloads
+ * providers, state whose query run stopped or whose partition is now active elsewhere (asked
+ * of Spark's StateStoreCoordinator) is dropped from the worker holding it, and workers idle
+ * past the idle timeout that hold no state are stopped, so their memory goes back.
  */
 object PythonStateWorkers extends Logging {
   private val WorkerModule = "arrowstate.worker"
   private val DaemonModule = "pyspark.daemon"
 
-  private val idle = mutable.LinkedHashSet[PythonStateWorker]()
-  private val holderOf = mutable.HashMap[String, PythonStateWorker]()
-  private var nextId = 0
+  private class Pool(val env: SparkEnv) {
+    val idle = mutable.LinkedHashSet[PythonStateWorker]()
+    val all = mutable.LinkedHashSet[PythonStateWorker]()
+    val holderOf = mutable.HashMap[String, PythonStateWorker]()
+    val providerOf = mutable.HashMap[String, StateStoreProviderId]()
+    var nextId = 0
+    var settings = WorkerSettings(10000L, 60000L, 60000L)
+    def idleFor(owner: Option[String]): Iterable[PythonStateWorker] = idle.filter(_.owner == owner)
+    var maintenance: Option[java.util.concurrent.ScheduledFuture[_]] = None
+  }
 
-  private def pythonExec: String = {
-    val conf = SparkEnv.get.conf
-    conf.getOption("spark.pyspark.python")
+  private var current: Option[Pool] = None
+
+  private val scheduler = java.util.concurrent.Executors.newSingleThreadScheduledExecutor(
+    (r: Runnable) => {
+      val t = new Thread(r, "arrowstate-worker-maintenance")
+      t.setDaemon(true)
+      t
+    })
+
+  /** The pool of the running SparkEnv; a new env gets a new one. Callers hold the lock. */
+  private def pool: Pool = {
+    val env = SparkEnv.get
+    current match {
+      case Some(p) if p.env eq env => p
+      case old =>
+        old.foreach { p =>
+          p.maintenance.foreach(_.cancel(false))
+          logInfo(s"arrowstate: a new SparkEnv; forgetting ${p.all.size} workers of the old one")
+        }
+        val p = new Pool(env)
+        current = Some(p)
+        p
+    }
+  }
+
+  private def pythonExec(env: SparkEnv): String =
+    env.conf.getOption("spark.pyspark.python")
       .orElse(sys.env.get("PYSPARK_PYTHON"))
       .getOrElse("python3")
-  }
 
   private def envVars: Map[String, String] = Map(
     "SPARK_BUFFER_SIZE" -> "65536",
     "ARROWSTATE_WORKER" -> "1")
 
   /**
-   * Returns a worker for `stateKey` and the state keys that worker must forget first.
+   * Returns a live worker for `stateKey` and the state keys that worker must forget first.
    * When the worker holding the state is busy with another task, waits up to
-   * `spark.arrowstate.worker.affinityWaitMs` for it: reloading state costs more than waiting
-   * for one task, the longest such a wait lasts. Only then another worker takes over.
+   * `affinityWaitMs` for it: reloading state costs more than waiting for one task, the
+   * longest such a wait lasts. Only then another worker takes over.
    */
-  def borrow(stateKey: String, waitMs: Long): (PythonStateWorker, Seq[String]) = {
+  def borrow(stateKey: String, provider: StateStoreProviderId, settings: WorkerSettings)
+    : (PythonStateWorker, Seq[String]) = {
     val chosen = synchronized {
-      val deadline = System.currentTimeMillis() + waitMs
-      def holderBusy = holderOf.get(stateKey).exists(w => !idle.contains(w))
+      val p = pool
+      updateSettings(p, settings)
+      val deadline = System.currentTimeMillis() + settings.affinityWaitMs
+      def holderBusy = p.holderOf.get(stateKey).exists(w => !p.idle.contains(w))
       while (holderBusy && System.currentTimeMillis() < deadline) {
         wait(math.max(1L, deadline - System.currentTimeMillis()))
       }
-      val preferred = holderOf.get(stateKey).filter(idle.contains)
-      val w = preferred.orElse(idle.headOption)
-      w.foreach(idle -= _)
+      p.idle.filterNot(_.isAlive).foreach { dead =>
+        logWarning(s"arrowstate: Python state worker ${dead.id} died while idle; " +
+          "its partitions reload from their checkpoints")
+        forget(p, dead)
+      }
+      val preferred = p.holderOf.get(stateKey)
+        .filter(w => p.idle.contains(w) && w.owner == settings.owner)
+      val w = preferred.orElse(p.idleFor(settings.owner).headOption)
+      w.foreach(p.idle -= _)
       w
     }
-    val worker = chosen.getOrElse(create())
+    val worker = chosen.getOrElse(create(settings.owner))
     synchronized {
-      holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
-      holderOf(stateKey) = worker
+      val p = pool
+      p.holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
+      p.holderOf(stateKey) = worker
+      p.providerOf(stateKey) = provider
       val drops = worker.staleStateKeys.toSeq
       worker.staleStateKeys.clear()
       (worker, drops)
@@ -150,32 +214,132 @@ object PythonStateWorkers extends Logging {
   }
 
   def giveBack(worker: PythonStateWorker): Unit = synchronized {
-    idle += worker
+    worker.idleSince = System.currentTimeMillis()
+    current.filter(_.all.contains(worker)).foreach(_.idle += worker)
     notifyAll()
   }
 
   /** Kills a worker whose protocol state is unknown (error, abort); its state reloads later. */
   def destroy(worker: PythonStateWorker): Unit = {
-    synchronized {
-      idle -= worker
-      holderOf.filterInPlace((_, w) => w ne worker)
-      notifyAll()
+    // a worker of an older SparkEnv's pool was stopped with that env's worker factory
+    val env = synchronized {
+      current.filter(_.all.contains(worker)).map { p =>
+        forget(p, worker)
+        notifyAll()
+        p.env
+      }
     }
-    try {
-      SparkEnv.get.destroyPythonWorker(pythonExec, WorkerModule, DaemonModule, envVars,
-        worker.handle)
-    } catch {
-      case e: Exception => logWarning(s"arrowstate: could not stop Python worker ${worker.id}", e)
+    env.foreach { e =>
+      try {
+        e.destroyPythonWorker(pythonExec(e), WorkerModule, DaemonModule, envVars, worker.handle)
+      } catch {
+        case ex: Exception =>
+          logWarning(s"arrowstate: could not stop Python worker ${worker.id}", ex)
+      }
     }
   }
 
-  private def create(): PythonStateWorker = {
-    val (handle, _) = SparkEnv.get.createPythonWorker(
-      pythonExec, WorkerModule, DaemonModule, envVars, false)
-    val id = synchronized { nextId += 1; nextId }
-    logInfo(s"arrowstate: started Python state worker $id ($pythonExec)")
-    new PythonStateWorker(handle, id)
+  private def forget(p: Pool, worker: PythonStateWorker): Unit = {
+    p.idle -= worker
+    p.all -= worker
+    p.holderOf.filterInPlace((_, w) => w ne worker)
   }
+
+  private def create(owner: Option[String]): PythonStateWorker = {
+    val env = SparkEnv.get
+    val exec = pythonExec(env)
+    val (handle, process) = env.createPythonWorker(exec, WorkerModule, DaemonModule, envVars,
+      false)
+    val worker = synchronized {
+      val p = pool
+      p.nextId += 1
+      val w = new PythonStateWorker(handle, process, p.nextId, owner)
+      p.all += w
+      w
+    }
+    logInfo(s"arrowstate: started Python state worker ${worker.id} ($exec)" +
+      owner.map(o => s" for query run $o only").getOrElse(""))
+    worker
+  }
+
+  private def updateSettings(p: Pool, settings: WorkerSettings): Unit = {
+    val rescheduled = p.maintenance.isEmpty ||
+      p.settings.maintenanceIntervalMs != settings.maintenanceIntervalMs
+    p.settings = settings.copy(owner = None)
+    if (rescheduled) {
+      p.maintenance.foreach(_.cancel(false))
+      val every = math.max(100L, settings.maintenanceIntervalMs)
+      p.maintenance = Some(scheduler.scheduleWithFixedDelay(() => maintain(p), every, every,
+        java.util.concurrent.TimeUnit.MILLISECONDS))
+    }
+  }
+
+  /** Drops state that is no longer this executor's to hold, and stops idle empty workers. */
+  private def maintain(p: Pool): Unit = try {
+    if (!synchronized(current.exists(_ eq p)) || (SparkEnv.get ne p.env)) {
+      p.maintenance.foreach(_.cancel(false))   // its SparkEnv is gone
+      return
+    }
+    val coordinator = ExecutorCoordinator(p.env)
+    val held = synchronized { p.holderOf.toSeq.map { case (k, w) => (k, w, p.providerOf(k)) } }
+    val inactive = held.filterNot { case (_, _, provider) =>
+      coordinator.verifyIfInstanceActive(provider, p.env.executorId)
+    }
+    inactive.groupBy(_._2).foreach { case (worker, entries) =>
+      val keys = entries.map(_._1)
+      val drop = synchronized {
+        keys.foreach { k =>
+          if (p.holderOf.get(k).contains(worker)) p.holderOf -= k
+          p.providerOf -= k
+        }
+        if (p.idle.contains(worker)) { p.idle -= worker; true }
+        else { worker.staleStateKeys ++= keys; false }
+      }
+      if (drop) {
+        try {
+          dropState(worker, keys)
+          giveBack(worker)
+        } catch {
+          case e: Exception =>
+            logWarning(s"arrowstate: Python state worker ${worker.id} failed to drop state", e)
+            destroy(worker)
+        }
+      }
+    }
+    val now = System.currentTimeMillis()
+    val expired = synchronized {
+      val holding = p.holderOf.values.toSet
+      val gone = p.idle.filter(w => !holding.contains(w) &&
+        now - w.idleSince >= p.settings.idleTimeoutMs).toSeq
+      gone.foreach(p.idle -= _)
+      gone
+    }
+    expired.foreach { w =>
+      logInfo(s"arrowstate: stopping Python state worker ${w.id}: idle and holding no state")
+      destroy(w)
+    }
+  } catch {
+    case e: Exception => logWarning("arrowstate: worker maintenance failed", e)
+  }
+
+  /** Tells an idle worker to forget these partitions' state and free its memory. */
+  private def dropState(worker: PythonStateWorker, keys: Seq[String]): Unit = {
+    worker.out.writeInt(Contract.Frame.Drop)
+    worker.out.writeInt(keys.size)
+    keys.foreach { k =>
+      val b = k.getBytes(UTF_8)
+      worker.out.writeInt(b.length)
+      worker.out.write(b)
+    }
+    worker.out.flush()
+    require(worker.in.readInt() == Contract.Frame.Drop, "arrowstate: worker did not drop state")
+    val resident = worker.in.readLong()   // read here: a log message is only built if logged
+    logInfo(s"arrowstate: Python state worker ${worker.id} dropped ${keys.size} partitions' " +
+      s"state; it now holds $resident bytes resident")
+  }
+
+  /** The workers of the current pool (tests). */
+  def workerCount: Int = synchronized { current.map(_.all.size).getOrElse(0) }
 }
 
 /**
@@ -183,10 +347,11 @@ object PythonStateWorkers extends Logging {
  * begin (load the state version), exchange Arrow batches, end input, commit.
  * Any failure before commit destroys the worker, so no half-applied state survives.
  */
-class StateExchange(stateKey: String, files: StateFiles, affinityWaitMs: Long)
-  extends Logging {
+class StateExchange(
+    stateKey: String, files: StateFiles, provider: StateStoreProviderId,
+    settings: WorkerSettings) extends Logging {
 
-  private val (worker, drops) = PythonStateWorkers.borrow(stateKey, affinityWaitMs)
+  private val (worker, drops) = PythonStateWorkers.borrow(stateKey, provider, settings)
   private val in = worker.in
   private val out = worker.out
   private var finished = false
@@ -409,12 +574,13 @@ object StateExchange {
    * streaming aggregation (restore and save, in the same task) share it: one worker, one
    * state version, one commit.
    */
-  def forTask(stateKey: String, files: => StateFiles, affinityWaitMs: Long)(
-      begin: StateExchange => Unit): StateExchange = {
+  def forTask(
+      stateKey: String, files: => StateFiles, provider: StateStoreProviderId,
+      settings: WorkerSettings)(begin: StateExchange => Unit): StateExchange = {
     val context = TaskContext.get()
     val id = (context.taskAttemptId(), stateKey)
     open.computeIfAbsent(id, { _ =>
-      val exchange = new StateExchange(stateKey, files, affinityWaitMs)
+      val exchange = new StateExchange(stateKey, files, provider, settings)
       context.addTaskCompletionListener[Unit](_ => open.remove(id))
       begin(exchange)
       exchange

@@ -1,0 +1,94 @@
+"""Worker lifecycle in a process of its own (it stops and starts SparkContexts, and runs
+local[2] without task retries, so a dead worker handed out would fail the query). Started
+by tests/spark/test_workers.py; prints one JSON line with what it saw."""
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+import arrowstate  # noqa: E402
+from harness import _as_text, run_query  # noqa: E402
+from procinfo import own_state_worker_pids, rss_bytes  # noqa: E402
+
+SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def ev(u, s):
+    return {"user": u, "ts": dt.datetime.fromtimestamp(s, dt.timezone.utc)}
+
+
+def session():
+    spark = arrowstate.configure(
+        SparkSession.builder.master("local[2]").appName("arrowstate-worker-test")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        # maintenance every second; workers idle 2 s with no state stop
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+        .config("spark.arrowstate.worker.idleTimeoutSeconds", "2")).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def dedup(df):
+    return df.dropDuplicates(["user"])
+
+
+def main() -> None:
+    seen = {}
+    workdir = tempfile.mkdtemp(prefix="arrowstate-workers-")
+    batches = [[ev(f"u{i % 5}", i) for i in range(10)], [ev("a", 1), ev("u1", 2)],
+               [ev("b", 3), ev("a", 4)], [ev("c", 5)]]
+
+    # 1. Workers killed while idle are not handed out: with no task retries, the query
+    #    would die on a dead one.
+    spark = session()
+
+    def kill_idle_workers(i, _checkpoint):
+        if i == 2:
+            for pid in own_state_worker_pids():
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+            seen["killed"] = True
+
+    off = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=False)
+    on = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True,
+                   between_batches=kill_idle_workers, custom_metrics=["stateCacheMisses"])
+    seen["dead_worker_same_outputs"] = _as_text(on.outputs) == _as_text(off.outputs)
+    seen["reloaded_after_kill"] = sum(c[0]["stateCacheMisses"] for b, c in on.custom.items()
+                                      if b >= 2)
+
+    # 2. A new SparkContext in the same process gets a fresh pool.
+    spark.stop()
+    spark = session()
+    again = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)
+    seen["new_session_same_outputs"] = _as_text(again.outputs) == _as_text(off.outputs)
+
+    # 3. Memory follows the work: 1M keys, the query stops, the state is dropped within the
+    #    maintenance interval and the idle, empty workers stop.
+    fresh = [rss_bytes(p) for p in own_state_worker_pids()]
+    seen["fresh_worker_rss_mb"] = round(max(fresh, default=0) / 2**20)
+    big = [[{"user": f"user-{i}", "ts": dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)}
+            for i in range(k * 500_000, (k + 1) * 500_000)] for k in range(2)]
+    run_query(spark, workdir, SCHEMA, big, dedup, arrowstate=True)
+    # run_query stopped the query; measure at once, then after the maintenance interval
+    seen["rss_after_stop_mb"] = round(sum(map(rss_bytes, own_state_worker_pids())) / 2**20)
+    deadline = time.time() + 30
+    while time.time() < deadline and own_state_worker_pids():
+        time.sleep(0.5)
+    seen["rss_later_mb"] = round(sum(map(rss_bytes, own_state_worker_pids())) / 2**20)
+    seen["workers_left"] = len(own_state_worker_pids())
+    spark.stop()
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()
