@@ -44,7 +44,9 @@ def spark(test_jar):
                .config("spark.sql.shuffle.partitions", "3")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.streaming.noDataProgressEventInterval", "600000")
-               .config("spark.sql.session.timeZone", "UTC"))
+               .config("spark.sql.session.timeZone", "UTC")
+               # what test_environment.py expects functions to see
+               .config("spark.executorEnv.ARROWSTATE_TEST_ENV", "from-executorEnv"))
     session = arrowstate.configure(builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -112,3 +112,22 @@ def looks_for_other_queries_state(key, pdfs, state):
         pass
     state.update((1,))
     yield pd.DataFrame({"user": [key[0]], "foreign": [foreign]})
+
+
+def reports_its_environment(key, pdfs, state):
+    """What Spark promises a function: TaskContext, spark.executorEnv.*, shipped modules."""
+    import os
+
+    from pyspark import TaskContext
+
+    import arrowstate_shipped_module as shipped
+
+    context = TaskContext.get()
+    for _ in pdfs:
+        pass
+    state.update((1,))
+    yield pd.DataFrame({
+        "user": [key[0]], "partition": [context.partitionId()],
+        "attempt": [context.attemptNumber()], "stage_known": [context.stageId() >= 0],
+        "prop": [context.getLocalProperty("arrowstate.test.prop")],
+        "env": [os.environ.get("ARROWSTATE_TEST_ENV")], "shipped": [shipped.VALUE]})

@@ -33,6 +33,8 @@ def session():
         .config("spark.sql.session.timeZone", "UTC")
         # maintenance every second; workers idle 2 s with no state stop
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+        # functions' workers get an address-space limit, as Spark's own do
+        .config("spark.executor.pyspark.memory", "6g")
         .config("spark.arrowstate.worker.idleTimeoutSeconds", "2")).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -40,6 +42,30 @@ def session():
 
 def dedup(df):
     return df.dropDuplicates(["user"])
+
+
+def memory_limit(key, pdfs, state):
+    """Reports the address-space limit of the process running the function."""
+    import resource
+
+    import pandas as pd
+
+    for _ in pdfs:
+        pass
+    state.update((1,))
+    yield pd.DataFrame({"user": [key[0]],
+                        "limit": [resource.getrlimit(resource.RLIMIT_AS)[0]]})
+
+
+def limits(spark, workdir, on):
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    run = run_query(spark, workdir, SCHEMA, [[ev("a", 1), ev("b", 2)]],
+                    lambda df: df.groupBy("user").applyInPandasWithState(
+                        memory_limit, "user string, limit long", "n long", "Update",
+                        GroupStateTimeout.NoTimeout),
+                    arrowstate=on, output_mode="update")
+    return sorted({r[1] for rows in run.outputs.values() for r in rows})
 
 
 def main() -> None:
@@ -65,6 +91,9 @@ def main() -> None:
     seen["dead_worker_same_outputs"] = _as_text(on.outputs) == _as_text(off.outputs)
     seen["reloaded_after_kill"] = sum(c[0]["stateCacheMisses"] for b, c in on.custom.items()
                                       if b >= 2)
+
+    seen["memory_limits_native"] = limits(spark, workdir, False)
+    seen["memory_limits_arrowstate"] = limits(spark, workdir, True)
 
     # 2. A new SparkContext in the same process gets a fresh pool.
     spark.stop()

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract
+from . import contract, environment
 from . import protocol as p
 from ._version import __version__
 from .families import REGISTRY
@@ -93,6 +93,11 @@ class Worker:
                 f"Python package is {__version__}; rebuild with `python -m arrowstate build`")
         for stale in header["drop"]:
             self.states.pop(stale, None)
+        # the environment pyspark's own worker gives Python code, before any user code loads
+        if header["task"] is not None:
+            environment.set_task_context(header["task"])
+        environment.set_spark_files(header["sparkFilesDir"],
+                                    header["operator"].get("pythonIncludes", []))
         family = REGISTRY[header["family"]](header["operator"], input_schema)
         key, version, conf = header["stateKey"], header["version"], header["conf"]
         run_id = header["queryRunId"]
@@ -227,6 +232,7 @@ def main() -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
+    environment.limit_memory()
     try:
         Worker().serve(sock_file)
     except BaseException:

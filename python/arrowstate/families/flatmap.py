@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import sys
 from typing import Any, Iterator
 
 import numpy as np
@@ -60,9 +59,6 @@ class FlatMapGroupsWithState(FamilyBase):
         self._to_pandas_columns = ArrowBatchTransformer.to_pandas
         self._to_arrow = PandasToArrowConversion.convert
 
-        for path in operator.get("pythonIncludes", []):
-            if path not in sys.path:
-                sys.path.insert(1, path)
         self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
         self.key_indices = operator["keyIndices"]
         self.value_count = operator["valueCount"]

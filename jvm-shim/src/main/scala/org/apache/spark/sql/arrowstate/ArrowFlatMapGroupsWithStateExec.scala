@@ -107,7 +107,8 @@ case class ArrowFlatMapGroupsWithStateExec(
         ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json)
     val opener =
       StatePartitionOpener.forSession(session, FlatMapGroupsWithStateFamily.name, info,
-        operator, sentSchema)
+        operator, sentSchema,
+        Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = timeoutConf == EventTimeTimeout

@@ -4,7 +4,10 @@ import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
-import org.apache.spark.TaskContext
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.{SparkConf, SparkFiles, TaskContext}
+import org.apache.spark.api.python.PythonFunction
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
@@ -25,7 +28,7 @@ object ArrowStateVersion {
 /** Header fields common to every family, for one partition (declared in contract.json). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue): String = {
+      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue): String = {
     val header: JObject =
       ("shimVersion" -> ArrowStateVersion.version) ~
         ("family" -> family) ~
@@ -36,7 +39,9 @@ object StateHeader {
         ("version" -> info.storeVersion) ~
         ("drop" -> drop.toList) ~
         ("conf" -> conf) ~
-        ("operator" -> operator)
+        ("operator" -> operator) ~
+        ("task" -> task) ~
+        ("sparkFilesDir" -> SparkFiles.getRootDirectory())
     require(header.obj.map(_._1).toSet == Contract.HeaderFields,
       "arrowstate: the header's fields differ from contract.json's")
     compact(render(header))
@@ -66,7 +71,7 @@ case class StatePartitionOpener(
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            storeConf, operator),
+            storeConf, operator, TaskEnvironment.current()),
           encoder.schemaIpc)
       } finally encoder.close()
     }
@@ -80,7 +85,8 @@ object StatePartitionOpener {
       family: String,
       info: StatefulOperatorStateInfo,
       operator: JValue,
-      sentSchema: StructType): StatePartitionOpener = {
+      sentSchema: StructType,
+      function: Option[FunctionEnvironment] = None): StatePartitionOpener = {
     val conf = session.sessionState.conf
     val storeConf = Contract.StoreConf.map { case (field, key) =>
       field -> (if (Contract.Settings.contains(key)) ArrowStateConf.long(conf, key)
@@ -90,10 +96,35 @@ object StatePartitionOpener {
       affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
       idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
       maintenanceIntervalMs = conf.streamingMaintenanceInterval,
-      owner = if (Contract.family(family).userCode) Some(info.queryRunId.toString) else None)
+      owner = if (Contract.family(family).userCode) Some(info.queryRunId.toString) else None,
+      function = function)
     StatePartitionOpener(family, info, operator, storeConf, workerSettings, sentSchema,
       conf.sessionLocalTimeZone, session.sparkContext.broadcast(
         new SerializableConfiguration(session.sessionState.newHadoopConf())))
+  }
+}
+
+/** The running task, as pyspark's TaskContext describes it to Python code. */
+object TaskEnvironment {
+  def current(): JValue = Option(TaskContext.get()).map { c =>
+    ("stageId" -> c.stageId()) ~
+      ("stageAttemptNumber" -> c.stageAttemptNumber()) ~
+      ("partitionId" -> c.partitionId()) ~
+      ("attemptNumber" -> c.attemptNumber()) ~
+      ("taskAttemptId" -> c.taskAttemptId()) ~
+      ("cpus" -> c.cpus()) ~
+      ("localProperties" -> c.getLocalProperties.asScala.toMap): JValue
+  }.getOrElse(org.json4s.JNull)
+
+  /** How Spark starts the worker of a Python function: its interpreter, its environment
+   * (spark.executorEnv.* and the rest of the function's envVars) and, as Spark's Python
+   * runner does, `spark.executor.pyspark.memory` shared by the executor's cores. */
+  def forFunction(function: PythonFunction, conf: SparkConf): FunctionEnvironment = {
+    val cores = math.max(1, conf.getInt("spark.executor.cores", 1))
+    val memory = conf.getOption("spark.executor.pyspark.memory")
+      .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v))
+      .map(mb => "PYSPARK_EXECUTOR_MEMORY_MB" -> (mb / cores).toString)
+    FunctionEnvironment(function.pythonExec, function.envVars.asScala.toMap ++ memory)
   }
 }
 

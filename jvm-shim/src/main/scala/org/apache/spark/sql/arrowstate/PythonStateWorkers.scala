@@ -85,7 +85,7 @@ class ArrowStatePythonException(message: String) extends RuntimeException(messag
 /** One Python process that holds the state of any number of operator partitions. */
 class PythonStateWorker(
     val handle: PythonWorker, process: Option[PythonWorkerHandle], val id: Int,
-    val owner: Option[String]) {
+    val owner: Option[String], val pythonExec: String, val envVars: Map[String, String]) {
   private val channel = handle.channel
   if (!channel.isBlocking) {
     // Spark's factory hands out a channel registered with a selector; we use plain streams.
@@ -111,7 +111,10 @@ class PythonStateWorker(
  */
 case class WorkerSettings(
     affinityWaitMs: Long, idleTimeoutMs: Long, maintenanceIntervalMs: Long,
-    owner: Option[String] = None)
+    owner: Option[String] = None, function: Option[FunctionEnvironment] = None)
+
+/** The interpreter and environment Spark would start a user function's worker with. */
+case class FunctionEnvironment(pythonExec: String, envVars: Map[String, String])
 
 /**
  * The executor's pool of Python state workers. A partition's state stays loaded in the worker
@@ -165,12 +168,12 @@ object PythonStateWorkers extends Logging {
     }
   }
 
-  private def pythonExec(env: SparkEnv): String =
+  private def defaultPythonExec(env: SparkEnv): String =
     env.conf.getOption("spark.pyspark.python")
       .orElse(sys.env.get("PYSPARK_PYTHON"))
       .getOrElse("python3")
 
-  private def envVars: Map[String, String] = Map(
+  private val OwnEnvVars: Map[String, String] = Map(
     "SPARK_BUFFER_SIZE" -> "65536",
     "ARROWSTATE_WORKER" -> "1")
 
@@ -201,7 +204,7 @@ object PythonStateWorkers extends Logging {
       w.foreach(p.idle -= _)
       w
     }
-    val worker = chosen.getOrElse(create(settings.owner))
+    val worker = chosen.getOrElse(create(settings.owner, settings.function))
     synchronized {
       val p = pool
       p.holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
@@ -231,7 +234,8 @@ object PythonStateWorkers extends Logging {
     }
     env.foreach { e =>
       try {
-        e.destroyPythonWorker(pythonExec(e), WorkerModule, DaemonModule, envVars, worker.handle)
+        e.destroyPythonWorker(worker.pythonExec, WorkerModule, DaemonModule, worker.envVars,
+          worker.handle)
       } catch {
         case ex: Exception =>
           logWarning(s"arrowstate: could not stop Python worker ${worker.id}", ex)
@@ -245,15 +249,19 @@ object PythonStateWorkers extends Logging {
     p.holderOf.filterInPlace((_, w) => w ne worker)
   }
 
-  private def create(owner: Option[String]): PythonStateWorker = {
+  private def create(owner: Option[String], function: Option[FunctionEnvironment])
+    : PythonStateWorker = {
     val env = SparkEnv.get
-    val exec = pythonExec(env)
+    // a user function's worker starts as Spark would start its own: its interpreter and
+    // environment (spark.executorEnv.*, the memory limit); ours as Spark's default
+    val exec = function.map(_.pythonExec).getOrElse(defaultPythonExec(env))
+    val envVars = function.map(_.envVars).getOrElse(Map.empty) ++ OwnEnvVars
     val (handle, process) = env.createPythonWorker(exec, WorkerModule, DaemonModule, envVars,
       false)
     val worker = synchronized {
       val p = pool
       p.nextId += 1
-      val w = new PythonStateWorker(handle, process, p.nextId, owner)
+      val w = new PythonStateWorker(handle, process, p.nextId, owner, exec, envVars)
       p.all += w
       w
     }
