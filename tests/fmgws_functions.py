@@ -131,3 +131,12 @@ def reports_its_environment(key, pdfs, state):
         "attempt": [context.attemptNumber()], "stage_known": [context.stageId() >= 0],
         "prop": [context.getLocalProperty("arrowstate.test.prop")],
         "env": [os.environ.get("ARROWSTATE_TEST_ENV")], "shipped": [shipped.VALUE]})
+
+
+def reports_its_interpreter(key, pdfs, state):
+    import sys
+
+    for _ in pdfs:
+        pass
+    state.update((1,))
+    yield pd.DataFrame({"user": [key[0]], "python": [sys.executable]})

@@ -39,9 +39,15 @@ def configure(builder):
     """Adds arrowstate to a SparkSession builder, keeping whatever the user set.
 
     Appends the shim jar to `spark.jars`, the extension to `spark.sql.extensions` and the
-    explain provider that lists fallbacks to `spark.sql.extendedExplainProviders`. When
-    neither `spark.pyspark.python` nor PYSPARK_PYTHON names the workers' Python, sets it to
-    this interpreter, so workers import the same arrowstate (a virtual environment included).
+    explain provider that lists fallbacks to `spark.sql.extendedExplainProviders`.
+
+    Python workers: a PySpark driver started from Python hands its executors the interpreter
+    in PYSPARK_PYTHON, else `python3` (pyspark's `SparkContext.pythonExec`; there
+    `spark.pyspark.python` only matters to spark-submit). When neither PYSPARK_PYTHON nor
+    `spark.pyspark.python` is set, this sets PYSPARK_PYTHON to this interpreter in this
+    process, so Spark's own Python workers and arrowstate's import the same packages (a
+    virtual environment included); and it records the interpreter so chosen in
+    `spark.arrowstate.pythonExec`, which arrowstate's state workers start with.
     """
     options = builder._options  # the builder keeps its settings here; it has no getter
     builder.config("spark.jars", _append(options.get("spark.jars"), jar_path()))
@@ -50,5 +56,6 @@ def configure(builder):
     builder.config("spark.sql.extendedExplainProviders",
                    _append(options.get("spark.sql.extendedExplainProviders"), EXPLAIN_CLASS))
     if "spark.pyspark.python" not in options and not os.environ.get("PYSPARK_PYTHON"):
-        builder.config("spark.pyspark.python", sys.executable)
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder.config("spark.arrowstate.pythonExec", os.environ.get("PYSPARK_PYTHON", "python3"))
     return builder

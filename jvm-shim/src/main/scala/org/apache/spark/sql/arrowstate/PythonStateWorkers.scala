@@ -168,8 +168,11 @@ object PythonStateWorkers extends Logging {
     }
   }
 
+  /** The interpreter of workers that run no user function: the one the driver hands its
+   * functions (recorded by `arrowstate.configure`), else as Spark's launcher picks it. */
   private def defaultPythonExec(env: SparkEnv): String =
-    env.conf.getOption("spark.pyspark.python")
+    env.conf.getOption("spark.arrowstate.pythonExec")
+      .orElse(env.conf.getOption("spark.pyspark.python"))
       .orElse(sys.env.get("PYSPARK_PYTHON"))
       .getOrElse("python3")
 
