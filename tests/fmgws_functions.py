@@ -140,3 +140,17 @@ def reports_its_interpreter(key, pdfs, state):
         pass
     state.update((1,))
     yield pd.DataFrame({"user": [key[0]], "python": [sys.executable]})
+
+
+def keeps_latest_timestamp(key, pdfs, state):
+    """Keeps the latest event time in state and compares it with new rows' times: the
+    stored value must come back in the form pyspark hands the function natively."""
+    latest = state.get[0] if state.exists else None
+    kind = type(latest).__name__
+    for pdf in pdfs:
+        for ts in pdf["ts"]:
+            ts = ts.to_pydatetime()
+            if latest is None or ts > latest:
+                latest = ts
+    state.update((latest,))
+    yield pd.DataFrame({"user": [key[0]], "latest": [str(latest)], "stored_as": [kind]})

@@ -126,3 +126,11 @@ def test_failing_function_fails_the_query_with_its_traceback_and_commits_nothing
     partitions = list(tmp_path.glob("run*-on/ck/state/0/[0-9]*"))
     failed = [p for p in partitions if not (p / "2.arrowstate.delta").exists()]
     assert len(partitions) == 3 and failed, partitions
+
+
+def test_state_values_come_back_in_pysparks_form(spark, tmp_path):
+    batches = [[ev("a", 1), ev("b", 2)], [ev("a", 5), ev("b", 1)], [ev("a", 3)]]
+    assert_same(spark, tmp_path, EVENTS, batches,
+                apply(fns.keeps_latest_timestamp, "user string, latest string, stored_as string",
+                      "latest timestamp"),
+                expect_node=NODE, output_mode="update", restart_after=[1])

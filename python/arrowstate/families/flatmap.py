@@ -49,15 +49,21 @@ class FlatMapGroupsWithState(FamilyBase):
         import pandas as pd
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
-        from pyspark.sql.conversion import ArrowBatchTransformer, PandasToArrowConversion
+        from pyspark.sql.conversion import (ArrowBatchTransformer, ArrowTableToRowsConversion,
+                                            LocalDataToArrowConversion,
+                                            PandasToArrowConversion)
         from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.streaming.state import GroupState
-        from pyspark.sql.types import Row, StructType
+        from pyspark.sql.types import (BooleanType, ByteType, DoubleType, FloatType,
+                                       IntegerType, LongType, Row, ShortType, StringType,
+                                       StructType)
 
         self._pd, self._Row, self._GroupState = pd, Row, GroupState
         self._TypeError, self._RuntimeError = PySparkTypeError, PySparkRuntimeError
         self._to_pandas_columns = ArrowBatchTransformer.to_pandas
         self._to_arrow = PandasToArrowConversion.convert
+        self._to_rows = ArrowTableToRowsConversion.convert
+        self._from_rows = LocalDataToArrowConversion.convert
 
         self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
         self.key_indices = operator["keyIndices"]
@@ -78,6 +84,13 @@ class FlatMapGroupsWithState(FamilyBase):
         self.prefer_int_ext_dtype = conf.get(
             "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false") == "true"
         self.state_schema = StructType.fromJson(json.loads(operator["stateSchema"]))
+        self._plain_state = all(
+            isinstance(f.dataType, (BooleanType, ByteType, ShortType, IntegerType, LongType,
+                                    FloatType, DoubleType, StringType))
+            for f in self.state_schema.fields)
+        self._nullable_state_schema = StructType.fromJson(
+            {**self.state_schema.jsonValue(),
+             "fields": [{**f.jsonValue(), "nullable": True} for f in self.state_schema.fields]})
         self.output_schema = StructType.fromJson(json.loads(operator["outputSchema"]))
         self.value_names = input_schema.names[: self.value_count]
         self.key_fields = [input_schema.field(i) for i in self.key_indices]
@@ -102,12 +115,20 @@ class FlatMapGroupsWithState(FamilyBase):
         self._index(state, keys, rows.column(self.timeout_column).to_numpy(zero_copy_only=False))
 
     def _stored_values(self, rows: pa.RecordBatch) -> list:
-        """Per stored row: the state value tuple, or None where none is defined."""
+        """Per stored row: the state value tuple, or None where none is defined. Values are
+        in the form pyspark gives Python code for the state schema's types (a timestamp as
+        a naive local datetime, as natively), not Arrow's."""
         nk = len(self.key_fields)
-        columns = [rows.column(nk + i).to_pylist() for i in range(len(self.state_fields))]
         defined = rows.column(self.defined_column).to_pylist()
-        values = list(zip(*columns)) if columns else [()] * rows.num_rows
-        return [v if d else None for v, d in zip(values, defined)]
+        if not self.state_fields:
+            return [() if d else None for d in defined]
+        if self._plain_state:   # numbers, booleans, strings: Arrow's Python values are pyspark's
+            columns = [rows.column(nk + i).to_pylist() for i in range(len(self.state_fields))]
+            return [v if d else None for v, d in zip(zip(*columns), defined)]
+        table = pa.Table.from_batches([pa.RecordBatch.from_arrays(
+            rows.columns[nk:nk + len(self.state_fields)], names=self.state_schema.names)])
+        values = self._to_rows(table, self.state_schema, return_as_tuples=True)
+        return [tuple(v) if d else None for v, d in zip(values, defined)]
 
     # -- calling the function ---------------------------------------------------------------
     def _group_state(self, stored, timed_out: bool):
@@ -175,8 +196,17 @@ class FlatMapGroupsWithState(FamilyBase):
         keys_batch = pa.concat_batches(key_parts) if len(key_parts) > 1 else key_parts[0]
         values = [p[3] for p in puts]
         columns = list(keys_batch.columns)
-        for i, f in enumerate(self.state_fields):
-            columns.append(pa.array([None if v is None else v[i] for v in values], f.type))
+        if self._plain_state:
+            for i, f in enumerate(self.state_fields):
+                columns.append(pa.array([None if v is None else v[i] for v in values], f.type))
+        elif self.state_fields:
+            # converted as pyspark converts Python values to Arrow (a naive datetime is local
+            # time, as GroupState's toInternal takes it)
+            width = len(self.state_fields)
+            table = self._from_rows([(None,) * width if v is None else v for v in values],
+                                    self._nullable_state_schema, False)
+            columns += [c.combine_chunks().cast(f.type) for c, f in
+                        zip(table.columns, self.state_fields)]
         columns.append(pa.array([v is not None for v in values], pa.bool_()))
         timeouts = np.array([p[4] for p in puts], dtype=np.int64)
         columns.append(pa.array(timeouts))
