@@ -154,3 +154,26 @@ def keeps_latest_timestamp(key, pdfs, state):
                 latest = ts
     state.update((latest,))
     yield pd.DataFrame({"user": [key[0]], "latest": [str(latest)], "stored_as": [kind]})
+
+
+def counts_reachable_state(key, pdfs, state):
+    """Counts the keys of arrowstate state this function's process holds: its own
+    session's (prefix of its key) and others' (any other prefix)."""
+    import gc
+
+    from arrowstate.store import VersionedState
+
+    mine = key[0].split("-")[0]
+    own = foreign = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, VersionedState) and len(obj):
+            for user in obj.rows.take(obj.rows.live_ids()).column(0).to_pylist():
+                if isinstance(user, str):
+                    if user.startswith(mine + "-"):
+                        own += 1
+                    else:
+                        foreign += 1
+    for _ in pdfs:
+        pass
+    state.update((1,))
+    yield pd.DataFrame({"user": [key[0]], "own": [own], "foreign": [foreign]})

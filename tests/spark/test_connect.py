@@ -1,0 +1,55 @@
+"""Isolation on a shared Spark Connect server: two client sessions run applyInPandasWithState
+on one server with arrowstate; each function's process holds its own query's state only."""
+import json
+import os
+import subprocess
+import sys
+
+import pyspark
+import pytest
+
+from arrowstate import EXTENSION_CLASS
+from arrowstate.shim import jar_path
+from test_cluster import free_port, wait_for_port
+
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark[connect]")
+
+
+@pytest.mark.slow
+def test_two_connect_sessions_never_see_each_others_state(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "connect-server.log", "w")
+    server = subprocess.Popen(
+        [os.path.join(SPARK_HOME, "bin", "spark-submit"),
+         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+         "--master", "local[2]", "--jars", jar_path(),
+         "--conf", f"spark.sql.extensions={EXTENSION_CLASS}",
+         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+         "--conf", f"spark.connect.grpc.binding.port={port}",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+         "spark-internal"],
+        env=dict(os.environ, SPARK_HOME=SPARK_HOME, PYSPARK_PYTHON=sys.executable,
+                 SPARK_LOCAL_IP="127.0.0.1"),
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, 120)
+        client = os.path.join(os.path.dirname(__file__), "..", "connect_client.py")
+        done = subprocess.run([sys.executable, client, f"sc://127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=600)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        assert done.returncode == 0 and lines, (done.stdout[-3000:] + done.stderr[-5000:]
+                                                + (tmp_path / "connect-server.log").read_text()[-5000:])
+        seen = json.loads(lines[-1])
+        for name in ("alice", "bob"):
+            rows = seen[name]
+            # the function saw its own query's state, so it ran next to it in arrowstate ...
+            assert rows and any(own > 0 for _, own, _ in rows), seen
+            # ... and never another session's
+            assert all(foreign == 0 for _, _, foreign in rows), seen
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
