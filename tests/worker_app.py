@@ -95,8 +95,10 @@ def main() -> None:
     seen["memory_limits_native"] = limits(spark, workdir, False)
     seen["memory_limits_arrowstate"] = limits(spark, workdir, True)
 
-    # 2. A new SparkContext in the same process gets a fresh pool.
+    # 2. No worker outlives its SparkContext; a new one in the same process gets a fresh pool.
     spark.stop()
+    time.sleep(1)
+    seen["workers_after_spark_stop"] = len(own_state_worker_pids())
     spark = session()
     again = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)
     seen["new_session_same_outputs"] = _as_text(again.outputs) == _as_text(off.outputs)

@@ -33,6 +33,7 @@ def test_dead_workers_new_sessions_and_memory_after_stop():
     assert seen["killed"] and seen["dead_worker_same_outputs"], seen
     assert seen["reloaded_after_kill"] > 0, seen
     assert seen["new_session_same_outputs"], seen
+    assert seen["workers_after_spark_stop"] == 0, seen
     # spark.executor.pyspark.memory=6g: the function's process is limited as natively
     assert seen["memory_limits_arrowstate"] == seen["memory_limits_native"] == [6 << 30], seen
     # 1M keys held after the query's last batch; dropped and the workers stopped after
