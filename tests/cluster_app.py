@@ -53,11 +53,12 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
     off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
     on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
                    custom_metrics=["stateCacheHits", "stateCacheMisses"])
-    # Speculation: partition 1's first attempt at version 3 waits 8 s before writing its
+    # Speculation: partition 1's first attempt at version 3 waits 20 s (the speculative copy
+    # may first wait out locality levels, 3 s each) before writing its
     # delta, long after the second attempt committed the same version, then writes it too.
     spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", INJECTING)
     spark.conf.set("arrowstate.test.attemptLog", attempt_log)
-    spark.conf.set("arrowstate.test.slowFirstAttempt", ".*/state/0/1/3\\.arrowstate\\.delta=8000")
+    spark.conf.set("arrowstate.test.slowFirstAttempt", ".*/state/0/1/3\\.arrowstate\\.delta=20000")
     spec_off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
     spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1

@@ -71,7 +71,7 @@ def standalone_cluster(tmp_path_factory):
 @pytest.mark.cluster
 def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path):
     """Also two attempts of one task committing the same version: speculation, with the
-    first attempt held back before it writes its delta (and writing it all the same)."""
+    first attempt held back 20 s before it writes its delta (and writing it all the same)."""
     master, env, logs = standalone_cluster
     app = os.path.join(os.path.dirname(__file__), "..", "cluster_app.py")
     attempt_log = tmp_path / "attempts.log"
