@@ -348,9 +348,6 @@ object PythonStateWorkers extends Logging {
     logInfo(s"arrowstate: Python state worker ${worker.id} dropped ${keys.size} partitions' " +
       s"state; it now holds $resident bytes resident")
   }
-
-  /** The workers of the current pool (tests). */
-  def workerCount: Int = synchronized { current.map(_.all.size).getOrElse(0) }
 }
 
 /**
