@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 
 
 def state_worker_pids() -> list[int]:
@@ -22,6 +23,14 @@ def own_state_worker_pids() -> list[int]:
     """The state workers started by this process's own Spark (its JVM is our child)."""
     me = os.getpid()
     return [p for p in state_worker_pids() if parent_pid(parent_pid(p)) == me]
+
+
+def kill_own_state_workers() -> int:
+    """SIGKILLs the state workers of this process's own Spark; how many there were."""
+    pids = own_state_worker_pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def rss_bytes(pid: int) -> int:

@@ -4,7 +4,6 @@ by tests/spark/test_workers.py; prints one JSON line with what it saw."""
 import datetime as dt
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -16,7 +15,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
-from procinfo import own_state_worker_pids, rss_bytes  # noqa: E402
+from procinfo import kill_own_state_workers, own_state_worker_pids, rss_bytes  # noqa: E402
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 
@@ -79,8 +78,7 @@ def main() -> None:
 
     def kill_idle_workers(i, _checkpoint):
         if i == 2:
-            for pid in own_state_worker_pids():
-                os.kill(pid, signal.SIGKILL)
+            kill_own_state_workers()
             time.sleep(0.5)
             seen["killed"] = True
 

@@ -3,13 +3,12 @@ import datetime as dt
 import decimal
 import glob
 import os
-import signal
 
 import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from procinfo import own_state_worker_pids
+from procinfo import kill_own_state_workers
 from harness import assert_same, run_query
 
 NODE = "ArrowStreamingDeduplicate"
@@ -19,14 +18,6 @@ EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
 
 def ev(user, second, v=0):
     return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
-
-
-def kill_state_workers():
-    """SIGKILLs the arrowstate Python workers of this test session's Spark."""
-    pids = own_state_worker_pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    return len(pids)
 
 
 def test_no_watermark_with_empty_batch_and_null_keys(spark, tmp_path):
@@ -139,7 +130,7 @@ def test_killed_worker_fails_the_task_and_the_retry_reloads_from_checkpoint(spar
 
     def kill_before_third(i, _checkpoint):
         if i == 2:  # in the run with arrowstate off there is nothing to kill
-            kill_state_workers()
+            kill_own_state_workers()
 
     _, ours = assert_same(spark, tmp_path, EVENTS, batches,
                           lambda df: df.dropDuplicates(["user", "ts"]), expect_node=NODE,
@@ -155,7 +146,7 @@ def test_corrupt_state_file_fails_loudly_naming_it(spark, tmp_path):
 
     def corrupt_before_third(i, checkpoint):
         if i == 2:
-            kill_state_workers()
+            kill_own_state_workers()
             for path in glob.glob(os.path.join(checkpoint, "state", "0", "*",
                                                "2.arrowstate.delta")):
                 with open(path, "wb") as f:
@@ -207,7 +198,7 @@ def test_reloaded_state_still_evicts_by_watermark(spark, tmp_path):
 
     def kill_before_third(i, _checkpoint):
         if i == 2:
-            kill_state_workers()
+            kill_own_state_workers()
 
     _, ours = assert_same(
         spark, tmp_path, EVENTS, batches,

@@ -1,6 +1,5 @@
 """applyInPandasWithState: arrowstate against Spark's own FlatMapGroupsInPandasWithStateExec."""
 import datetime as dt
-import os
 import time
 
 import pyarrow as pa

@@ -16,7 +16,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from arrowstate.store import files
 from harness import assert_same, run_query
-from procinfo import own_state_worker_pids
+from procinfo import kill_own_state_workers
 
 NODE = "ArrowStreamingDeduplicate"
 EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
@@ -33,11 +33,6 @@ BATCHES = [[ev(f"u{(i * 7 + j) % 13}", i * 10 + j) for j in range(6)] for i in r
 
 def dedup(df):
     return df.withWatermark("ts", "25 seconds").dropDuplicates(["user", "ts"])
-
-
-def kill_own_workers():
-    for pid in own_state_worker_pids():
-        os.kill(pid, 9)
 
 
 def await_maintenance(spark):
@@ -91,7 +86,7 @@ def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, inject
             injection.arm(op, pattern, times)
         if i == 4:   # the files the failures touched are loaded again
             await_maintenance(spark)
-            kill_own_workers()
+            kill_own_state_workers()
 
     _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
                           between_batches=arm_before_third, recover=injection.disarm)
@@ -135,7 +130,7 @@ def test_damaged_newest_snapshot_is_repaired_around(spark, spark_conf, tmp_path)
     def damage_before_fifth(i, checkpoint):
         if i == 4 and "-on" in checkpoint:
             await_maintenance(spark)
-            kill_own_workers()
+            kill_own_state_workers()
             for d in glob.glob(os.path.join(checkpoint, "state", "0", "*")):
                 snaps = sorted(glob.glob(os.path.join(d, "*.arrowstate.snapshot")),
                                key=lambda p: int(os.path.basename(p).split(".")[0]))
@@ -158,7 +153,7 @@ def test_damaged_delta_fails_naming_file_operator_partition_and_version(spark, t
 
     def damage_before_third(i, checkpoint):
         if i == 2:
-            kill_own_workers()
+            kill_own_state_workers()
             path = glob.glob(os.path.join(checkpoint, "state", "0", "*", "2.arrowstate.delta"))[0]
             with open(path, "r+b") as f:
                 f.seek(20)

@@ -80,10 +80,13 @@ object Contract {
   def customMetrics(family: String): Seq[StatefulOperatorCustomMetric] =
     Metrics.filter(m => m.custom && m.appliesTo(family)).map(ContractMetric)
 
-  /** The metric names the worker may report for operators of `family`. */
-  def pythonMetrics(family: String): Set[String] =
-    Metrics.filter(m => Set("python", "both")(m.reportedBy) && m.appliesTo(family))
+  /** The metric names the worker may report for operators of `family` (checked per task). */
+  private val pythonMetricsByFamily: Map[String, Set[String]] = Families.keys.map { family =>
+    family -> Metrics.filter(m => Set("python", "both")(m.reportedBy) && m.appliesTo(family))
       .map(_.name).toSet
+  }.toMap
+  def pythonMetrics(family: String): Set[String] =
+    pythonMetricsByFamily.getOrElse(family, Set.empty)
 
   case class Setting(key: String, default: String, scope: String, doc: String)
   val Settings: Map[String, Setting] =
