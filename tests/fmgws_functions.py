@@ -1,4 +1,8 @@
 """State functions for the applyInPandasWithState tests (pickled by value into workers)."""
+import datetime as dt
+import decimal
+
+import numpy as np
 import pandas as pd
 
 
@@ -173,3 +177,64 @@ def counts_reachable_state(key, pdfs, state):
     sum(len(pdf) for pdf in pdfs)   # read the input, as a real function does
     state.update((1,))
     yield pd.DataFrame({"user": [key[0]], "own": [own], "foreign": [foreign]})
+
+
+def _python_value(v):
+    """A value from the input frame in a form GroupState.update takes natively: numpy
+    arrays as lists, Arrow maps (lists of pairs) as dicts, pandas' missing values as None."""
+    import numpy as np
+    if isinstance(v, np.ndarray):
+        return [_python_value(e) for e in v.tolist()]
+    if isinstance(v, list):
+        if v and all(isinstance(e, tuple) and len(e) == 2 for e in v):
+            return {k: _python_value(x) for k, x in v}
+        return [_python_value(e) for e in v]
+    if isinstance(v, dict):
+        return {k: _python_value(x) for k, x in v.items()}
+    if v is None or (np.isscalar(v) and pd.isna(v)) or v is pd.NaT:
+        return None
+    return v
+
+
+def keeps_last_value(key, pdfs, state):
+    """Keeps the group's latest value of k in state and shows how the stored value comes
+    back: its type and repr, as the function sees them."""
+    prev = state.get if state.exists else None
+    n = prev[1] if prev else 0
+    last = prev[0] if prev else None
+    for pdf in pdfs:
+        n += len(pdf)
+        last = _python_value(pdf["k"].iloc[-1])
+    state.update((last, n))
+    seen = None if prev is None else f"{type(prev[0]).__name__}: {prev[0]!r}"
+    yield pd.DataFrame({"g": [key[0]], "last": [prev[0] if prev else None], "seen": [seen],
+                        "n": [n]})
+
+
+COERCED_STATE = ("d double, f float, i int, b tinyint, l bigint, s string, bin binary, "
+                 "dec decimal(10,2), ts timestamp, day date, st struct<a:int,b:string>")
+# What a function may hand state.update for those fields: each is stored as native Spark
+# stores it (some as null, some wrapped or rounded).
+COERCIONS = [
+    (1, 2, 3, 4, 5, "x", b"\x00\xff", decimal.Decimal("1.005"),
+     dt.datetime(2024, 1, 1, 12), dt.date(2024, 2, 29),
+     {"a": 1, "b": "y"}),
+    (1.5, 2.5, 3.7, 300, 2**40, 42, "text", 1.25, pd.Timestamp("2024-03-01 10:00"),
+     dt.datetime(2024, 3, 1, 23, 59), (2, "z")),
+    (np.float64(1.25), np.float32(0.1), np.int64(7), True, 2**70, 1.5,
+     bytearray(b"ab"), decimal.Decimal("-99999999.994"), None, None, None),
+    (True, None, np.int8(-3), -129, -(2**63), True, None, decimal.Decimal("12E-1"),
+     dt.datetime(1900, 1, 1), dt.date(1, 1, 1), [5, None]),
+]
+
+
+def stores_coerced_values(key, pdfs, state):
+    """Updates state with the batch's entry of COERCIONS and shows what came back of the
+    previous one."""
+    batch = 0
+    for pdf in pdfs:
+        batch = int(pdf["n"].max())
+    prev = state.get if state.exists else None
+    state.update(COERCIONS[batch % len(COERCIONS)])
+    seen = None if prev is None else repr(prev)
+    yield pd.DataFrame({"g": [key[0]], "seen": [seen]})

@@ -26,6 +26,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase
+from .group_state_values import StateValueWriter
 
 NO_TIMESTAMP = -1
 DEFINED, TIMEOUT = "__defined", "__timeout"
@@ -50,7 +51,6 @@ class FlatMapGroupsWithState(FamilyBase):
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
         from pyspark.sql.conversion import (ArrowBatchTransformer, ArrowTableToRowsConversion,
-                                            LocalDataToArrowConversion,
                                             PandasToArrowConversion)
         from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.streaming.state import GroupState
@@ -63,7 +63,6 @@ class FlatMapGroupsWithState(FamilyBase):
         self._to_pandas_columns = ArrowBatchTransformer.to_pandas
         self._to_arrow = PandasToArrowConversion.convert
         self._to_rows = ArrowTableToRowsConversion.convert
-        self._from_rows = LocalDataToArrowConversion.convert
 
         self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
         self.key_indices = operator["keyIndices"]
@@ -88,14 +87,12 @@ class FlatMapGroupsWithState(FamilyBase):
             isinstance(f.dataType, (BooleanType, ByteType, ShortType, IntegerType, LongType,
                                     FloatType, DoubleType, StringType))
             for f in self.state_schema.fields)
-        self._nullable_state_schema = StructType.fromJson(
-            {**self.state_schema.jsonValue(),
-             "fields": [{**f.jsonValue(), "nullable": True} for f in self.state_schema.fields]})
         self.output_schema = StructType.fromJson(json.loads(operator["outputSchema"]))
         self.value_names = input_schema.names[: self.value_count]
         self.key_fields = [input_schema.field(i) for i in self.key_indices]
         self.state_fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=self.timezone))
                              for f in self.state_schema.fields]
+        self._state_writer = StateValueWriter(self.state_schema, self.state_fields)
         self.value_fields = self.state_fields + [pa.field(DEFINED, pa.bool_()),
                                                  pa.field(TIMEOUT, pa.int64())]
         self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
@@ -195,18 +192,7 @@ class FlatMapGroupsWithState(FamilyBase):
             key_parts.append(pa.RecordBatch.from_arrays(taken.columns, names=names))
         keys_batch = pa.concat_batches(key_parts) if len(key_parts) > 1 else key_parts[0]
         values = [p[3] for p in puts]
-        columns = list(keys_batch.columns)
-        if self._plain_state:
-            for i, f in enumerate(self.state_fields):
-                columns.append(pa.array([None if v is None else v[i] for v in values], f.type))
-        elif self.state_fields:
-            # converted as pyspark converts Python values to Arrow (a naive datetime is local
-            # time, as GroupState's toInternal takes it)
-            width = len(self.state_fields)
-            table = self._from_rows([(None,) * width if v is None else v for v in values],
-                                    self._nullable_state_schema, False)
-            columns += [c.combine_chunks().cast(f.type) for c, f in
-                        zip(table.columns, self.state_fields)]
+        columns = list(keys_batch.columns) + self._state_writer.columns(values)
         columns.append(pa.array([v is not None for v in values], pa.bool_()))
         timeouts = np.array([p[4] for p in puts], dtype=np.int64)
         columns.append(pa.array(timeouts))
