@@ -1,0 +1,47 @@
+"""The GroupState value conversion: what native Spark's round trip (toInternal, pickling,
+makeFromJava) makes of values a function hands state.update."""
+import decimal
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (ArrayType, ByteType, DecimalType, DoubleType, IntegerType,
+                               StringType, StructField, StructType)
+
+from arrowstate.families.group_state_values import (StateValueError, StateValueWriter,
+                                                    _java_double_string)
+
+
+@pytest.mark.parametrize("value, text", [
+    (1e20, "1.0E20"), (1.5e-5, "1.5E-5"), (12345678.9, "1.23456789E7"), (0.001, "0.001"),
+    (1e7, "1.0E7"), (100.0, "100.0"), (-2.5e-4, "-2.5E-4"), (-0.0, "-0.0"),
+    (float("nan"), "NaN"), (float("-inf"), "-Infinity"), (9999999.0, "9999999.0")])
+def test_doubles_become_strings_as_in_java(value, text):
+    assert _java_double_string(value) == text
+
+
+def _columns(types, *values):
+    schema = StructType([StructField(f"f{i}", t) for i, t in enumerate(types)])
+    from pyspark.sql.pandas.types import to_arrow_type
+    fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in schema]
+    return [c.to_pylist() for c in StateValueWriter(schema, fields).columns(list(values))]
+
+
+def test_values_of_unexpected_types_become_null_and_integers_wrap():
+    assert _columns([DoubleType(), IntegerType(), ByteType(), StringType()],
+                    (1, 2.5, 300, True), (1.5, 2**40 + 7, -129, 2.0), None) == [
+        [None, 1.5, None], [None, 7, None], [44, 127, None], ["true", "2.0", None]]
+
+
+def test_decimals_round_half_up_and_too_many_digits_fail():
+    assert _columns([DecimalType(5, 2)], (decimal.Decimal("1.005"),), (1.0,)) == [
+        [decimal.Decimal("1.01"), None]]
+    with pytest.raises(StateValueError, match="DECIMAL_PRECISION_EXCEEDS_MAX_PRECISION"):
+        _columns([DecimalType(5, 2)], (decimal.Decimal("1234.5"),))
+
+
+def test_values_native_spark_cannot_pickle_fail_clearly():
+    import numpy as np
+    with pytest.raises(StateValueError, match="numpy.ndarray cannot be pickled"):
+        _columns([ArrayType(IntegerType())], (np.array([1, 2]),))
+    with pytest.raises(StateValueError, match="STRUCT_ARRAY_LENGTH_MISMATCH"):
+        _columns([IntegerType(), IntegerType()], (1,))
