@@ -4,6 +4,7 @@ by tests/spark/test_workers.py; prints one JSON line with what it saw."""
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -11,11 +12,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
-from procinfo import kill_own_state_workers, own_state_worker_pids, rss_bytes  # noqa: E402
+from procinfo import (kill_own_state_workers, own_state_worker_pids, parent_pid,  # noqa: E402
+                      rss_bytes)
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 
@@ -114,8 +117,45 @@ def main() -> None:
         time.sleep(0.5)
     seen["rss_later_mb"] = round(sum(map(rss_bytes, own_state_worker_pids())) / 2**20)
     seen["workers_left"] = len(own_state_worker_pids())
-    spark.stop()
+
+    # 4. No worker outlives its executor: the JVM is killed while one worker holds idle state
+    #    and another is inside a user's function.
+    run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)
+    source = tempfile.mkdtemp(prefix="arrowstate-kill-source-")
+    marker = os.path.join(workdir, "function-started")
+    pq.write_table(pa.Table.from_pylist(batches[0], schema=SCHEMA),
+                   os.path.join(source, "0.parquet"))
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    spark.readStream.schema(spark.read.parquet(source).schema).parquet(source) \
+        .groupBy("user").applyInPandasWithState(
+            lambda key, pdfs, state: sleeps(marker, key, pdfs, state), "user string",
+            "n long", "Update", GroupStateTimeout.NoTimeout) \
+        .writeStream.format("noop").outputMode("update") \
+        .option("checkpointLocation", os.path.join(workdir, "kill-ck")).start()
+    deadline = time.time() + 60
+    while time.time() < deadline and not os.path.exists(marker):
+        time.sleep(0.2)
+    workers = own_state_worker_pids()
+    seen["workers_at_kill"] = len(workers)
+    seen["function_running_at_kill"] = os.path.exists(marker)
+    jvms = {parent_pid(w) for w in workers}
+    for jvm in jvms:
+        os.kill(jvm, signal.SIGKILL)
+    deadline = time.time() + 15
+    while time.time() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.2)
+    seen["workers_alive_after_kill"] = [w for w in workers if os.path.exists(f"/proc/{w}")]
     print(json.dumps(seen))
+    sys.stdout.flush()
+    os._exit(0)   # the JVM is gone: no orderly py4j shutdown to wait for
+
+
+def sleeps(marker, key, pdfs, state):
+    """Signals that it runs, then stays inside the function for a long time."""
+    sum(len(pdf) for pdf in pdfs)
+    open(marker, "w").close()
+    time.sleep(300)
+    yield from ()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any, BinaryIO
@@ -220,6 +221,21 @@ class Worker:
                 raise
 
 
+def exit_with_parent(interval: float = 1.0) -> None:
+    """Ends this process once its parent (the executor JVM) is gone, even while a user's
+    function runs: a killed executor leaves no worker behind holding memory. (A parent-death
+    signal would follow the JVM thread that started us, which may end long before the JVM.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="arrowstate-parent-watch", daemon=True).start()
+
+
 def main() -> None:
     from pyspark.util import local_connect_and_auth
 
@@ -233,6 +249,7 @@ def main() -> None:
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
     environment.limit_memory()
+    exit_with_parent()
     try:
         Worker().serve(sock_file)
     except BaseException:

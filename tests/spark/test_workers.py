@@ -39,6 +39,9 @@ def test_dead_workers_new_sessions_and_memory_after_stop():
     # 1M keys held after the query's last batch; dropped and the workers stopped after
     assert seen["rss_after_stop_mb"] > seen["fresh_worker_rss_mb"] + 100, seen
     assert seen["workers_left"] == 0 and seen["rss_later_mb"] == 0, seen
+    # the JVM killed: the idle worker and the one inside a function both exit
+    assert seen["function_running_at_kill"] and seen["workers_at_kill"] >= 2, seen
+    assert seen["workers_alive_after_kill"] == [], seen
 
 
 def test_state_cap_fails_the_task_naming_query_operator_and_setting(spark, spark_conf,
