@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract, environment
+from . import contract, environment, state_data
 from . import protocol as p
 from ._version import __version__
 from .families import REGISTRY
@@ -188,6 +188,19 @@ class Worker:
                 f"{header['partitionId']}, state {header['stateKey']}). Raise the setting, "
                 "give executors more memory or cores, or use more shuffle partitions.")
 
+    def read_state(self, f: BinaryIO) -> None:
+        """READ_STATE: one committed version of a partition, for Spark's state readers, in
+        the key and value schemas Spark records for the operator. Loaded apart from (and
+        never kept beside) the state tasks use."""
+        request = json.loads(p.read_bytes(f))
+        files = JvmFiles(f, request["where"], request["context"])
+        for batch in state_data.read_state(files, request["version"], request["keySchema"],
+                                           request["valueSchema"]):
+            p.write_int(f, p.DATA)
+            p.write_bytes(f, p.batch_to_ipc(batch))
+        p.write_int(f, p.END)
+        f.flush()
+
     def drop(self, f: BinaryIO) -> None:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
@@ -208,6 +221,9 @@ class Worker:
             try:
                 if proto == p.DROP:
                     self.drop(f)
+                    continue
+                if proto == p.READ_STATE:
+                    self.read_state(f)
                     continue
                 if proto != p.VERSION:
                     raise RuntimeError(f"arrowstate: unknown protocol version {proto}")

@@ -44,6 +44,7 @@ object Contract {
     val Commit: Int = frame("COMMIT")
     val FileTail: Int = frame("FILE_TAIL")
     val Drop: Int = frame("DROP")
+    val ReadState: Int = frame("READ_STATE")
   }
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
@@ -103,7 +104,8 @@ object Contract {
         "DATA" -> Frame.Data, "NO_DATA" -> Frame.NoData, "END" -> Frame.End,
         "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
         "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
-        "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop).map { case (k, v) =>
+        "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop,
+        "READ_STATE" -> Frame.ReadState).map { case (k, v) =>
           k -> JInt(v) }),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),

@@ -102,6 +102,52 @@ class PythonStateWorker(
   @volatile var idleSince: Long = System.currentTimeMillis()
 
   def isAlive: Boolean = channel.isOpen && process.forall(_.isAlive)
+
+  def writeBytes(b: Array[Byte]): Unit = {
+    out.writeInt(b.length)
+    out.write(b)
+  }
+
+  def readBytes(): Array[Byte] = {
+    val n = in.readInt()
+    val b = new Array[Byte](n)
+    in.readFully(b)
+    b
+  }
+
+  /** The next frame's tag; an ERROR frame becomes an exception with the Python traceback. */
+  def readTag(): Int = {
+    val tag = try in.readInt() catch {
+      case e: EOFException =>
+        throw new IOException(
+          s"arrowstate: Python state worker $id exited unexpectedly " +
+            "(see the executor log for its output)", e)
+    }
+    if (tag == Contract.Frame.Error) {
+      val traceback = new String(readBytes(), UTF_8)
+      throw new ArrowStatePythonException(s"arrowstate Python worker failed:\n$traceback")
+    }
+    tag
+  }
+
+  /** Answers the worker's request for the state files it decides to read (the store's
+   * lifecycle lives in Python); any other frame is a protocol error. */
+  def serveFileRequest(tag: Int, files: StateFiles): Unit = {
+    tag match {
+      case Contract.Frame.ListFiles =>
+        val names = files.names()
+        out.writeInt(names.size)
+        names.foreach(n => writeBytes(n.getBytes(UTF_8)))
+      case Contract.Frame.ReadFile =>
+        writeBytes(files.read(new String(readBytes(), UTF_8)))
+      case Contract.Frame.FileTail =>
+        val name = new String(readBytes(), UTF_8)
+        writeBytes(files.tail(name, in.readInt()))
+      case other =>
+        throw new IllegalStateException(s"arrowstate: unexpected frame $other from Python")
+    }
+    out.flush()
+  }
 }
 
 /**
@@ -196,11 +242,7 @@ object PythonStateWorkers extends Logging {
       while (holderBusy && System.currentTimeMillis() < deadline) {
         wait(math.max(1L, deadline - System.currentTimeMillis()))
       }
-      p.idle.filterNot(_.isAlive).foreach { dead =>
-        logWarning(s"arrowstate: Python state worker ${dead.id} died while idle; " +
-          "its partitions reload from their checkpoints")
-        forget(p, dead)
-      }
+      discardDead(p)
       val preferred = p.holderOf.get(stateKey)
         .filter(w => p.idle.contains(w) && w.owner == settings.owner)
       val w = preferred.orElse(p.idleFor(settings.owner).headOption)
@@ -218,6 +260,27 @@ object PythonStateWorkers extends Logging {
       (worker, drops)
     }
   }
+
+  /** A worker for a request that leaves no state behind in it (reading state for Spark's
+   * state readers): any idle worker that runs no user function, else a new one. */
+  def borrowAny(settings: WorkerSettings): PythonStateWorker = {
+    val chosen = synchronized {
+      val p = pool
+      updateSettings(p, settings)
+      discardDead(p)
+      val w = p.idleFor(None).headOption
+      w.foreach(p.idle -= _)
+      w
+    }
+    chosen.getOrElse(create(None, None))
+  }
+
+  private def discardDead(p: Pool): Unit =
+    p.idle.filterNot(_.isAlive).foreach { dead =>
+      logWarning(s"arrowstate: Python state worker ${dead.id} died while idle; " +
+        "its partitions reload from their checkpoints")
+      forget(p, dead)
+    }
 
   def giveBack(worker: PythonStateWorker): Unit = synchronized {
     worker.idleSince = System.currentTimeMillis()
@@ -378,31 +441,9 @@ class StateExchange(
     try body finally pythonNanos += System.nanoTime() - t0
   }
 
-  private def writeBytes(b: Array[Byte]): Unit = {
-    out.writeInt(b.length)
-    out.write(b)
-  }
-
-  private def readBytes(): Array[Byte] = {
-    val n = in.readInt()
-    val b = new Array[Byte](n)
-    in.readFully(b)
-    b
-  }
-
-  private def readTag(): Int = {
-    val tag = try in.readInt() catch {
-      case e: EOFException =>
-        throw new IOException(
-          s"arrowstate: Python state worker ${worker.id} exited unexpectedly " +
-            "(see the executor log for its output)", e)
-    }
-    if (tag == Contract.Frame.Error) {
-      val traceback = new String(readBytes(), UTF_8)
-      throw new ArrowStatePythonException(s"arrowstate Python worker failed:\n$traceback")
-    }
-    tag
-  }
+  private def writeBytes(b: Array[Byte]): Unit = worker.writeBytes(b)
+  private def readBytes(): Array[Byte] = worker.readBytes()
+  private def readTag(): Int = worker.readTag()
 
   /** Sends the header and the input schema; serves the state files the worker asks for
    * (it decides which: the store's lifecycle lives in Python) until it is ready. */
@@ -413,20 +454,7 @@ class StateExchange(
     out.flush()
     var tag = readTag()
     while (tag != Contract.Frame.Ready) {
-      tag match {
-        case Contract.Frame.ListFiles =>
-          val names = files.names()
-          out.writeInt(names.size)
-          names.foreach(n => writeBytes(n.getBytes(UTF_8)))
-        case Contract.Frame.ReadFile =>
-          writeBytes(files.read(new String(readBytes(), UTF_8)))
-        case Contract.Frame.FileTail =>
-          val name = new String(readBytes(), UTF_8)
-          writeBytes(files.tail(name, in.readInt()))
-        case other =>
-          throw new IllegalStateException(s"arrowstate: unexpected frame $other from Python")
-      }
-      out.flush()
+      worker.serveFileRequest(tag, files)
       tag = readTag()
     }
   }

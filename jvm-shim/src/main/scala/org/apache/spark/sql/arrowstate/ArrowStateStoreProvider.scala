@@ -1,0 +1,197 @@
+package org.apache.spark.sql.arrowstate
+
+import java.nio.charset.StandardCharsets.UTF_8
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonDSL._
+import org.json4s.jackson.JsonMethods.{compact, render}
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.StructType
+
+/**
+ * Spark's view of arrowstate state: a StateStoreProvider over arrowstate's files, so that
+ * Spark's state readers (`statestore`, and what is built on them) read arrowstate
+ * checkpoints as they read native ones. The rows come from a Python state worker, which
+ * loads the version with the same verification as a task's load and hands it over in the
+ * key and value schemas Spark records for the operator. Writing stays with arrowstate's
+ * operators: `getStore` refuses.
+ */
+class ArrowStateStoreProvider extends StateStoreProvider with Logging {
+  private var id: StateStoreId = _
+  private var keySchema: StructType = _
+  private var valueSchema: StructType = _
+  private var storeConf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    if (useColumnFamilies || useMultipleValuesPerKey) {
+      throw new UnsupportedOperationException(
+        s"arrowstate: state with column families or several values per key ($stateStoreId) " +
+          "is not arrowstate's: no arrowstate operator writes it")
+    }
+    this.id = stateStoreId
+    this.keySchema = keySchema
+    this.valueSchema = valueSchema
+    this.storeConf = storeConfs
+    this.hadoopConf = hadoopConf
+  }
+
+  override def stateStoreId: StateStoreId = id
+
+  override def close(): Unit = ()
+
+  override def getStore(
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore =
+    throw new UnsupportedOperationException(
+      s"arrowstate: the state of $id is written by arrowstate's operators only; " +
+        "ArrowStateStoreProvider reads it")
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
+    val dir = StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId)
+    new ArrowStateReadStore(id, version, keySchema, valueSchema,
+      new StateFiles(dir, hadoopConf), ArrowStateStoreProvider.workerSettings(storeConf))
+  }
+}
+
+object ArrowStateStoreProvider {
+  def workerSettings(storeConf: StateStoreConf): WorkerSettings = {
+    val conf = SQLConf.get
+    WorkerSettings(
+      affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
+      idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
+      maintenanceIntervalMs = storeConf.maintenanceInterval)
+  }
+}
+
+/** One committed version of one partition, read through a Python state worker. */
+class ArrowStateReadStore(
+    override val id: StateStoreId,
+    override val version: Long,
+    keySchema: StructType,
+    valueSchema: StructType,
+    files: StateFiles,
+    settings: WorkerSettings) extends ReadStateStore with Logging {
+
+  private lazy val byKey: mutable.HashMap[UnsafeRow, UnsafeRow] = {
+    val m = mutable.HashMap[UnsafeRow, UnsafeRow]()
+    iterator().foreach(pair => m(pair.key.copy()) = pair.value.copy())
+    m
+  }
+
+  private def defaultOnly(colFamilyName: String): Unit =
+    require(colFamilyName == StateStore.DEFAULT_COL_FAMILY_NAME,
+      s"arrowstate: state $id has no column family $colFamilyName")
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    defaultOnly(colFamilyName)
+    byKey.get(key).orNull
+  }
+
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
+    Option(get(key, colFamilyName)).iterator
+
+  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
+    : StateStoreIterator[UnsafeRowPair] =
+    throw new UnsupportedOperationException("arrowstate: prefix scans are not supported")
+
+  override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String)
+    : StateStoreIterator[UnsafeRowPair] = prefixScan(prefixKey, colFamilyName)
+
+  override def iteratorWithMultiValues(colFamilyName: String)
+    : StateStoreIterator[UnsafeRowPair] = iterator(colFamilyName)
+
+  override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+
+  override def abort(): Unit = ()
+
+  override def release(): Unit = ()
+
+  /** Every row of the version, streamed batch by batch from the worker. */
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    defaultOnly(colFamilyName)
+    val rows = new StateRows
+    new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
+  }
+
+  private class StateRows extends Iterator[UnsafeRowPair] {
+    private val worker = PythonStateWorkers.borrowAny(settings)
+    private var finished = false
+    private var current: Iterator[UnsafeRowPair] = Iterator.empty
+    private val keyProjection = UnsafeProjection.create(keySchema)
+    private val valueProjection = UnsafeProjection.create(valueSchema)
+
+    private val request = compact(render(
+      ("where" -> files.dir.toString) ~
+        ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}, version $version") ~
+        ("version" -> version) ~
+        ("keySchema" -> keySchema.json) ~
+        ("valueSchema" -> valueSchema.json)))
+    try {
+      worker.out.writeInt(Contract.Frame.ReadState)
+      worker.writeBytes(request.getBytes(UTF_8))
+      worker.out.flush()
+    } catch {
+      case e: Throwable => close(); throw e
+    }
+
+    private def fetch(): Unit = {
+      try {
+        var tag = worker.readTag()
+        while (tag != Contract.Frame.Data && tag != Contract.Frame.End) {
+          worker.serveFileRequest(tag, files)
+          tag = worker.readTag()
+        }
+        if (tag == Contract.Frame.End) {
+          finished = true
+          PythonStateWorkers.giveBack(worker)
+        } else {
+          val pairs = Array.newBuilder[UnsafeRowPair]
+          ArrowBatches.foreachRow(worker.readBytes(), 2) { row =>
+            val key = keyProjection(row.getStruct(0, keySchema.length)).copy()
+            val value = valueProjection(row.getStruct(1, valueSchema.length)).copy()
+            pairs += new UnsafeRowPair(key, value)
+          }
+          current = pairs.result().iterator
+        }
+      } catch {
+        case e: Throwable =>
+          close()
+          throw e
+      }
+    }
+
+    override def hasNext: Boolean = {
+      while (!current.hasNext && !finished) fetch()
+      current.hasNext
+    }
+
+    override def next(): UnsafeRowPair = {
+      if (!hasNext) throw new NoSuchElementException
+      current.next()
+    }
+
+    /** A worker left mid-answer cannot be reused: it is stopped. */
+    def close(): Unit = if (!finished) {
+      finished = true
+      PythonStateWorkers.destroy(worker)
+    }
+  }
+}
