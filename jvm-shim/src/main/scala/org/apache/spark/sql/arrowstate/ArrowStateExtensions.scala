@@ -19,6 +19,8 @@ class ArrowStateExtensions extends (SparkSessionExtensions => Unit) {
     // preColumnarTransitions runs after IncrementalExecution's `state` rule, so the operators
     // we replace already carry their state info, output mode and watermarks.
     extensions.injectColumnar(session => ArrowStateColumnarRule(session))
+    // Spark's state readers read arrowstate checkpoints through ArrowStateStoreProvider
+    extensions.injectPostHocResolutionRule(session => StateReaderRule(session))
   }
 }
 

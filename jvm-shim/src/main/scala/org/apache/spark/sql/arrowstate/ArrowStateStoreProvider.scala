@@ -13,6 +13,7 @@ import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.StructType
+import org.apache.spark.util.NextIterator
 
 /**
  * Spark's view of arrowstate state: a StateStoreProvider over arrowstate's files, so that
@@ -20,14 +21,21 @@ import org.apache.spark.sql.types.StructType
  * checkpoints as they read native ones. The rows come from a Python state worker, which
  * loads the version with the same verification as a task's load and hands it over in the
  * key and value schemas Spark records for the operator. Writing stays with arrowstate's
- * operators: `getStore` refuses.
+ * operators.
+ *
+ * A partition without arrowstate files is native state: everything goes to the provider
+ * class the session's state store conf names (Spark's HDFS-backed one when that is this
+ * class), so one provider serves checkpoints of either engine.
  */
-class ArrowStateStoreProvider extends StateStoreProvider with Logging {
+class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGrainedReplay
+  with Logging {
   private var id: StateStoreId = _
   private var keySchema: StructType = _
   private var valueSchema: StructType = _
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
+  /** The native provider, for a partition whose state is not arrowstate's. */
+  private var native: Option[StateStoreProvider] = None
 
   override def init(
       stateStoreId: StateStoreId,
@@ -39,39 +47,107 @@ class ArrowStateStoreProvider extends StateStoreProvider with Logging {
       hadoopConf: Configuration,
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
-    if (useColumnFamilies || useMultipleValuesPerKey) {
-      throw new UnsupportedOperationException(
-        s"arrowstate: state with column families or several values per key ($stateStoreId) " +
-          "is not arrowstate's: no arrowstate operator writes it")
-    }
     this.id = stateStoreId
     this.keySchema = keySchema
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
+    if (!files.holdsArrowState) {
+      val provider = StateStoreProvider.create(ArrowStateStoreProvider.nativeClass(storeConfs))
+      provider.init(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec,
+        useColumnFamilies, storeConfs, hadoopConf, useMultipleValuesPerKey,
+        stateSchemaProvider)
+      native = Some(provider)
+    } else if (useColumnFamilies || useMultipleValuesPerKey) {
+      throw new UnsupportedOperationException(
+        s"arrowstate: state with column families or several values per key ($stateStoreId) " +
+          "is not arrowstate's: no arrowstate operator writes it")
+    }
   }
+
+  private def files: StateFiles = new StateFiles(
+    StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId),
+    hadoopConf)
+
+  private def readOnly(what: String): Nothing = throw new UnsupportedOperationException(
+    s"arrowstate: the state of $id is written by arrowstate's operators only; " +
+      s"ArrowStateStoreProvider reads it ($what)")
 
   override def stateStoreId: StateStoreId = id
 
-  override def close(): Unit = ()
+  override def close(): Unit = native.foreach(_.close())
 
   override def getStore(
       version: Long,
       uniqueId: Option[String],
       forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore =
-    throw new UnsupportedOperationException(
-      s"arrowstate: the state of $id is written by arrowstate's operators only; " +
-        "ArrowStateStoreProvider reads it")
-
-  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
-    val dir = StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId)
-    new ArrowStateReadStore(id, version, keySchema, valueSchema,
-      new StateFiles(dir, hadoopConf), ArrowStateStoreProvider.workerSettings(storeConf))
+      loadEmpty: Boolean): StateStore = native match {
+    case Some(p) => p.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty)
+    case None => readOnly("getStore")
   }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
+    native match {
+      case Some(p) => p.getReadStore(version, uniqueId)
+      case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
+        ArrowStateStoreProvider.workerSettings(storeConf))
+    }
+
+  override def upgradeReadStoreToWriteStore(
+      readStore: ReadStateStore, version: Long, uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean): StateStore = native match {
+    case Some(p) => p.upgradeReadStoreToWriteStore(readStore, version, uniqueId,
+      forceSnapshotOnCommit)
+    case None => readOnly("upgradeReadStoreToWriteStore")
+  }
+
+  override def doMaintenance(): Unit = native.foreach(_.doMaintenance())
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] =
+    native.map(_.supportedCustomMetrics).getOrElse(Nil)
+
+  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
+    native.map(_.supportedInstanceMetrics).getOrElse(Nil)
+
+  private def nativeReplay(what: String): SupportsFineGrainedReplay = native match {
+    case Some(p: SupportsFineGrainedReplay) => p
+    case Some(p) => throw StateStoreErrors.stateStoreProviderDoesNotSupportFineGrainedReplay(
+      p.getClass.getName)
+    case None => throw new UnsupportedOperationException(
+      s"arrowstate: $what of arrowstate state ($id) is not supported yet")
+  }
+
+  override def replayStateFromSnapshot(
+      snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
+      snapshotVersionStateStoreCkptId: Option[String],
+      endVersionStateStoreCkptId: Option[String]): StateStore =
+    nativeReplay("replaying from a snapshot").replayStateFromSnapshot(snapshotVersion,
+      endVersion, readOnly, snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+
+  override def replayReadStateFromSnapshot(
+      snapshotVersion: Long, endVersion: Long,
+      snapshotVersionStateStoreCkptId: Option[String],
+      endVersionStateStoreCkptId: Option[String]): ReadStateStore =
+    nativeReplay("replaying from a snapshot").replayReadStateFromSnapshot(snapshotVersion,
+      endVersion, snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+
+  override def getStateStoreChangeDataReader(
+      startVersion: Long, endVersion: Long, colFamilyNameOpt: Option[String],
+      endVersionStateStoreCkptId: Option[String])
+    : NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] =
+    nativeReplay("reading the change feed").getStateStoreChangeDataReader(startVersion,
+      endVersion, colFamilyNameOpt, endVersionStateStoreCkptId)
 }
 
 object ArrowStateStoreProvider {
+  val ClassName: String = classOf[ArrowStateStoreProvider].getName
+
+  /** The provider of native state: the class the store conf names, unless that is us. */
+  def nativeClass(storeConf: StateStoreConf): String =
+    storeConf.sqlConfs.get(SQLConf.STATE_STORE_PROVIDER_CLASS.key)
+      .filter(_ != ClassName)
+      .getOrElse(classOf[HDFSBackedStateStoreProvider].getName)
+
   def workerSettings(storeConf: StateStoreConf): WorkerSettings = {
     val conf = SQLConf.get
     WorkerSettings(

@@ -21,6 +21,9 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
 
   private lazy val fm = CheckpointFileManager.create(dir, hadoopConf)
 
+  /** Whether any arrowstate file is here (the partition's state is arrowstate's). */
+  def holdsArrowState: Boolean = names().nonEmpty
+
   /** The names of our files in the directory (none if it does not exist). */
   def names(): Seq[String] =
     if (!fm.exists(dir)) Nil else fm.list(dir, OurFiles).toSeq.map(_.getPath.getName)
