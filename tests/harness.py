@@ -31,6 +31,7 @@ class Run:
     figures: dict[int, list[dict]] = field(default_factory=dict)
     custom: dict[int, list[dict]] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
+    checkpoint: str = ""
 
 
 def _sortable(row) -> str:
@@ -56,7 +57,7 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     source, checkpoint = os.path.join(run_dir, "in"), os.path.join(run_dir, "ck")
     os.makedirs(source)
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
-    result = Run()
+    result = Run(checkpoint=checkpoint)
 
     def collect(df: DataFrame, batch_id: int) -> None:
         result.outputs[batch_id] = sorted((tuple(r) for r in df.collect()), key=_sortable)

@@ -50,7 +50,7 @@ def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
     elif layout == "groupState":
         state_names = [f["name"] for f in value_schema["fields"][0]["type"]["fields"]]
         width = len(state_names)
-        defined = values[width]
+        defined = pc.fill_null(values[width], False)   # null in a removal record
         group = pa.StructArray.from_arrays(values[:width], names=state_names,
                                            mask=pc.invert(defined))
         columns, names = [group], [GROUP_STATE]
@@ -85,15 +85,49 @@ def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
 
 
 def read_state(source: FileSource, version: int, key_schema_json: str,
-               value_schema_json: str) -> Iterator[pa.RecordBatch]:
+               value_schema_json: str, snapshot: int | None = None
+               ) -> Iterator[pa.RecordBatch]:
     """Every live row of `version`, in Spark's key and value layout, verified as a task's
-    load verifies it."""
+    load verifies it; with `snapshot`, loaded from that snapshot and the deltas after it."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
     schema = stored_schema(source, version)
     if schema is None:
         return
     key_count = len(key_schema["fields"])
     state = VersionedState(list(schema)[:key_count], list(schema)[key_count:])
-    state.load(source, version)
+    state.load(source, version, snapshot)
     for batch in state.rows.frozen().batches(BATCH_ROWS):
         yield spark_rows(batch, key_schema, value_schema)
+
+
+def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
+                 value_schema_json: str) -> Iterator[pa.RecordBatch]:
+    """The puts and removes of versions start..end, in order, as Spark's change data readers
+    give them: `key`, `value` (null for a remove), `op` (1 put, 0 remove), `version`."""
+    key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
+    names = set(source.names())
+    schema = stored_schema(source, end)
+    if schema is None:
+        return
+    for version in range(start, end + 1):
+        name = store_files.file_name(store_files.DELTA, version)
+        if name not in names:
+            raise store_files.CorruptStateFile(
+                f"{source.where}/{name}", source.context,
+                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] the change feed "
+                f"from version {start} needs it, and it does not exist (retention removed it, "
+                f"or the state never reached that version)")
+        batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
+                                        source.read(name), schema)
+        for batch in batches:
+            for op, run in store_files.op_runs(batch):
+                rows = spark_rows(pa.RecordBatch.from_arrays(run.columns[:-1],
+                                                             schema=schema),
+                                  key_schema, value_schema)
+                value = rows.column(1)
+                if op == store_files.OP_REMOVE:
+                    value = pa.nulls(len(value), value.type)
+                yield pa.RecordBatch.from_arrays(
+                    [rows.column(0), value, pa.array([op] * len(value), pa.int8()),
+                     pa.array([version] * len(value), pa.int64())],
+                    names=["key", "value", "op", "version"])

@@ -189,13 +189,18 @@ class Worker:
                 "give executors more memory or cores, or use more shuffle partitions.")
 
     def read_state(self, f: BinaryIO) -> None:
-        """READ_STATE: one committed version of a partition, for Spark's state readers, in
-        the key and value schemas Spark records for the operator. Loaded apart from (and
-        never kept beside) the state tasks use."""
+        """READ_STATE: one committed version of a partition (or the changes up to it), for
+        Spark's state readers, in the key and value schemas Spark records for the operator.
+        Loaded apart from (and never kept beside) the state tasks use."""
         request = json.loads(p.read_bytes(f))
         files = JvmFiles(f, request["where"], request["context"])
-        for batch in state_data.read_state(files, request["version"], request["keySchema"],
-                                           request["valueSchema"]):
+        if "changesFrom" in request:
+            batches = state_data.read_changes(files, request["changesFrom"], request["version"],
+                                              request["keySchema"], request["valueSchema"])
+        else:
+            batches = state_data.read_state(files, request["version"], request["keySchema"],
+                                            request["valueSchema"], request.get("snapshot"))
+        for batch in batches:
             p.write_int(f, p.DATA)
             p.write_bytes(f, p.batch_to_ipc(batch))
         p.write_int(f, p.END)

@@ -30,15 +30,24 @@ class MissingStateFiles(FileNotFoundError):
     """No chain of files loads the version; the message names what is missing."""
 
 
-def load_plans(names: Sequence[str], version: int, where: str, context: str
-               ) -> tuple[list[tuple[list[str], int]], list[int]]:
+def load_plans(names: Sequence[str], version: int, where: str, context: str,
+               snapshot: int | None = None) -> tuple[list[tuple[list[str], int]], list[int]]:
     """Every chain of files that, applied in order, gives `version`, best first: a snapshot
-    at or below it (newest first; 0 for none) and the deltas after it. Also every snapshot
-    version present. Raises MissingStateFiles, naming what is missing, when none exists."""
+    at or below it (newest first; 0 for none) and the deltas after it; only the one from
+    `snapshot` when that is given. Also every snapshot version present. Raises
+    MissingStateFiles, naming what is missing, when none exists."""
     present = [parsed for parsed in map(files.parse_name, names) if parsed is not None]
     snapshots = sorted(v for v, kind in present if kind == files.SNAPSHOT)
     deltas = {v for v, kind in present if kind == files.DELTA}
     bases = [v for v in reversed(snapshots) if v <= version] + [0]
+    if snapshot is not None:
+        if snapshot not in snapshots or snapshot > version:
+            raise MissingStateFiles(
+                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_MISSING_SNAPSHOT_FILE] An error "
+                f"occurred during loading state. arrowstate has no snapshot of version "
+                f"{snapshot} in {where} ({context}): missing "
+                f"{where}/{files.file_name(files.SNAPSHOT, snapshot)}")
+        bases = [snapshot]
     plans = []
     for base in bases:
         if all(v in deltas for v in range(base + 1, version + 1)):

@@ -78,12 +78,14 @@ class VersionedState:
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
                                  min_deltas_for_snapshot)
 
-    def load(self, source: FileSource, version: int) -> None:
+    def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
         """Loads `version`: the newest snapshot at or below it and the deltas after it. A
         damaged snapshot is passed over, with a warning naming it, for an older one (or none)
         and the deltas after that, as Spark's automatic snapshot repair does; a damaged or
-        missing delta that every chain needs fails, naming it."""
-        plans, snapshots = load_plans(source.names(), version, source.where, source.context)
+        missing delta that every chain needs fails, naming it. With `snapshot`, only the
+        chain from that snapshot is taken (Spark's readers' snapshotStartBatchId)."""
+        plans, snapshots = load_plans(source.names(), version, source.where, source.context,
+                                      snapshot)
         damaged: list[int] = []
 
         def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:

@@ -82,12 +82,13 @@ object ArrowBatches {
     Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
   }
 
-  /** Runs `f` on each row of a batch the worker sent back; the rows die with the batch. */
+  /** Runs `f` on each row of a batch the worker sent back (of `width` columns; any number
+   * when negative); the rows die with the batch. */
   def foreachRow(bytes: Array[Byte], width: Int)(f: InternalRow => Unit): Unit =
     withBatch(bytes) { root =>
       val columns: Array[ColumnVector] =
         root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
-      require(columns.length == width,
+      require(width < 0 || columns.length == width,
         s"arrowstate: the worker sent ${columns.length} columns, expected $width")
       new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala.foreach(f)
     }

@@ -5,10 +5,12 @@ import java.nio.charset.StandardCharsets.UTF_8
 import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.spark.internal.Logging
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
@@ -109,34 +111,53 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
     native.map(_.supportedInstanceMetrics).getOrElse(Nil)
 
-  private def nativeReplay(what: String): SupportsFineGrainedReplay = native match {
-    case Some(p: SupportsFineGrainedReplay) => p
-    case Some(p) => throw StateStoreErrors.stateStoreProviderDoesNotSupportFineGrainedReplay(
+  private def nativeReplay: Option[SupportsFineGrainedReplay] = native.map {
+    case p: SupportsFineGrainedReplay => p
+    case p => throw StateStoreErrors.stateStoreProviderDoesNotSupportFineGrainedReplay(
       p.getClass.getName)
-    case None => throw new UnsupportedOperationException(
-      s"arrowstate: $what of arrowstate state ($id) is not supported yet")
   }
 
   override def replayStateFromSnapshot(
       snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String],
-      endVersionStateStoreCkptId: Option[String]): StateStore =
-    nativeReplay("replaying from a snapshot").replayStateFromSnapshot(snapshotVersion,
-      endVersion, readOnly, snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+      endVersionStateStoreCkptId: Option[String]): StateStore = nativeReplay match {
+    case Some(p) => p.replayStateFromSnapshot(snapshotVersion, endVersion, readOnly,
+      snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+    case None => this.readOnly("replayStateFromSnapshot")
+  }
 
   override def replayReadStateFromSnapshot(
       snapshotVersion: Long, endVersion: Long,
       snapshotVersionStateStoreCkptId: Option[String],
-      endVersionStateStoreCkptId: Option[String]): ReadStateStore =
-    nativeReplay("replaying from a snapshot").replayReadStateFromSnapshot(snapshotVersion,
-      endVersion, snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+      endVersionStateStoreCkptId: Option[String]): ReadStateStore = nativeReplay match {
+    case Some(p) => p.replayReadStateFromSnapshot(snapshotVersion, endVersion,
+      snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+    case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
+      ArrowStateStoreProvider.workerSettings(storeConf), snapshot = Some(snapshotVersion))
+  }
 
   override def getStateStoreChangeDataReader(
       startVersion: Long, endVersion: Long, colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String])
-    : NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] =
-    nativeReplay("reading the change feed").getStateStoreChangeDataReader(startVersion,
-      endVersion, colFamilyNameOpt, endVersionStateStoreCkptId)
+    : NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = nativeReplay match {
+    case Some(p) => p.getStateStoreChangeDataReader(startVersion, endVersion,
+      colFamilyNameOpt, endVersionStateStoreCkptId)
+    case None =>
+      colFamilyNameOpt.foreach(name => require(name == StateStore.DEFAULT_COL_FAMILY_NAME,
+        s"arrowstate: state $id has no column family $name"))
+      val changes = new WorkerReadStream(id, files,
+        ArrowStateStoreProvider.workerSettings(storeConf), keySchema, valueSchema,
+        "version" -> endVersion, "changesFrom" -> startVersion)({ (row, key, value) =>
+          val put = row.getByte(2) == 1
+          (if (put) RecordType.PUT_RECORD else RecordType.DELETE_RECORD, key,
+            if (put) value else null, row.getLong(3) - 1)   // as Spark's: the batch id
+        })
+      new NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
+        override protected def getNext() =
+          if (changes.hasNext) changes.next() else { finished = true; null }
+        override protected def close(): Unit = changes.close()
+      }
+  }
 }
 
 object ArrowStateStoreProvider {
@@ -164,11 +185,12 @@ class ArrowStateReadStore(
     keySchema: StructType,
     valueSchema: StructType,
     files: StateFiles,
-    settings: WorkerSettings) extends ReadStateStore with Logging {
+    settings: WorkerSettings,
+    snapshot: Option[Long] = None) extends ReadStateStore with Logging {
 
   private lazy val byKey: mutable.HashMap[UnsafeRow, UnsafeRow] = {
     val m = mutable.HashMap[UnsafeRow, UnsafeRow]()
-    iterator().foreach(pair => m(pair.key.copy()) = pair.value.copy())
+    iterator().foreach(pair => m(pair.key) = pair.value)
     m
   }
 
@@ -203,71 +225,81 @@ class ArrowStateReadStore(
   /** Every row of the version, streamed batch by batch from the worker. */
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     defaultOnly(colFamilyName)
-    val rows = new StateRows
+    val request = ("version" -> version) ~ ("snapshot" -> snapshot)
+    val rows = new WorkerReadStream(id, files, settings, keySchema, valueSchema,
+      request.obj: _*)((_, key, value) => new UnsafeRowPair(key, value))
     new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
   }
+}
 
-  private class StateRows extends Iterator[UnsafeRowPair] {
-    private val worker = PythonStateWorkers.borrowAny(settings)
-    private var finished = false
-    private var current: Iterator[UnsafeRowPair] = Iterator.empty
-    private val keyProjection = UnsafeProjection.create(keySchema)
-    private val valueProjection = UnsafeProjection.create(valueSchema)
+/**
+ * A READ_STATE request to a borrowed Python state worker and its answer, batch by batch:
+ * each row (key struct, value struct, then any further columns) becomes a T through
+ * `make`, given the row and its key and value as UnsafeRows. The worker goes back to the
+ * pool after the whole answer; one left mid-answer is stopped.
+ */
+class WorkerReadStream[T](
+    id: StateStoreId, files: StateFiles, settings: WorkerSettings, keySchema: StructType,
+    valueSchema: StructType, fields: (String, JValue)*)(
+    make: (InternalRow, UnsafeRow, UnsafeRow) => T) extends Iterator[T] {
+  private val worker = PythonStateWorkers.borrowAny(settings)
+  private var finished = false
+  private var current: Iterator[T] = Iterator.empty
+  private val keyProjection = UnsafeProjection.create(keySchema)
+  private val valueProjection = UnsafeProjection.create(valueSchema)
 
-    private val request = compact(render(
+  guarded {
+    val request: JObject = JObject(fields.toList) ~
       ("where" -> files.dir.toString) ~
-        ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}, version $version") ~
-        ("version" -> version) ~
-        ("keySchema" -> keySchema.json) ~
-        ("valueSchema" -> valueSchema.json)))
-    try {
-      worker.out.writeInt(Contract.Frame.ReadState)
-      worker.writeBytes(request.getBytes(UTF_8))
-      worker.out.flush()
-    } catch {
-      case e: Throwable => close(); throw e
+      ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}") ~
+      ("keySchema" -> keySchema.json) ~
+      ("valueSchema" -> valueSchema.json)
+    worker.out.writeInt(Contract.Frame.ReadState)
+    worker.writeBytes(compact(render(request)).getBytes(UTF_8))
+    worker.out.flush()
+  }
+
+  private def guarded[A](body: => A): A =
+    try body catch {
+      case e: Throwable =>
+        close()
+        throw e
     }
 
-    private def fetch(): Unit = {
-      try {
-        var tag = worker.readTag()
-        while (tag != Contract.Frame.Data && tag != Contract.Frame.End) {
-          worker.serveFileRequest(tag, files)
-          tag = worker.readTag()
-        }
-        if (tag == Contract.Frame.End) {
-          finished = true
-          PythonStateWorkers.giveBack(worker)
-        } else {
-          val pairs = Array.newBuilder[UnsafeRowPair]
-          ArrowBatches.foreachRow(worker.readBytes(), 2) { row =>
-            val key = keyProjection(row.getStruct(0, keySchema.length)).copy()
-            val value = valueProjection(row.getStruct(1, valueSchema.length)).copy()
-            pairs += new UnsafeRowPair(key, value)
-          }
-          current = pairs.result().iterator
-        }
-      } catch {
-        case e: Throwable =>
-          close()
-          throw e
-      }
+  private def fetch(): Unit = guarded {
+    var tag = worker.readTag()
+    while (tag != Contract.Frame.Data && tag != Contract.Frame.End) {
+      worker.serveFileRequest(tag, files)
+      tag = worker.readTag()
     }
-
-    override def hasNext: Boolean = {
-      while (!current.hasNext && !finished) fetch()
-      current.hasNext
-    }
-
-    override def next(): UnsafeRowPair = {
-      if (!hasNext) throw new NoSuchElementException
-      current.next()
-    }
-
-    /** A worker left mid-answer cannot be reused: it is stopped. */
-    def close(): Unit = if (!finished) {
+    if (tag == Contract.Frame.End) {
       finished = true
-      PythonStateWorkers.destroy(worker)
+      PythonStateWorkers.giveBack(worker)
+    } else {
+      val batch = worker.readBytes()
+      val out = Array.newBuilder[Any]
+      ArrowBatches.foreachRow(batch, -1) { row =>
+        val key = keyProjection(row.getStruct(0, keySchema.length)).copy()
+        val value = if (row.isNullAt(1)) null  // a removal in a change feed
+          else valueProjection(row.getStruct(1, valueSchema.length)).copy()
+        out += make(row, key, value)
+      }
+      current = out.result().iterator.asInstanceOf[Iterator[T]]
     }
+  }
+
+  override def hasNext: Boolean = {
+    while (!current.hasNext && !finished) fetch()
+    current.hasNext
+  }
+
+  override def next(): T = {
+    if (!hasNext) throw new NoSuchElementException
+    current.next()
+  }
+
+  def close(): Unit = if (!finished) {
+    finished = true
+    PythonStateWorkers.destroy(worker)
   }
 }
