@@ -1,4 +1,4 @@
-"""Command line: `python -m arrowstate {jar,build,demo,version}`."""
+"""Command line: `python -m arrowstate {jar,build,demo,version,state describe}`."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,35 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="compile the JVM shim jar against the installed Spark")
     sub.add_parser("demo", help="run a short deduplicating query on local Spark")
     sub.add_parser("version", help="print the version")
+    state = sub.add_parser("state", help="a checkpoint's state, offline")
+    state_sub = state.add_subparsers(dest="state_command", required=True)
+    describe = state_sub.add_parser(
+        "describe", help="per stateful operator: family, engine, partitions, newest version, "
+                         "rows, bytes on disk, key and value schema")
+    describe.add_argument("checkpoint")
+    describe.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    export = state_sub.add_parser(
+        "export", help="convert the state of a stopped query's checkpoint to Spark's own "
+                       "(HDFS-backed) state store format, to continue without arrowstate")
+    export.add_argument("checkpoint")
     args = parser.parse_args(argv)
+
+    if args.command == "state":
+        import json
+
+        from . import checkpoint
+        try:
+            if args.state_command == "export":
+                result = checkpoint.export_to_spark(args.checkpoint)
+                print(json.dumps(result, indent=2))
+                return 0
+            described = checkpoint.describe(args.checkpoint)
+        except checkpoint.CheckpointError as e:
+            print(f"arrowstate: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(described, indent=2) if args.json else
+              checkpoint.format_text(described))
+        return 0
 
     from . import __version__
     from .shim import build_jar, jar_path

@@ -69,6 +69,22 @@ def parse_name(name: str) -> tuple[int, str] | None:
     return int(m.group(1)), DELTA if m.group(2) == SUFFIX[DELTA] else SNAPSHOT
 
 
+# Spark's own state stores' files: the HDFS-backed provider's and RocksDB's
+SPARK_STORES = {
+    "Spark's HDFS-backed state store (HDFSBackedStateStoreProvider)":
+        re.compile(r"^(\d+)\.(delta|snapshot)$"),
+    "Spark's RocksDB state store (RocksDBStateStoreProvider)":
+        re.compile(r"^(\d+)(?:_[0-9a-f-]+)?\.(zip|changelog)$"),
+}
+
+
+def spark_store_files(names) -> dict[str, list[int]]:
+    """The versions of Spark's own state store files among `names`, per store."""
+    found = {store: sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
+             for store, pattern in SPARK_STORES.items()}
+    return {store: versions for store, versions in found.items() if versions}
+
+
 def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
     ops = pa.array(np.full(batch.num_rows, op, dtype=np.int8))
     return pa.RecordBatch.from_arrays(batch.columns + [ops],

@@ -55,6 +55,16 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
             chain += [files.file_name(files.DELTA, v) for v in range(base + 1, version + 1)]
             plans.append((chain, base))
     if not plans:
+        spark_files = files.spark_store_files(names)
+        if spark_files and not present:
+            stores = "; ".join(f"{store}, versions {versions[0]} to {versions[-1]}"
+                               for store, versions in spark_files.items())
+            raise MissingStateFiles(
+                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error "
+                f"occurred during loading state. arrowstate cannot load state version "
+                f"{version} of {where} ({context}): this state was written by {stores}, not "
+                f"by arrowstate, and arrowstate does not convert Spark's state yet. Run this "
+                f"operator on Spark's own (spark.arrowstate.enabled=false) to continue it.")
         missing = [v for v in range(bases[0] + 1, version + 1) if v not in deltas]
         raise MissingStateFiles(
             f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error occurred "

@@ -73,7 +73,10 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
 
   override def apply(plan: SparkPlan): SparkPlan = {
     val conf = SQLConf.get
-    if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled)) return plan
+    if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled)) {
+      plan.foreach(StateEngineCheck(_, Seq(s"${ArrowStateConf.Enabled}=false")))
+      return plan
+    }
     plan.transformUp {
       case node if node.getTagValue(KeptReasons).isEmpty =>
         decide(node, conf) match {
@@ -108,6 +111,7 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
   }
 
   private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {
+    StateEngineCheck(node, reasons)
     if (ArrowStateConf.flag(conf, ArrowStateConf.FallbackStrict)) {
       throw new ArrowStateFallbackException(node.nodeName, reasons)
     }
@@ -117,6 +121,34 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     node.setTagValue(KeptReasons, reasons)
     // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
     if (TriggerSupport.isRealTime(node)) node else ArrowStateFallbackExec(reasons, node)
+  }
+}
+
+/**
+ * A stateful operator that stays Spark's must not meet arrowstate's state: Spark's store
+ * would fail on the missing files with an error that names neither engine. Checked once per
+ * query run and operator (a listing of its state directory).
+ */
+private object StateEngineCheck {
+  private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
+
+  def apply(node: SparkPlan, reasons: Seq[String]): Unit = node match {
+    case s: StatefulOperator if s.stateInfo.isDefined =>
+      val info = s.stateInfo.get
+      if (checked.add((info.queryRunId.toString, info.operatorId))) {
+        val dir = new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString)
+        val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
+        if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
+          checked.remove((info.queryRunId.toString, info.operatorId))
+          throw new IllegalStateException(
+            s"arrowstate: operator ${info.operatorId} (${node.nodeName}) runs on Spark's own " +
+              s"state store (${reasons.mkString("; ")}), but its state in $dir was written by " +
+              "arrowstate, which Spark's state stores cannot read. Run it on arrowstate " +
+              s"(${ArrowStateConf.Enabled}=true, with the reasons above resolved); arrowstate " +
+              "does not convert its state to Spark's format yet.")
+        }
+      }
+    case _ =>
   }
 }
 

@@ -22,10 +22,14 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   private lazy val fm = CheckpointFileManager.create(dir, hadoopConf)
 
   /** Whether any arrowstate file is here (the partition's state is arrowstate's). */
-  def holdsArrowState: Boolean = names().nonEmpty
+  def holdsArrowState: Boolean = ourNames().nonEmpty
 
-  /** The names of our files in the directory (none if it does not exist). */
+  /** The names of the files in the directory (none if it does not exist): the Python store
+   * picks its own, and names another engine's when it finds only those. */
   def names(): Seq[String] =
+    if (!fm.exists(dir)) Nil else fm.list(dir).toSeq.filter(_.isFile).map(_.getPath.getName)
+
+  private def ourNames(): Seq[String] =
     if (!fm.exists(dir)) Nil else fm.list(dir, OurFiles).toSeq.map(_.getPath.getName)
 
   def read(name: String): Array[Byte] = {
@@ -70,7 +74,7 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   /** Deletes our files of versions below `version`, once that version's snapshot exists. */
   def pruneBelow(version: Long): Unit = {
     if (!fm.exists(new Path(dir, s"$version$SnapshotSuffix"))) return
-    names().foreach { name =>
+    ourNames().foreach { name =>
       versionOf(name).filter(_ < version).foreach(_ => fm.delete(new Path(dir, name)))
     }
   }
@@ -91,6 +95,16 @@ object StateFiles {
 
   def partitionDir(checkpointLocation: String, operatorId: Long, partitionId: Int): Path =
     new Path(new Path(checkpointLocation, operatorId.toString), partitionId.toString)
+
+  /** Whether any partition directory of an operator (`<checkpoint>/state/<operator>`)
+   * holds arrowstate files. */
+  def operatorHoldsArrowState(operatorDir: Path, hadoopConf: Configuration): Boolean = {
+    val fs = operatorDir.getFileSystem(hadoopConf)
+    fs.exists(operatorDir) && fs.listStatus(operatorDir).exists { p =>
+      p.isDirectory && p.getPath.getName.forall(_.isDigit) &&
+        fs.listStatus(p.getPath, OurFiles).nonEmpty
+    }
+  }
 }
 
 /**

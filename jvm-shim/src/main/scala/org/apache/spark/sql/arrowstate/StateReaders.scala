@@ -41,12 +41,7 @@ case class StateReaderRule(session: SparkSession) extends Rule[LogicalPlan] with
     if (conf.providerClass == ArrowStateStoreProvider.ClassName) return
     val operatorDir = new Path(new Path(options.resolvedCpLocation, "state"),
       options.operatorId.toString)
-    val fs = operatorDir.getFileSystem(session.sessionState.newHadoopConf())
-    val arrowState = fs.exists(operatorDir) && fs.listStatus(operatorDir).exists { p =>
-      p.isDirectory && p.getPath.getName.forall(_.isDigit) &&
-        fs.listStatus(p.getPath).exists(f => StateFiles.versionOf(f.getPath.getName).isDefined)
-    }
-    if (arrowState) {
+    if (StateFiles.operatorHoldsArrowState(operatorDir, session.sessionState.newHadoopConf())) {
       logInfo(s"arrowstate: reading the arrowstate state of $operatorDir through " +
         s"ArrowStateStoreProvider (the checkpoint records ${conf.providerClass})")
       field(classOf[StateStoreConf], "providerClass").set(conf, ArrowStateStoreProvider.ClassName)
