@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         "export", help="convert the state of a stopped query's checkpoint to Spark's own "
                        "(HDFS-backed) state store format, to continue without arrowstate")
     export.add_argument("checkpoint")
+    imp = state_sub.add_parser(
+        "import", help="convert the Spark state store (HDFS-backed) state of a stopped "
+                       "query's checkpoint to arrowstate's format, to continue on arrowstate")
+    imp.add_argument("checkpoint")
+    imp.add_argument("--time-zone", help="the session time zone the query runs with "
+                                         "(default: this machine's)")
     args = parser.parse_args(argv)
 
     if args.command == "state":
@@ -30,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from . import checkpoint
         try:
-            if args.state_command == "export":
-                result = checkpoint.export_to_spark(args.checkpoint)
+            if args.state_command in ("export", "import"):
+                result = (checkpoint.export_to_spark(args.checkpoint)
+                          if args.state_command == "export" else
+                          checkpoint.import_from_spark(args.checkpoint, args.time_zone))
                 print(json.dumps(result, indent=2))
                 return 0
             described = checkpoint.describe(args.checkpoint)

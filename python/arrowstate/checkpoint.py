@@ -254,15 +254,9 @@ def export_to_spark(checkpoint: str) -> dict:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; export handles the default store only")
     version = last + 1
-    from pyspark.sql import SparkSession
-
-    from . import configure
     codec = conf.get("spark.sql.streaming.stateStore.compression.codec", "lz4")
-    spark = configure(SparkSession.builder.master("local[2]")
-                      .appName("arrowstate state export")
-                      .config("spark.ui.enabled", "false")
-                      .config("spark.sql.streaming.stateStore.compression.codec", codec)
-                      ).getOrCreate()
+    spark = _local_spark("arrowstate state export",
+                         {"spark.sql.streaming.stateStore.compression.codec": codec})
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     exported = []
     try:
@@ -278,14 +272,84 @@ def export_to_spark(checkpoint: str) -> dict:
     finally:
         spark.stop()
     backup = os.path.join(checkpoint, f"arrowstate-exported-{version}")
-    for o in ours:
-        op_dir = os.path.join(state_root, str(o["operator_id"]))
+    _move_aside(checkpoint, [o["operator_id"] for o in ours], backup,
+                lambda name: store_files.parse_name(name) is not None)
+    return {"checkpoint": described["checkpoint"], "exported": exported,
+            "message": f"arrowstate's files were moved to {backup}"}
+
+
+def _local_spark(app: str, conf: dict):
+    from pyspark.sql import SparkSession
+
+    from . import configure
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    return configure(builder).getOrCreate()
+
+
+def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) -> None:
+    """Moves the files `is_moved` picks from the operators' partition directories (and their
+    checksum files) to the same places under `backup`."""
+    state_root = os.path.join(checkpoint, "state")
+    for op in operators:
+        op_dir = os.path.join(state_root, str(op))
         for p in (n for n in os.listdir(op_dir) if n.isdigit()):
             src = os.path.join(op_dir, p)
             for name in os.listdir(src):
-                if store_files.parse_name(name.lstrip(".").removesuffix(".crc")):
-                    dst = os.path.join(backup, "state", str(o["operator_id"]), p)
+                if is_moved(name.lstrip(".").removesuffix(".crc")):
+                    dst = os.path.join(backup, "state", str(op), p)
                     os.makedirs(dst, exist_ok=True)
                     os.replace(os.path.join(src, name), os.path.join(dst, name))
-    return {"checkpoint": described["checkpoint"], "exported": exported,
-            "message": f"arrowstate's files were moved to {backup}"}
+
+
+def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
+    """Converts the state Spark's own store (HDFS-backed) holds for the operators arrowstate
+    runs to arrowstate's format (the newest committed version, as one snapshot per
+    partition), so that the query continues on arrowstate. Spark's files are moved, once
+    every snapshot is written, to `<checkpoint>/spark-state-imported-<v>/`. Timestamps in
+    the state take `time_zone` (the session time zone the query runs with; this machine's
+    by default). Running it again does nothing."""
+    described = describe(checkpoint)
+    last = described["lastCommittedBatch"]
+    theirs = [o for o in described["operators"]
+              if o["engine"] != "none" and ARROWSTATE not in o["engine"].split("+")]
+    unknown = [o for o in theirs if o["family"] is None]
+    if unknown:
+        raise CheckpointError(
+            f"{checkpoint}: operator {unknown[0]['operator_id']} ({unknown[0]['name']}) is "
+            "not one arrowstate runs; its state stays Spark's (nothing was converted)")
+    if not theirs:
+        return {"checkpoint": described["checkpoint"], "imported": [],
+                "message": "no Spark state store state in this checkpoint: nothing to import"}
+    _refuse_running(checkpoint, last)
+    conf = offset_conf(checkpoint, last)
+    provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+    for o in theirs:
+        if o["stores"] != ["default"]:
+            raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
+                                  f"{o['stores']}; import handles the default store only")
+    version = last + 1
+    session_conf = {k: v for k, v in conf.items() if k.startswith("spark.sql.streaming.")}
+    spark = _local_spark("arrowstate state import", session_conf)
+    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    imported = []
+    try:
+        zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
+        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
+        for o in theirs:
+            key, value = read_schema_file(
+                os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
+            rows = conversion.importOperator(spark._jsparkSession, state_root,
+                                             o["operator_id"], o["partitions"], version,
+                                             json.dumps(key), json.dumps(value), provider, zone)
+            imported.append({"operator_id": o["operator_id"], "version": version,
+                             "rows": sum(rows)})
+    finally:
+        spark.stop()
+    backup = os.path.join(checkpoint, f"spark-state-imported-{version}")
+    _move_aside(checkpoint, [o["operator_id"] for o in theirs], backup,
+                lambda name: bool(store_files.spark_store_files([name])))
+    return {"checkpoint": described["checkpoint"], "imported": imported,
+            "message": f"Spark's state files were moved to {backup}"}

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract, environment, state_data
+from . import contract, environment, state_data, state_import
 from . import protocol as p
 from ._version import __version__
 from .families import REGISTRY
@@ -206,6 +206,23 @@ class Worker:
         p.write_int(f, p.END)
         f.flush()
 
+    def import_state(self, f: BinaryIO) -> None:
+        """IMPORT_STATE: rows of Spark's own state store in Spark's key and value schemas,
+        answered with the arrowstate snapshot of the version that holds them."""
+        request = json.loads(p.read_bytes(f))
+        schema = p.ipc_schema(p.read_bytes(f))
+        batches = []
+        while (tag := p.read_int(f)) == p.DATA:
+            batches.append(p.ipc_to_batch(p.read_bytes(f)))
+        if tag != p.END:
+            raise RuntimeError(f"arrowstate: unexpected frame {tag} from the JVM")
+        snapshot = state_import.snapshot(request["version"], request["valueSchema"], batches,
+                                         schema)
+        p.write_int(f, p.DATA)
+        p.write_bytes(f, snapshot)
+        p.write_int(f, p.END)
+        f.flush()
+
     def drop(self, f: BinaryIO) -> None:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
@@ -229,6 +246,9 @@ class Worker:
                     continue
                 if proto == p.READ_STATE:
                     self.read_state(f)
+                    continue
+                if proto == p.IMPORT_STATE:
+                    self.import_state(f)
                     continue
                 if proto != p.VERSION:
                     raise RuntimeError(f"arrowstate: unknown protocol version {proto}")

@@ -195,3 +195,37 @@ def test_export_leaves_arrowstate_and_continues_on_sparks_operators(spark, tmp_p
     assert not any(n in ours.plans[-1] for n in nodes), ours.plans[-1]  # after it
     again = _export(ours.checkpoint)
     assert again["exported"] == [] and "nothing to export" in again["message"]
+
+
+def _import(checkpoint):
+    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", "import",
+                           "--time-zone", "UTC", checkpoint],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("name", ["dedup_within_watermark", "aggregation_update",
+                                  "apply_in_pandas_with_state"])
+def test_import_adopts_sparks_state_and_continues_on_arrowstate(spark, tmp_path, name):
+    """`state import` after two batches run by Spark; the query then continues with
+    arrowstate on and gives, batch for batch, what an uninterrupted native run gives."""
+    build, mode = CASES[name]
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                       output_mode=mode)
+    imported = {}
+
+    def import_then_switch_on(i, checkpoint):
+        imported.update(_import(checkpoint))
+        spark.conf.set("spark.arrowstate.enabled", "true")
+        return False
+
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                     output_mode=mode, restart_after=[1], on_restart=import_then_switch_on)
+    assert len(imported["imported"]) == 1 and imported["imported"][0]["rows"] > 0
+    assert ours.outputs == native.outputs
+    assert ours.figures == native.figures
+    assert not any(n in ours.plans[0] for n in ("Arrow",)), ours.plans[0]
+    assert "Arrow" in ours.plans[-1], ours.plans[-1]
+    again = _import(ours.checkpoint)
+    assert again["imported"] == [] and "nothing to import" in again["message"]

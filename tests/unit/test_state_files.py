@@ -278,3 +278,18 @@ def test_strings_that_are_not_utf8_load_as_spark_keeps_them():
     data, _ = files.encode(state.schema, "delta", 1, [batch])
     batches, _ = files.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, data, state.schema)
     assert batches[0].column(0).view(pa.binary()).to_pylist() == [b"\xff\xfe", b"ok"]
+
+
+def test_empty_batches_and_an_empty_snapshot_load():
+    """A file may hold empty batches (the snapshot of an empty partition, written by
+    `state import`): they load as nothing, around the rows of the other batches."""
+    schema = _state().schema
+    empty = files.with_op(pa.RecordBatch.from_pylist([], schema=schema), files.OP_PUT)
+    snapshot, _ = files.encode(schema, files.SNAPSHOT, 2, [empty])
+    assert len(_load({files.file_name(files.SNAPSHOT, 2): snapshot}, 2)) == 0
+    written, expected = _history(versions=3)
+    full = written[files.file_name(files.DELTA, 3)]
+    batches, _ = files.decode("3.arrowstate.delta", "test", full, schema)
+    padded, _ = files.encode(schema, files.DELTA, 3, [empty, *batches, empty])
+    written[files.file_name(files.DELTA, 3)] = padded
+    assert _rows(_load(written, 3)) == expected[3]

@@ -218,6 +218,8 @@ def _structural_view(batch: pa.RecordBatch) -> pa.RecordBatch:
 def op_runs(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
     """A file batch as runs of one op each, in order: (op, state columns)."""
     ops = batch.column(batch.num_columns - 1).to_numpy(zero_copy_only=False)
+    if len(ops) == 0:   # an empty batch (an empty partition's snapshot) has no runs
+        return
     cuts = np.flatnonzero(np.diff(ops)) + 1
     for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ops)]):
         yield int(ops[lo]), batch.slice(lo, hi - lo)

@@ -45,6 +45,7 @@ object Contract {
     val FileTail: Int = frame("FILE_TAIL")
     val Drop: Int = frame("DROP")
     val ReadState: Int = frame("READ_STATE")
+    val ImportState: Int = frame("IMPORT_STATE")
   }
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
@@ -105,7 +106,7 @@ object Contract {
         "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
         "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
         "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop,
-        "READ_STATE" -> Frame.ReadState).map { case (k, v) =>
+        "READ_STATE" -> Frame.ReadState, "IMPORT_STATE" -> Frame.ImportState).map { case (k, v) =>
           k -> JInt(v) }),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),

@@ -1,20 +1,29 @@
 package org.apache.spark.sql.arrowstate
 
 import java.io.DataOutputStream
+import java.nio.charset.StandardCharsets.UTF_8
+import java.util.UUID
+
+import org.json4s.JsonDSL._
+import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.hadoop.fs.Path
 
 import org.apache.spark.SparkEnv
 import org.apache.spark.io.CompressionCodec
 import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
-import org.apache.spark.sql.execution.streaming.state.{StateStoreConf, StateStoreId}
-import org.apache.spark.sql.types.{DataType, StructType}
+import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{DataType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
 /**
- * Converts arrowstate state to Spark's HDFS-backed state store format (`python -m
- * arrowstate state export`): per partition, the rows of the newest committed version, read
+ * Converts state between the engines, per operator and partition, at the newest committed
+ * version: `python -m arrowstate state export` and `import`.
+ *
+ * Export: per partition, the rows of the newest committed version, read
  * through a Python state worker (verified as a task's load), are written as that version's
  * `<v>.snapshot`, in the format HDFSBackedStateStoreProvider writes and loads (its
  * compression codec; per row the key's and the value's UnsafeRow bytes, each after its
@@ -68,6 +77,84 @@ object StateConversion {
             throw e
         } finally rows.close()
         count
+      }
+    }.collect()
+  }
+
+  /**
+   * Writes `<version>.arrowstate.snapshot` for each partition of one operator from the
+   * state Spark's own store (`providerClass`) holds at that version; the rows per partition.
+   * Rows go to a Python state worker in Spark's key and value schemas (as Arrow, with the
+   * query's session time zone); it lays them out as the family's columns and encodes the
+   * snapshot.
+   */
+  def importOperator(
+      session: SparkSession,
+      stateRoot: String,
+      operatorId: Long,
+      partitions: Int,
+      version: Long,
+      keySchemaJson: String,
+      valueSchemaJson: String,
+      providerClass: String,
+      timeZone: String): Array[Long] = {
+    val keySchema = DataType.fromJson(keySchemaJson).asInstanceOf[StructType]
+    val valueSchema = DataType.fromJson(valueSchemaJson).asInstanceOf[StructType]
+    val sqlConf = session.sessionState.conf.clone()
+    sqlConf.setConfString(SQLConf.STATE_STORE_PROVIDER_CLASS.key, providerClass)
+    val storeConf = new StateStoreConf(sqlConf)
+    val hadoopConf = session.sparkContext.broadcast(
+      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+    val settings = ArrowStateStoreProvider.workerSettings(storeConf)
+    val batchSize = math.max(1, sqlConf.arrowMaxRecordsPerBatch)
+    val request = compact(render(("version" -> version) ~ ("valueSchema" -> valueSchemaJson)))
+    session.sparkContext.parallelize(0 until partitions, partitions).map { partition =>
+      val conf = hadoopConf.value.value
+      val id = StateStoreId(stateRoot, operatorId, partition)
+      val provider = StateStoreProvider.createAndInit(
+        StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
+        NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+      val encoder = new ArrowBatchEncoder(
+        StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
+        timeZone)
+      val worker = PythonStateWorkers.borrowAny(settings)
+      var done = false
+      var count = 0L
+      try {
+        val store = provider.getReadStore(version)
+        worker.out.writeInt(Contract.Frame.ImportState)
+        worker.writeBytes(request.getBytes(UTF_8))
+        worker.writeBytes(encoder.schemaIpc)
+        var inBatch = 0
+        store.iterator().foreach { pair =>
+          encoder.append(InternalRow(pair.key, pair.value))
+          inBatch += 1
+          count += 1
+          if (inBatch == batchSize) {
+            worker.out.writeInt(Contract.Frame.Data)
+            worker.writeBytes(encoder.finishBatch())
+            inBatch = 0
+          }
+        }
+        if (inBatch > 0) {
+          worker.out.writeInt(Contract.Frame.Data)
+          worker.writeBytes(encoder.finishBatch())
+        }
+        worker.out.writeInt(Contract.Frame.End)
+        worker.out.flush()
+        require(worker.readTag() == Contract.Frame.Data, "arrowstate: no snapshot from Python")
+        val snapshot = worker.readBytes()
+        require(worker.readTag() == Contract.Frame.End, "arrowstate: no END from Python")
+        done = true
+        PythonStateWorkers.giveBack(worker)
+        store.abort()
+        new StateFiles(StateFiles.partitionDir(stateRoot, operatorId, partition), conf)
+          .write(s"$version${StateFiles.SnapshotSuffix}", snapshot)
+        count
+      } finally {
+        if (!done) PythonStateWorkers.destroy(worker)
+        encoder.close()
+        provider.close()
       }
     }.collect()
   }
