@@ -143,15 +143,14 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
 
 
 @pytest.mark.parametrize("first, then, expected", [
-    (False, True, ["written by Spark's HDFS-backed state store", "versions 1 to 2",
-                   "spark.arrowstate.enabled=false"]),
     (True, False, ["runs on Spark's own state store (spark.arrowstate.enabled=false)",
                    "was written by arrowstate", "spark.arrowstate.enabled=true"]),
 ])
 def test_a_checkpoint_of_the_other_engine_is_refused_naming_both(spark, tmp_path, first, then,
                                                                  expected):
-    """Restarting a checkpoint with arrowstate switched the other way: no silent empty
-    state, and an error that says which engine wrote the state and what to do."""
+    """Restarting an arrowstate checkpoint with arrowstate off: no silent empty state, and an
+    error that says which engine wrote the state and what to do. (The other way round,
+    arrowstate adopts Spark's state: see the adoption test.)"""
     def switch(i, checkpoint):
         spark.conf.set("spark.arrowstate.enabled", str(then).lower())
         return False
@@ -229,3 +228,33 @@ def test_import_adopts_sparks_state_and_continues_on_arrowstate(spark, tmp_path,
     assert "Arrow" in ours.plans[-1], ours.plans[-1]
     again = _import(ours.checkpoint)
     assert again["imported"] == [] and "nothing to import" in again["message"]
+
+
+@pytest.mark.parametrize("provider", ["HDFSBackedStateStoreProvider",
+                                      "RocksDBStateStoreProvider"])
+@pytest.mark.parametrize("name", ["dedup", "aggregation_update", "apply_in_pandas_with_state"])
+def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_path, name,
+                                                      provider):
+    """A checkpoint Spark's own operators wrote (HDFS-backed or RocksDB store), restarted with
+    arrowstate on: the state is converted on the first load, the query gives native answers,
+    and the first batch's metrics count the adopted rows."""
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  f"org.apache.spark.sql.execution.streaming.state.{provider}"})
+    build, mode = CASES[name]
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                       output_mode=mode)
+
+    def switch_on(i, checkpoint):
+        spark.conf.set("spark.arrowstate.enabled", "true")
+        return False
+
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                     output_mode=mode, restart_after=[1], on_restart=switch_on,
+                     custom_metrics=["stateRowsAdopted"])
+    assert ours.outputs == native.outputs
+    assert ours.figures == native.figures
+    adopted = {b: c[0]["stateRowsAdopted"] for b, c in ours.custom.items()
+               if c[0]["stateRowsAdopted"] is not None}
+    first = min(adopted)
+    assert adopted[first] > 0 and all(v == 0 for b, v in adopted.items() if b != first), adopted
+    assert "Arrow" in ours.plans[-1]

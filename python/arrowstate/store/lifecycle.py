@@ -63,8 +63,10 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
                 f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error "
                 f"occurred during loading state. arrowstate cannot load state version "
                 f"{version} of {where} ({context}): this state was written by {stores}, not "
-                f"by arrowstate, and arrowstate does not convert Spark's state yet. Run this "
-                f"operator on Spark's own (spark.arrowstate.enabled=false) to continue it.")
+                f"by arrowstate, and was not converted (arrowstate operators adopt it on "
+                f"their first load; `python -m arrowstate state import` converts it "
+                f"offline). Or run this operator on Spark's own (spark.arrowstate.enabled="
+                f"false) to continue it.")
         missing = [v for v in range(bases[0] + 1, version + 1) if v not in deltas]
         raise MissingStateFiles(
             f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error occurred "

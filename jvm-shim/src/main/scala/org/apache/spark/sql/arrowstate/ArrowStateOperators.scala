@@ -65,8 +65,13 @@ case class StatePartitionOpener(
 
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
-    StateExchange.forTask(dir.toString, new StateFiles(dir, hadoopConf.value.value),
+    val files = new StateFiles(dir, hadoopConf.value.value)
+    StateExchange.forTask(dir.toString, files,
         ArrowStateRDD.providerId(info, partitionId), workerSettings) { exchange =>
+      // a checkpoint written by Spark's own operators continues here: its state becomes
+      // arrowstate's on this first load
+      exchange.adoptedRows = StateConversion.adoptIfSparkState(info, partitionId, files,
+        hadoopConf.value.value, workerSettings.copy(owner = None, function = None), timeZone)
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(

@@ -436,6 +436,9 @@ class StateExchange(
 
   def staleKeysToDrop: Seq[String] = drops
 
+  /** Rows of Spark's own state store converted on this load (see StateConversion). */
+  var adoptedRows: Long = 0L
+
   private def timed[T](body: => T): T = {
     val t0 = System.nanoTime()
     try body finally pythonNanos += System.nanoTime() - t0
@@ -574,6 +577,7 @@ class StateExchange(
     add("pythonWorkerTimeMs", pythonNanos / 1000000)
     add("arrowBytesToPython", bytesToPython)
     add("arrowBytesFromPython", bytesFromPython)
+    add("stateRowsAdopted", adoptedRows)
   }
 }
 

@@ -7,12 +7,14 @@ import java.util.UUID
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
+import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
 import org.apache.spark.SparkEnv
 import org.apache.spark.io.CompressionCodec
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
 import org.apache.spark.sql.internal.SQLConf
@@ -100,62 +102,115 @@ object StateConversion {
       timeZone: String): Array[Long] = {
     val keySchema = DataType.fromJson(keySchemaJson).asInstanceOf[StructType]
     val valueSchema = DataType.fromJson(valueSchemaJson).asInstanceOf[StructType]
-    val sqlConf = session.sessionState.conf.clone()
-    sqlConf.setConfString(SQLConf.STATE_STORE_PROVIDER_CLASS.key, providerClass)
-    val storeConf = new StateStoreConf(sqlConf)
+    val sqlConf = session.sessionState.conf
+    val storeConf = storeConfWith(sqlConf, providerClass)
     val hadoopConf = session.sparkContext.broadcast(
       new SerializableConfiguration(session.sessionState.newHadoopConf()))
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
     val batchSize = math.max(1, sqlConf.arrowMaxRecordsPerBatch)
-    val request = compact(render(("version" -> version) ~ ("valueSchema" -> valueSchemaJson)))
     session.sparkContext.parallelize(0 until partitions, partitions).map { partition =>
-      val conf = hadoopConf.value.value
-      val id = StateStoreId(stateRoot, operatorId, partition)
-      val provider = StateStoreProvider.createAndInit(
-        StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
-        NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
-      val encoder = new ArrowBatchEncoder(
-        StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
-        timeZone)
-      val worker = PythonStateWorkers.borrowAny(settings)
-      var done = false
-      var count = 0L
-      try {
-        val store = provider.getReadStore(version)
-        worker.out.writeInt(Contract.Frame.ImportState)
-        worker.writeBytes(request.getBytes(UTF_8))
-        worker.writeBytes(encoder.schemaIpc)
-        var inBatch = 0
-        store.iterator().foreach { pair =>
-          encoder.append(InternalRow(pair.key, pair.value))
-          inBatch += 1
-          count += 1
-          if (inBatch == batchSize) {
-            worker.out.writeInt(Contract.Frame.Data)
-            worker.writeBytes(encoder.finishBatch())
-            inBatch = 0
-          }
-        }
-        if (inBatch > 0) {
-          worker.out.writeInt(Contract.Frame.Data)
-          worker.writeBytes(encoder.finishBatch())
-        }
-        worker.out.writeInt(Contract.Frame.End)
-        worker.out.flush()
-        require(worker.readTag() == Contract.Frame.Data, "arrowstate: no snapshot from Python")
-        val snapshot = worker.readBytes()
-        require(worker.readTag() == Contract.Frame.End, "arrowstate: no END from Python")
-        done = true
-        PythonStateWorkers.giveBack(worker)
-        store.abort()
-        new StateFiles(StateFiles.partitionDir(stateRoot, operatorId, partition), conf)
-          .write(s"$version${StateFiles.SnapshotSuffix}", snapshot)
-        count
-      } finally {
-        if (!done) PythonStateWorkers.destroy(worker)
-        encoder.close()
-        provider.close()
-      }
+      importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
+        valueSchema, storeConf, hadoopConf.value.value, settings, timeZone, batchSize)
     }.collect()
+  }
+
+  /** One partition of `importOperator`; also how an arrowstate operator adopts Spark's state
+   * on its first load. */
+  def importPartition(
+      id: StateStoreId,
+      version: Long,
+      keySchema: StructType,
+      valueSchema: StructType,
+      storeConf: StateStoreConf,
+      conf: Configuration,
+      settings: WorkerSettings,
+      timeZone: String,
+      batchSize: Int): Long = {
+    val provider = StateStoreProvider.createAndInit(
+      StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
+      NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+    val encoder = new ArrowBatchEncoder(
+      StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
+      timeZone)
+    val request = compact(render(("version" -> version) ~ ("valueSchema" -> valueSchema.json)))
+    val worker = PythonStateWorkers.borrowAny(settings)
+    var done = false
+    var count = 0L
+    try {
+      val store = provider.getReadStore(version)
+      worker.out.writeInt(Contract.Frame.ImportState)
+      worker.writeBytes(request.getBytes(UTF_8))
+      worker.writeBytes(encoder.schemaIpc)
+      var inBatch = 0
+      def send(): Unit = {
+        worker.out.writeInt(Contract.Frame.Data)
+        worker.writeBytes(encoder.finishBatch())
+        inBatch = 0
+      }
+      store.iterator().foreach { pair =>
+        encoder.append(InternalRow(pair.key, pair.value))
+        inBatch += 1
+        count += 1
+        if (inBatch == batchSize) send()
+      }
+      if (inBatch > 0) send()
+      worker.out.writeInt(Contract.Frame.End)
+      worker.out.flush()
+      require(worker.readTag() == Contract.Frame.Data, "arrowstate: no snapshot from Python")
+      val snapshot = worker.readBytes()
+      require(worker.readTag() == Contract.Frame.End, "arrowstate: no END from Python")
+      done = true
+      PythonStateWorkers.giveBack(worker)
+      store.abort()
+      new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId,
+        id.partitionId), conf).write(s"$version${StateFiles.SnapshotSuffix}", snapshot)
+      count
+    } finally {
+      if (!done) PythonStateWorkers.destroy(worker)
+      encoder.close()
+      provider.close()
+    }
+  }
+
+  /** The state store conf of `sqlConf` (a task's conf is read-only) with another provider. */
+  private def storeConfWith(sqlConf: SQLConf, providerClass: String): StateStoreConf = {
+    val conf = new SQLConf
+    sqlConf.getAllConfs.foreach { case (k, v) => conf.setConfString(k, v) }
+    conf.setConfString(SQLConf.STATE_STORE_PROVIDER_CLASS.key, providerClass)
+    new StateStoreConf(conf)
+  }
+
+  /** The key and value schemas of a state schema file (format v1 or v2). */
+  def readSchemaFile(path: Path, conf: Configuration): (StructType, StructType) = {
+    val in = new java.io.DataInputStream(path.getFileSystem(conf).open(path))
+    try {
+      val version = in.readUTF()
+      require(version == "v1" || version == "v2",
+        s"arrowstate: state schema file $path has format $version (v1 and v2 are read)")
+      def schema(): StructType = DataType.fromJson(
+        if (version == "v1") in.readUTF() else Seq.fill(in.readInt())(in.readUTF()).mkString
+      ).asInstanceOf[StructType]
+      (schema(), schema())
+    } finally in.close()
+  }
+
+  /**
+   * An arrowstate operator's first load of a partition that holds only Spark's own state
+   * store files: that state, at `version`, becomes arrowstate's (one snapshot), once. The rows
+   * converted (0 when there was nothing to adopt).
+   */
+  def adoptIfSparkState(
+      info: StatefulOperatorStateInfo, partitionId: Int, files: StateFiles,
+      conf: Configuration, settings: WorkerSettings, timeZone: String): Long = {
+    if (info.storeVersion == 0 || files.holdsArrowState || !files.holdsSparkState) return 0L
+    val sqlConf = SQLConf.get
+    val schemaFile = new Path(new Path(StateFiles.partitionDir(info.checkpointLocation,
+      info.operatorId, 0), "_metadata"), "schema")
+    val (keySchema, valueSchema) = readSchemaFile(schemaFile, conf)
+    val storeConf = storeConfWith(sqlConf,
+      ArrowStateStoreProvider.nativeClass(new StateStoreConf(sqlConf)))
+    importPartition(StateStoreId(info.checkpointLocation, info.operatorId, partitionId),
+      info.storeVersion, keySchema, valueSchema, storeConf, conf,
+      settings, timeZone, math.max(1, sqlConf.arrowMaxRecordsPerBatch))
   }
 }

@@ -24,6 +24,9 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   /** Whether any arrowstate file is here (the partition's state is arrowstate's). */
   def holdsArrowState: Boolean = ourNames().nonEmpty
 
+  /** Whether Spark's own state store wrote here (HDFS-backed or RocksDB files). */
+  def holdsSparkState: Boolean = names().exists(n => SparkStoreFile.pattern.matcher(n).matches())
+
   /** The names of the files in the directory (none if it does not exist): the Python store
    * picks its own, and names another engine's when it finds only those. */
   def names(): Seq[String] =
@@ -83,6 +86,8 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
 object StateFiles {
   val DeltaSuffix: String = Contract.DeltaSuffix
   val SnapshotSuffix: String = Contract.SnapshotSuffix
+
+  private val SparkStoreFile = "^\\d+(\\.delta|\\.snapshot|(_[0-9a-f-]+)?\\.zip|(_[0-9a-f-]+)?\\.changelog)$".r
 
   private object OurFiles extends PathFilter {
     override def accept(p: Path): Boolean = versionOf(p.getName).isDefined
