@@ -106,6 +106,9 @@ def test_reading_from_a_snapshot(spark, spark_conf, tmp_path):
     # not have run: its interval is the first session's); each engine's read from each of
     # its own snapshots must give the partition's state at the last batch, as native Spark
     # reads it
+    deadline = time.time() + 20   # snapshots are written off the batch's path
+    while time.time() < deadline and not all(snapshots(ours, p) for p in range(3)):
+        time.sleep(0.2)
     for partition in range(3):
         expected = [r for r in _rows(spark.read.format("statestore").option("batchId", last)
                                      .load(native)) if f"partition_id={partition})" in r]
