@@ -29,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("checkpoint")
     imp.add_argument("--time-zone", help="the session time zone the query runs with "
                                          "(default: this machine's)")
+    rep = state_sub.add_parser(
+        "repartition", help="repartition the arrowstate state of a stopped query's checkpoint "
+                            "into N partitions (as Spark 4.3's repartition does for RocksDB)")
+    rep.add_argument("checkpoint")
+    rep.add_argument("partitions", type=int)
+    rep.add_argument("--time-zone", help="the session time zone the query runs with "
+                                         "(default: this machine's)")
     args = parser.parse_args(argv)
 
     if args.command == "state":
@@ -36,10 +43,14 @@ def main(argv: list[str] | None = None) -> int:
 
         from . import checkpoint
         try:
-            if args.state_command in ("export", "import"):
-                result = (checkpoint.export_to_spark(args.checkpoint)
-                          if args.state_command == "export" else
-                          checkpoint.import_from_spark(args.checkpoint, args.time_zone))
+            if args.state_command != "describe":
+                result = {
+                    "export": lambda: checkpoint.export_to_spark(args.checkpoint),
+                    "import": lambda: checkpoint.import_from_spark(args.checkpoint,
+                                                                   args.time_zone),
+                    "repartition": lambda: checkpoint.repartition(
+                        args.checkpoint, args.partitions, args.time_zone),
+                }[args.state_command]()
                 print(json.dumps(result, indent=2))
                 return 0
             described = checkpoint.describe(args.checkpoint)

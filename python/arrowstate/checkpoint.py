@@ -132,12 +132,25 @@ def describe(checkpoint: str) -> dict:
     op_ids = sorted(int(n) for n in os.listdir(state_root) if n.isdigit()) \
         if os.path.isdir(state_root) else []
     for op in op_ids:
-        operators.append(_describe_operator(checkpoint, op, last))
+        operators.append(_describe_operator(checkpoint, op, last, _partitions(checkpoint,
+                                                                             last)))
     return {"checkpoint": os.path.abspath(checkpoint), "lastCommittedBatch": last,
             "operators": [asdict(o) for o in operators]}
 
 
-def _describe_operator(checkpoint: str, op: int, last: int | None) -> Operator:
+def _partitions(checkpoint: str, last: int | None) -> int | None:
+    """The state partitions the query runs with now (a repartition changes them)."""
+    if last is None:
+        return None
+    try:
+        value = offset_conf(checkpoint, last).get("spark.sql.shuffle.partitions")
+    except CheckpointError:
+        return None
+    return int(value) if value is not None else None
+
+
+def _describe_operator(checkpoint: str, op: int, last: int | None,
+                       active: int | None) -> Operator:
     op_dir = os.path.join(checkpoint, "state", str(op))
     name, stores, declared = "unknown", ["default"], None
     meta = os.path.join(op_dir, "_metadata", "metadata")
@@ -150,6 +163,9 @@ def _describe_operator(checkpoint: str, op: int, last: int | None) -> Operator:
             stores = [s["storeName"] for s in info["stateStoreInfo"]]
             declared = max((s["numPartitions"] for s in info["stateStoreInfo"]), default=None)
     parts = sorted(int(n) for n in os.listdir(op_dir) if n.isdigit())
+    if active is not None:   # directories beyond are left from an earlier partitioning
+        parts = [p for p in parts if p < active]
+        declared = active
     engines, newest = set(), 0
     for p in parts:
         engine, version = partition_engine(os.listdir(os.path.join(op_dir, str(p))))
@@ -227,57 +243,6 @@ def _refuse_running(checkpoint: str, last: int | None) -> None:
             "Stop the query; if it had stopped mid-batch, run it to the end of a batch first.")
 
 
-def export_to_spark(checkpoint: str) -> dict:
-    """Converts every arrowstate operator's state to Spark's HDFS-backed state store format
-    (the newest committed version, as `<v>.snapshot` per partition), so that the query
-    continues on Spark's own operators. arrowstate's files are moved, once every snapshot is
-    written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does nothing."""
-    described = describe(checkpoint)
-    last = described["lastCommittedBatch"]
-    ours = [o for o in described["operators"] if ARROWSTATE in o["engine"].split("+")]
-    if not ours:
-        return {"checkpoint": described["checkpoint"], "exported": [],
-                "message": "no arrowstate state in this checkpoint: nothing to export"}
-    _refuse_running(checkpoint, last)
-    conf = offset_conf(checkpoint, last)
-    provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
-    if provider != HDFS_PROVIDER:
-        raise CheckpointError(
-            f"{checkpoint}: the query's state store provider is {provider} (offsets/{last}); "
-            f"export writes the format of {HDFS_PROVIDER} only")
-    if conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled") == "true":
-        raise CheckpointError(f"{checkpoint}: the query stores row checksums "
-                              "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
-                              "export does not write them")
-    for o in ours:
-        if o["stores"] != ["default"]:
-            raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
-                                  f"{o['stores']}; export handles the default store only")
-    version = last + 1
-    codec = conf.get("spark.sql.streaming.stateStore.compression.codec", "lz4")
-    spark = _local_spark("arrowstate state export",
-                         {"spark.sql.streaming.stateStore.compression.codec": codec})
-    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
-    exported = []
-    try:
-        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
-        for o in ours:
-            key, value = read_schema_file(
-                os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
-            rows = conversion.exportOperator(spark._jsparkSession, state_root,
-                                             o["operator_id"], o["partitions"], version,
-                                             json.dumps(key), json.dumps(value))
-            exported.append({"operator_id": o["operator_id"], "version": version,
-                             "rows": sum(rows)})
-    finally:
-        spark.stop()
-    backup = os.path.join(checkpoint, f"arrowstate-exported-{version}")
-    _move_aside(checkpoint, [o["operator_id"] for o in ours], backup,
-                lambda name: store_files.parse_name(name) is not None)
-    return {"checkpoint": described["checkpoint"], "exported": exported,
-            "message": f"arrowstate's files were moved to {backup}"}
-
-
 def _local_spark(app: str, conf: dict):
     from pyspark.sql import SparkSession
 
@@ -304,52 +269,184 @@ def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) ->
                     os.replace(os.path.join(src, name), os.path.join(dst, name))
 
 
-def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
-    """Converts the state Spark's own store (HDFS-backed) holds for the operators arrowstate
-    runs to arrowstate's format (the newest committed version, as one snapshot per
-    partition), so that the query continues on arrowstate. Spark's files are moved, once
-    every snapshot is written, to `<checkpoint>/spark-state-imported-<v>/`. Timestamps in
-    the state take `time_zone` (the session time zone the query runs with; this machine's
-    by default). Running it again does nothing."""
+def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict, call,
+             backup_prefix: str, is_moved) -> dict:
+    """The shared steps of export and import: pick the operators (`choose`), refuse what
+    cannot be converted (`check`, given the offset log's settings), write the other engine's
+    snapshot of the newest committed version per operator through `call` in a local Spark
+    (`call(conversion, session, state_root, operator, key_json, value_json, version, conf)`
+    gives the rows per partition), and only then move the old engine's files aside."""
     described = describe(checkpoint)
     last = described["lastCommittedBatch"]
-    theirs = [o for o in described["operators"]
-              if o["engine"] != "none" and ARROWSTATE not in o["engine"].split("+")]
-    unknown = [o for o in theirs if o["family"] is None]
-    if unknown:
-        raise CheckpointError(
-            f"{checkpoint}: operator {unknown[0]['operator_id']} ({unknown[0]['name']}) is "
-            "not one arrowstate runs; its state stays Spark's (nothing was converted)")
-    if not theirs:
-        return {"checkpoint": described["checkpoint"], "imported": [],
-                "message": "no Spark state store state in this checkpoint: nothing to import"}
+    chosen = [o for o in described["operators"] if choose(o)]
+    if not chosen:
+        return {"checkpoint": described["checkpoint"], direction: [],
+                "message": f"no state to {direction.removesuffix('ed')} in this checkpoint: "
+                           "nothing to do"}
     _refuse_running(checkpoint, last)
     conf = offset_conf(checkpoint, last)
-    provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
-    for o in theirs:
+    check(conf, last)
+    for o in chosen:
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
-                                  f"{o['stores']}; import handles the default store only")
+                                  f"{o['stores']}; only the default store is converted")
     version = last + 1
-    session_conf = {k: v for k, v in conf.items() if k.startswith("spark.sql.streaming.")}
-    spark = _local_spark("arrowstate state import", session_conf)
+    spark = _local_spark(f"arrowstate state {direction}", session_conf(conf))
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
-    imported = []
+    converted = []
+    try:
+        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
+        for o in chosen:
+            key, value = read_schema_file(
+                os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
+            rows = call(conversion, spark, state_root, o, json.dumps(key), json.dumps(value),
+                        version, conf)
+            converted.append({"operator_id": o["operator_id"], "version": version,
+                              "rows": sum(rows)})
+    finally:
+        spark.stop()
+    backup = os.path.join(checkpoint, f"{backup_prefix}-{version}")
+    _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
+    return {"checkpoint": described["checkpoint"], direction: converted,
+            "message": f"the old engine's files were moved to {backup}"}
+
+
+def export_to_spark(checkpoint: str) -> dict:
+    """Converts every arrowstate operator's state to Spark's HDFS-backed state store format
+    (the newest committed version, as `<v>.snapshot` per partition), so that the query
+    continues on Spark's own operators. arrowstate's files are moved, once every snapshot is
+    written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does nothing."""
+    def check(conf, last):
+        provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+        if provider != HDFS_PROVIDER:
+            raise CheckpointError(
+                f"{checkpoint}: the query's state store provider is {provider} "
+                f"(offsets/{last}); export writes the format of {HDFS_PROVIDER} only")
+        if conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled") == "true":
+            raise CheckpointError(f"{checkpoint}: the query stores row checksums "
+                                  "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
+                                  "export does not write them")
+
+    def call(conversion, spark, state_root, o, key, value, version, conf):
+        return conversion.exportOperator(spark._jsparkSession, state_root, o["operator_id"],
+                                         o["partitions"], version, key, value)
+
+    codec = "spark.sql.streaming.stateStore.compression.codec"
+    return _convert(checkpoint, "exported",
+                    lambda o: ARROWSTATE in o["engine"].split("+"), check,
+                    lambda conf: {codec: conf.get(codec, "lz4")}, call,
+                    "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
+
+
+def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
+    """Converts the state Spark's own store holds (through the provider the checkpoint
+    records: HDFS-backed or RocksDB) for the operators arrowstate runs to arrowstate's
+    format (the newest committed version, as one snapshot per partition), so that the
+    query continues on arrowstate. Spark's files are moved, once every snapshot is written,
+    to `<checkpoint>/spark-state-imported-<v>/`. Timestamps in the state take `time_zone`
+    (the session time zone the query runs with; this machine's by default). Running it
+    again does nothing."""
+    def choose(o):
+        if o["engine"] == "none" or ARROWSTATE in o["engine"].split("+"):
+            return False
+        if o["family"] is None:
+            raise CheckpointError(
+                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) is not one "
+                "arrowstate runs; its state stays Spark's (nothing was converted)")
+        return True
+
+    def call(conversion, spark, state_root, o, key, value, version, conf):
+        zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
+        provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+        return conversion.importOperator(spark._jsparkSession, state_root, o["operator_id"],
+                                         o["partitions"], version, key, value, provider, zone)
+
+    return _convert(checkpoint, "imported", choose, lambda conf, last: None,
+                    lambda conf: {k: v for k, v in conf.items()
+                                  if k.startswith("spark.sql.streaming.")}, call,
+                    "spark-state-imported",
+                    lambda name: bool(store_files.spark_store_files([name])))
+
+
+def _write_log_entry(path: str, text: str) -> None:
+    """A new offsets/ or commits/ entry, written whole or not at all."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.arrowstate-tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _planned_batch(checkpoint: str) -> int | None:
+    offsets = os.path.join(checkpoint, "offsets")
+    return max((int(n) for n in os.listdir(offsets) if n.isdigit()), default=None)
+
+
+def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) -> dict:
+    """Offline repartition of arrowstate state, as Spark 4.3's repartition does it for
+    RocksDB: batch L+1 (after the last committed L) is recorded as a batch that reads no
+    input, with `partitions` shuffle partitions, and every operator's state becomes, at its
+    version L+2, the same rows hash-partitioned anew by their keys. The query then continues
+    from L+2 with `partitions` partitions.
+
+    The order keeps a failure safe: offsets/L+1 first (until its commit exists Spark
+    refuses to restart the query: an unfinished repartition), then the snapshots, then
+    commits/L+1. After a failure, run the command again: it finishes the same batch."""
+    described = describe(checkpoint)
+    last = described["lastCommittedBatch"]
+    stateful = [o for o in described["operators"] if o["engine"] != "none"]
+    theirs = [o for o in stateful if o["engine"] != ARROWSTATE]
+    if theirs:
+        raise CheckpointError(
+            f"{checkpoint}: operator {theirs[0]['operator_id']} holds {theirs[0]['engine']} "
+            "state; this command repartitions checkpoints whose state is all arrowstate's "
+            "(Spark's own repartition handles RocksDB state)")
+    if not stateful or last is None:
+        raise CheckpointError(f"{checkpoint}: no committed arrowstate state to repartition")
+    if partitions < 1:
+        raise CheckpointError(f"the number of partitions must be positive, not {partitions}")
+    for o in stateful:
+        if o["stores"] != ["default"]:
+            raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
+                                  f"{o['stores']}; only the default store is repartitioned")
+    key = "spark.sql.shuffle.partitions"
+    current = int(offset_conf(checkpoint, last).get(key, "0"))
+    planned = _planned_batch(checkpoint)
+    if planned == last + 1 and int(offset_conf(checkpoint, planned).get(key, "0")) == partitions \
+            and current != partitions:
+        pass   # an unfinished run of this command: finish it
+    else:
+        _refuse_running(checkpoint, last)
+        if current == partitions:
+            return {"checkpoint": described["checkpoint"], "repartitioned": [],
+                    "message": f"the state already has {partitions} partitions: nothing to do"}
+        with open(os.path.join(checkpoint, "offsets", str(last))) as f:
+            lines = f.read().split("\n")
+        meta = json.loads(lines[1])
+        meta["conf"][key] = str(partitions)
+        lines[1] = json.dumps(meta, separators=(",", ":"))
+        _write_log_entry(os.path.join(checkpoint, "offsets", str(last + 1)), "\n".join(lines))
+    version = last + 2
+    spark = _local_spark("arrowstate state repartition", {})
+    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    done = []
     try:
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
-        for o in theirs:
-            key, value = read_schema_file(
+        for o in stateful:
+            schemas = read_schema_file(
                 os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
-            rows = conversion.importOperator(spark._jsparkSession, state_root,
-                                             o["operator_id"], o["partitions"], version,
-                                             json.dumps(key), json.dumps(value), provider, zone)
-            imported.append({"operator_id": o["operator_id"], "version": version,
-                             "rows": sum(rows)})
+            rows = (spark.read.format("statestore").option("batchId", last)
+                    .option("operatorId", o["operator_id"]).load(checkpoint))
+            counts = conversion.repartitionOperator(
+                spark._jsparkSession, rows._jdf, state_root, o["operator_id"], partitions,
+                version, json.dumps(schemas[0]), json.dumps(schemas[1]), zone)
+            done.append({"operator_id": o["operator_id"], "version": version,
+                         "rows": list(counts)})
     finally:
         spark.stop()
-    backup = os.path.join(checkpoint, f"spark-state-imported-{version}")
-    _move_aside(checkpoint, [o["operator_id"] for o in theirs], backup,
-                lambda name: bool(store_files.spark_store_files([name])))
-    return {"checkpoint": described["checkpoint"], "imported": imported,
-            "message": f"Spark's state files were moved to {backup}"}
+    with open(os.path.join(checkpoint, "commits", str(last))) as f:
+        commit = f.read()
+    _write_log_entry(os.path.join(checkpoint, "commits", str(last + 1)), commit)
+    return {"checkpoint": described["checkpoint"], "repartitioned": done,
+            "message": f"batch {last + 1} repartitions the state from {current} to "
+                       f"{partitions} partitions"}

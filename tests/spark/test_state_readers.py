@@ -165,77 +165,50 @@ def test_a_checkpoint_of_the_other_engine_is_refused_naming_both(spark, tmp_path
         assert text in str(failure.value)
 
 
-def _export(checkpoint):
-    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", "export", checkpoint],
-                          capture_output=True, text=True, timeout=300)
+def _state_command(command, checkpoint, *args):
+    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command,
+                           *(["--time-zone", "UTC"] if command != "export" else []), checkpoint,
+                           *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("name", ["aggregation_update", "apply_in_pandas_with_state"])
-def test_export_leaves_arrowstate_and_continues_on_sparks_operators(spark, tmp_path, name):
-    """`state export` after two batches run by arrowstate; the query then continues with
-    arrowstate off and gives, batch for batch, what an uninterrupted native run gives."""
+@pytest.mark.parametrize("command, name", [
+    ("export", "aggregation_update"), ("export", "apply_in_pandas_with_state"),
+    ("import", "dedup_within_watermark"), ("import", "aggregation_update"),
+    ("import", "apply_in_pandas_with_state")])
+def test_export_and_import_move_a_checkpoint_between_engines(spark, tmp_path, command, name):
+    """`state export` after two batches run by arrowstate (`import`: by Spark); the query
+    then continues on the other engine and gives, batch for batch, what an uninterrupted
+    native run gives. Run again, the command has nothing to do."""
     build, mode = CASES[name]
     native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
                        output_mode=mode)
-    exported = {}
+    first_on = command == "export"
+    said = {}
 
-    def export_then_switch_off(i, checkpoint):
-        exported.update(_export(checkpoint))
-        spark.conf.set("spark.arrowstate.enabled", "false")
+    def convert_then_switch(i, checkpoint):
+        said.update(_state_command(command, checkpoint))
+        spark.conf.set("spark.arrowstate.enabled", str(not first_on).lower())
         return False
 
-    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
-                     output_mode=mode, restart_after=[1], on_restart=export_then_switch_off)
-    assert len(exported["exported"]) == 1 and exported["exported"][0]["version"] >= 2
-    assert exported["exported"][0]["rows"] > 0
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=first_on,
+                     output_mode=mode, restart_after=[1], on_restart=convert_then_switch)
+    [converted] = said[command + "ed"]
+    assert converted["version"] >= 2 and converted["rows"] > 0
     assert ours.outputs == native.outputs
     assert ours.figures == native.figures
-    nodes = ("ArrowFlatMapGroupsWithState", "ArrowStateStoreSave")
-    assert any(n in ours.plans[0] for n in nodes), ours.plans[0]      # before the export
-    assert not any(n in ours.plans[-1] for n in nodes), ours.plans[-1]  # after it
-    again = _export(ours.checkpoint)
-    assert again["exported"] == [] and "nothing to export" in again["message"]
+    before, after = ours.plans[0], ours.plans[-1]
+    assert ("Arrow" in before) == first_on and ("Arrow" in after) != first_on, ours.plans
+    again = _state_command(command, ours.checkpoint)
+    assert again[command + "ed"] == [] and "nothing to do" in again["message"]
 
 
-def _import(checkpoint):
-    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", "import",
-                           "--time-zone", "UTC", checkpoint],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads(done.stdout)
-
-
-@pytest.mark.parametrize("name", ["dedup_within_watermark", "aggregation_update",
-                                  "apply_in_pandas_with_state"])
-def test_import_adopts_sparks_state_and_continues_on_arrowstate(spark, tmp_path, name):
-    """`state import` after two batches run by Spark; the query then continues with
-    arrowstate on and gives, batch for batch, what an uninterrupted native run gives."""
-    build, mode = CASES[name]
-    native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
-                       output_mode=mode)
-    imported = {}
-
-    def import_then_switch_on(i, checkpoint):
-        imported.update(_import(checkpoint))
-        spark.conf.set("spark.arrowstate.enabled", "true")
-        return False
-
-    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
-                     output_mode=mode, restart_after=[1], on_restart=import_then_switch_on)
-    assert len(imported["imported"]) == 1 and imported["imported"][0]["rows"] > 0
-    assert ours.outputs == native.outputs
-    assert ours.figures == native.figures
-    assert not any(n in ours.plans[0] for n in ("Arrow",)), ours.plans[0]
-    assert "Arrow" in ours.plans[-1], ours.plans[-1]
-    again = _import(ours.checkpoint)
-    assert again["imported"] == [] and "nothing to import" in again["message"]
-
-
-@pytest.mark.parametrize("provider", ["HDFSBackedStateStoreProvider",
-                                      "RocksDBStateStoreProvider"])
-@pytest.mark.parametrize("name", ["dedup", "aggregation_update", "apply_in_pandas_with_state"])
+@pytest.mark.parametrize("name, provider", [
+    ("dedup", "HDFSBackedStateStoreProvider"),
+    ("aggregation_update", "HDFSBackedStateStoreProvider"),
+    ("apply_in_pandas_with_state", "HDFSBackedStateStoreProvider"),
+    ("apply_in_pandas_with_state", "RocksDBStateStoreProvider")])
 def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_path, name,
                                                       provider):
     """A checkpoint Spark's own operators wrote (HDFS-backed or RocksDB store), restarted with
@@ -261,3 +234,37 @@ def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_pat
     first = min(adopted)
     assert adopted[first] > 0 and all(v == 0 for b, v in adopted.items() if b != first), adopted
     assert "Arrow" in ours.plans[-1]
+
+
+@pytest.mark.parametrize("name, partitions", [("aggregation_update", 5),
+                                              ("apply_in_pandas_with_state", 2)])
+def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_path, name,
+                                                         partitions):
+    """`state repartition` on an arrowstate checkpoint against Spark 4.3's own offline
+    repartition of the same query's RocksDB checkpoint (Spark repartitions RocksDB state
+    only): the same batches follow, with the same rows and state figures."""
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+    build, mode = CASES[name]
+
+    def sparks(i, checkpoint):
+        spark._streamingCheckpointManager.repartition(checkpoint, partitions)
+        return False
+
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                       output_mode=mode, restart_after=[1], on_restart=sparks)
+    said = {}
+
+    def ours(i, checkpoint):
+        said.update(_state_command("repartition", checkpoint, str(partitions)))
+        return False
+
+    run = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
+                    output_mode=mode, restart_after=[1], on_restart=ours)
+    [done] = said["repartitioned"]
+    assert len(done["rows"]) == partitions and sum(done["rows"]) > 0
+    assert run.outputs == native.outputs
+    assert run.figures == native.figures
+    assert all("Arrow" in p for p in run.plans)
+    again = _state_command("repartition", run.checkpoint, str(partitions))
+    assert again["repartitioned"] == [] and "nothing to do" in again["message"]

@@ -42,14 +42,10 @@ object StateConversion {
       version: Long,
       keySchemaJson: String,
       valueSchemaJson: String): Array[Long] = {
-    val keySchema = DataType.fromJson(keySchemaJson).asInstanceOf[StructType]
-    val valueSchema = DataType.fromJson(valueSchemaJson).asInstanceOf[StructType]
+    val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
     val storeConf = new StateStoreConf(session.sessionState.conf)
-    val hadoopConf = session.sparkContext.broadcast(
-      new SerializableConfiguration(session.sessionState.newHadoopConf()))
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
-    session.sparkContext.parallelize(0 until partitions, partitions).map { partition =>
-      val conf = hadoopConf.value.value
+    perPartition(session, partitions) { (partition, conf) =>
       val dir = StateFiles.partitionDir(stateRoot, operatorId, partition)
       val files = new StateFiles(dir, conf)
       if (!files.holdsArrowState) 0L else {
@@ -80,8 +76,20 @@ object StateConversion {
         } finally rows.close()
         count
       }
-    }.collect()
+    }
   }
+
+  /** `f` for each partition in a Spark job, with the session's Hadoop configuration. */
+  private def perPartition(session: SparkSession, partitions: Int)(
+      f: (Int, Configuration) => Long): Array[Long] = {
+    val hadoopConf = session.sparkContext.broadcast(
+      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+    session.sparkContext.parallelize(0 until partitions, partitions)
+      .map(partition => f(partition, hadoopConf.value.value)).collect()
+  }
+
+  private def schema(json: String): StructType =
+    DataType.fromJson(json).asInstanceOf[StructType]
 
   /**
    * Writes `<version>.arrowstate.snapshot` for each partition of one operator from the
@@ -100,18 +108,15 @@ object StateConversion {
       valueSchemaJson: String,
       providerClass: String,
       timeZone: String): Array[Long] = {
-    val keySchema = DataType.fromJson(keySchemaJson).asInstanceOf[StructType]
-    val valueSchema = DataType.fromJson(valueSchemaJson).asInstanceOf[StructType]
+    val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
     val sqlConf = session.sessionState.conf
     val storeConf = storeConfWith(sqlConf, providerClass)
-    val hadoopConf = session.sparkContext.broadcast(
-      new SerializableConfiguration(session.sessionState.newHadoopConf()))
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
     val batchSize = math.max(1, sqlConf.arrowMaxRecordsPerBatch)
-    session.sparkContext.parallelize(0 until partitions, partitions).map { partition =>
+    perPartition(session, partitions) { (partition, conf) =>
       importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
-        valueSchema, storeConf, hadoopConf.value.value, settings, timeZone, batchSize)
-    }.collect()
+        valueSchema, storeConf, conf, settings, timeZone, batchSize)
+    }
   }
 
   /** One partition of `importOperator`; also how an arrowstate operator adopts Spark's state
@@ -129,6 +134,32 @@ object StateConversion {
     val provider = StateStoreProvider.createAndInit(
       StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
       NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+    try {
+      val store = provider.getReadStore(version)
+      try {
+        writeSnapshot(id, version, keySchema, valueSchema,
+          store.iterator().map(pair => InternalRow(pair.key, pair.value)), conf, settings,
+          timeZone, batchSize)
+      } finally store.abort()
+    } finally provider.close()
+  }
+
+  /**
+   * Writes `<version>.arrowstate.snapshot` of one partition holding `rows` (each a key
+   * struct and a value struct in Spark's schemas): they go to a Python state worker as
+   * Arrow (with the query's session time zone), which lays them out as the family's
+   * columns and encodes the snapshot. The rows written.
+   */
+  private def writeSnapshot(
+      id: StateStoreId,
+      version: Long,
+      keySchema: StructType,
+      valueSchema: StructType,
+      rows: Iterator[InternalRow],
+      conf: Configuration,
+      settings: WorkerSettings,
+      timeZone: String,
+      batchSize: Int): Long = {
     val encoder = new ArrowBatchEncoder(
       StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
       timeZone)
@@ -137,7 +168,6 @@ object StateConversion {
     var done = false
     var count = 0L
     try {
-      val store = provider.getReadStore(version)
       worker.out.writeInt(Contract.Frame.ImportState)
       worker.writeBytes(request.getBytes(UTF_8))
       worker.writeBytes(encoder.schemaIpc)
@@ -147,8 +177,8 @@ object StateConversion {
         worker.writeBytes(encoder.finishBatch())
         inBatch = 0
       }
-      store.iterator().foreach { pair =>
-        encoder.append(InternalRow(pair.key, pair.value))
+      rows.foreach { row =>
+        encoder.append(row)
         inBatch += 1
         count += 1
         if (inBatch == batchSize) send()
@@ -161,15 +191,45 @@ object StateConversion {
       require(worker.readTag() == Contract.Frame.End, "arrowstate: no END from Python")
       done = true
       PythonStateWorkers.giveBack(worker)
-      store.abort()
       new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId,
         id.partitionId), conf).write(s"$version${StateFiles.SnapshotSuffix}", snapshot)
       count
     } finally {
       if (!done) PythonStateWorkers.destroy(worker)
       encoder.close()
-      provider.close()
     }
+  }
+
+  /**
+   * Offline repartition of one arrowstate operator (`python -m arrowstate state
+   * repartition`): `rows` (Spark's `statestore` reader's key and value columns at the last
+   * committed batch) are hash-partitioned into `partitions` by the key, where the
+   * operator's HashPartitioning puts them, and each new partition's rows become its
+   * arrowstate snapshot of `version`. The rows per partition.
+   */
+  def repartitionOperator(
+      session: SparkSession,
+      rows: org.apache.spark.sql.DataFrame,
+      stateRoot: String,
+      operatorId: Long,
+      partitions: Int,
+      version: Long,
+      keySchemaJson: String,
+      valueSchemaJson: String,
+      timeZone: String): Array[Long] = {
+    val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
+    val settings = ArrowStateStoreProvider.workerSettings(
+      new StateStoreConf(session.sessionState.conf))
+    val batchSize = math.max(1, session.sessionState.conf.arrowMaxRecordsPerBatch)
+    val hadoopConf = session.sparkContext.broadcast(
+      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+    val (k, v) = (keySchema.length, valueSchema.length)
+    rows.repartition(partitions, rows.col("key")).select("key", "value")
+      .queryExecution.toRdd.mapPartitionsWithIndex { (partition, it) =>
+        Iterator(writeSnapshot(StateStoreId(stateRoot, operatorId, partition), version,
+          keySchema, valueSchema, it.map(r => InternalRow(r.getStruct(0, k), r.getStruct(1, v))),
+          hadoopConf.value.value, settings, timeZone, batchSize))
+      }.collect()
   }
 
   /** The state store conf of `sqlConf` (a task's conf is read-only) with another provider. */
@@ -187,10 +247,10 @@ object StateConversion {
       val version = in.readUTF()
       require(version == "v1" || version == "v2",
         s"arrowstate: state schema file $path has format $version (v1 and v2 are read)")
-      def schema(): StructType = DataType.fromJson(
-        if (version == "v1") in.readUTF() else Seq.fill(in.readInt())(in.readUTF()).mkString
-      ).asInstanceOf[StructType]
-      (schema(), schema())
+      def nextSchema(): StructType = schema(
+        if (version == "v1") in.readUTF() else Seq.fill(in.readInt())(in.readUTF()).mkString)
+      val key = nextSchema()
+      (key, nextSchema())
     } finally in.close()
   }
 
