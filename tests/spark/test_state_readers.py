@@ -147,7 +147,8 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
 
 @pytest.mark.parametrize("first, then, expected", [
     (True, False, ["runs on Spark's own state store (spark.arrowstate.enabled=false)",
-                   "was written by arrowstate", "spark.arrowstate.enabled=true"]),
+                   "was written by arrowstate", "spark.arrowstate.enabled=true",
+                   "python -m arrowstate state export"]),
 ])
 def test_a_checkpoint_of_the_other_engine_is_refused_naming_both(spark, tmp_path, first, then,
                                                                  expected):

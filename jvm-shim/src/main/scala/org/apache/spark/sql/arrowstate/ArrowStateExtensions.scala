@@ -144,8 +144,9 @@ private object StateEngineCheck {
             s"arrowstate: operator ${info.operatorId} (${node.nodeName}) runs on Spark's own " +
               s"state store (${reasons.mkString("; ")}), but its state in $dir was written by " +
               "arrowstate, which Spark's state stores cannot read. Run it on arrowstate " +
-              s"(${ArrowStateConf.Enabled}=true, with the reasons above resolved); arrowstate " +
-              "does not convert its state to Spark's format yet.")
+              s"(${ArrowStateConf.Enabled}=true, with the reasons above resolved), or convert " +
+              "the checkpoint's state to Spark's format first, with the query stopped: " +
+              s"`python -m arrowstate state export ${info.checkpointLocation.stripSuffix("/state")}`.")
         }
       }
     case _ =>
