@@ -234,8 +234,7 @@ def offset_conf(checkpoint: str, batch: int) -> dict:
 
 
 def _refuse_running(checkpoint: str, last: int | None) -> None:
-    offsets = os.path.join(checkpoint, "offsets")
-    planned = max((int(n) for n in os.listdir(offsets) if n.isdigit()), default=None)
+    planned = _planned_batch(checkpoint)
     if planned is not None and (last is None or planned > last):
         raise CheckpointError(
             f"{checkpoint}: batch {planned} is planned (offsets/{planned}) but not committed: "

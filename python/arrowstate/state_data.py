@@ -27,7 +27,7 @@ GROUP_STATE, TIMEOUT = "groupState", "timeoutTimestamp"
 BATCH_ROWS = 1 << 16
 
 
-def _value_layout(value_schema: dict) -> str:
+def value_layout(value_schema: dict) -> str:
     names = [f["name"] for f in value_schema["fields"]]
     if names == [DUMMY]:
         return "dummy"
@@ -43,7 +43,7 @@ def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
     key_names = [f["name"] for f in key_schema["fields"]]
     values = batch.columns[key_count:]
     n = batch.num_rows
-    layout = _value_layout(value_schema)
+    layout = value_layout(value_schema)
     value_names = [f["name"] for f in value_schema["fields"]]
     if layout == "dummy":
         value = pa.StructArray.from_arrays([pa.nulls(n, pa.null())], names=[DUMMY])

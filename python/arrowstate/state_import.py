@@ -9,7 +9,7 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
-from .state_data import TIMEOUT, _value_layout
+from .state_data import TIMEOUT, value_layout
 from .store import files as store_files
 
 NO_TIMESTAMP = -1
@@ -19,7 +19,7 @@ def our_rows(batch: pa.RecordBatch, value_schema: dict) -> pa.RecordBatch:
     """Spark's `key` and `value` struct columns as arrowstate's `k0..` and `v0..` columns."""
     keys = batch.column(0).flatten()
     value = batch.column(1)
-    layout = _value_layout(value_schema)
+    layout = value_layout(value_schema)
     names = [f["name"] for f in value_schema["fields"]]
     if layout == "dummy":
         values = []

@@ -82,11 +82,16 @@ object StateConversion {
   /** `f` for each partition in a Spark job, with the session's Hadoop configuration. */
   private def perPartition(session: SparkSession, partitions: Int)(
       f: (Int, Configuration) => Long): Array[Long] = {
-    val hadoopConf = session.sparkContext.broadcast(
-      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+    val hadoopConf = broadcastHadoopConf(session)
     session.sparkContext.parallelize(0 until partitions, partitions)
       .map(partition => f(partition, hadoopConf.value.value)).collect()
   }
+
+  private def broadcastHadoopConf(session: SparkSession) = session.sparkContext.broadcast(
+    new SerializableConfiguration(session.sessionState.newHadoopConf()))
+
+  /** Rows per Arrow batch sent to a worker: Spark's setting for Python's Arrow batches. */
+  private def batchSize(conf: SQLConf): Int = math.max(1, conf.arrowMaxRecordsPerBatch)
 
   private def schema(json: String): StructType =
     DataType.fromJson(json).asInstanceOf[StructType]
@@ -112,10 +117,10 @@ object StateConversion {
     val sqlConf = session.sessionState.conf
     val storeConf = storeConfWith(sqlConf, providerClass)
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
-    val batchSize = math.max(1, sqlConf.arrowMaxRecordsPerBatch)
+    val rowsPerBatch = batchSize(sqlConf)
     perPartition(session, partitions) { (partition, conf) =>
       importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
-        valueSchema, storeConf, conf, settings, timeZone, batchSize)
+        valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
     }
   }
 
@@ -220,15 +225,14 @@ object StateConversion {
     val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
     val settings = ArrowStateStoreProvider.workerSettings(
       new StateStoreConf(session.sessionState.conf))
-    val batchSize = math.max(1, session.sessionState.conf.arrowMaxRecordsPerBatch)
-    val hadoopConf = session.sparkContext.broadcast(
-      new SerializableConfiguration(session.sessionState.newHadoopConf()))
+    val rowsPerBatch = batchSize(session.sessionState.conf)
+    val hadoopConf = broadcastHadoopConf(session)
     val (k, v) = (keySchema.length, valueSchema.length)
     rows.repartition(partitions, rows.col("key")).select("key", "value")
       .queryExecution.toRdd.mapPartitionsWithIndex { (partition, it) =>
         Iterator(writeSnapshot(StateStoreId(stateRoot, operatorId, partition), version,
           keySchema, valueSchema, it.map(r => InternalRow(r.getStruct(0, k), r.getStruct(1, v))),
-          hadoopConf.value.value, settings, timeZone, batchSize))
+          hadoopConf.value.value, settings, timeZone, rowsPerBatch))
       }.collect()
   }
 
@@ -271,6 +275,6 @@ object StateConversion {
       ArrowStateStoreProvider.nativeClass(new StateStoreConf(sqlConf)))
     importPartition(StateStoreId(info.checkpointLocation, info.operatorId, partitionId),
       info.storeVersion, keySchema, valueSchema, storeConf, conf,
-      settings, timeZone, math.max(1, sqlConf.arrowMaxRecordsPerBatch))
+      settings, timeZone, batchSize(sqlConf))
   }
 }
