@@ -211,6 +211,25 @@ def keeps_last_value(key, pdfs, state):
                         "n": [n]})
 
 
+def keeps_last_values(key, pdfs, state):
+    """keeps_last_value for every column k0, k1, ... at once: the state holds each one's
+    latest value and the count; the output shows how each stored value comes back."""
+    prev = state.get if state.exists else None
+    n = prev[-1] if prev else 0
+    last = list(prev[:-1]) if prev else None
+    for pdf in pdfs:
+        columns = [c for c in pdf.columns if c.startswith("k")]
+        n += len(pdf)
+        last = [_python_value(pdf[c].iloc[-1]) for c in columns]
+    state.update((*last, n))
+    row = {"g": [key[0]]}
+    for i in range(len(last)):
+        row[f"last{i}"] = [prev[i] if prev else None]
+        row[f"seen{i}"] = [None if prev is None else f"{type(prev[i]).__name__}: {prev[i]!r}"]
+    row["n"] = [n]
+    yield pd.DataFrame(row)
+
+
 COERCED_STATE = ("d double, f float, i int, b tinyint, l bigint, s string, bin binary, "
                  "dec decimal(10,2), ts timestamp, day date, st struct<a:int,b:string>")
 # What a function may hand state.update for those fields: each is stored as native Spark

@@ -176,8 +176,7 @@ def _state_command(command, checkpoint, *args):
 
 @pytest.mark.parametrize("command, name", [
     ("export", "aggregation_update"), ("export", "apply_in_pandas_with_state"),
-    ("import", "dedup_within_watermark"), ("import", "aggregation_update"),
-    ("import", "apply_in_pandas_with_state")])
+    ("import", "dedup_within_watermark"), ("import", "apply_in_pandas_with_state")])
 def test_export_and_import_move_a_checkpoint_between_engines(spark, tmp_path, command, name):
     """`state export` after two batches run by arrowstate (`import`: by Spark); the query
     then continues on the other engine and gives, batch for batch, what an uninterrupted
@@ -241,15 +240,22 @@ def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_pat
                                               ("apply_in_pandas_with_state", 2)])
 def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_path, name,
                                                          partitions):
-    """`state repartition` on an arrowstate checkpoint against Spark 4.3's own offline
-    repartition of the same query's RocksDB checkpoint (Spark repartitions RocksDB state
-    only): the same batches follow, with the same rows and state figures."""
+    """`state repartition` on an arrowstate checkpoint, and Spark 4.3's own offline
+    repartition of it (with RocksDB recorded, Spark writes RocksDB files over arrowstate's,
+    which the next batch adopts), against Spark's repartition of the same query's RocksDB
+    checkpoint (Spark repartitions RocksDB state only): the same batches follow, with the
+    same rows and state figures."""
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
     build, mode = CASES[name]
 
+    repartition_batches, repartitioned = [], []   # per run of Spark's repartition
+
     def sparks(i, checkpoint):
         spark._streamingCheckpointManager.repartition(checkpoint, partitions)
+        repartition_batches.append(max(int(n) for n in os.listdir(f"{checkpoint}/commits")
+                                       if n.isdigit()))
+        repartitioned.append(_rows(spark.read.format("statestore").load(checkpoint)))
         return False
 
     native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
@@ -267,5 +273,16 @@ def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_
     assert run.outputs == native.outputs
     assert run.figures == native.figures
     assert all("Arrow" in p for p in run.plans)
+    by_spark = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
+                         output_mode=mode, restart_after=[1], on_restart=sparks,
+                         custom_metrics=["stateRowsAdopted"])
+    assert by_spark.outputs == native.outputs
+    assert by_spark.figures == native.figures
+    adopted = {b: sum(p["stateRowsAdopted"] or 0 for p in c)
+               for b, c in by_spark.custom.items()}
+    first_after = min(b for b in adopted if b > repartition_batches[-1])
+    # what Spark's repartition wrote over arrowstate's state reads as on the native checkpoint
+    assert repartitioned[-1] == repartitioned[0] and repartitioned[0]
+    assert [b for b, n in adopted.items() if n > 0] == [first_after], adopted
     again = _state_command("repartition", run.checkpoint, str(partitions))
     assert again["repartitioned"] == [] and "nothing to do" in again["message"]

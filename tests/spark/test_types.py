@@ -67,15 +67,28 @@ def test_deduplication_key_types(spark, tmp_path, name):
     _ran_or_fell_back(ours, "ArrowStreamingDeduplicate")
 
 
-@pytest.mark.parametrize("name", list(TYPES))
-def test_aggregation_buffer_types(spark, tmp_path, name):
-    schema, batches = _batches(*TYPES[name])
-    _, ours = assert_same(
-        spark, tmp_path, schema, batches,
-        lambda df: df.groupBy("g").agg(F.first("k", ignorenulls=True).alias("first"),
-                                       F.count("k").alias("n")),
-        expect_node=None, output_mode="update")
-    _ran_or_fell_back(ours, "ArrowStateStoreSave")
+def _wide_batches(names):
+    """One column k0, k1, ... per type (its values in turn), beside g and n: every type in
+    one query."""
+    length = max(len(TYPES[name][1]) for name in names)
+    schema = pa.schema([("g", pa.int64())] + [(f"k{i}", TYPES[name][0])
+                                              for i, name in enumerate(names)]
+                       + [("n", pa.int64())])
+    rows = [{"g": r % 2, "n": r, **{f"k{i}": TYPES[name][1][r % len(TYPES[name][1])]
+                                    for i, name in enumerate(names)}}
+            for r in range(length)]
+    return schema, [rows[:2], rows[2:], rows]
+
+
+def test_aggregation_buffer_types(spark, tmp_path):
+    """Every type as an aggregation buffer (first() keeps a value of it), in one query."""
+    names = list(TYPES)
+    schema, batches = _wide_batches(names)
+    aggs = [agg for i in range(len(names))
+            for agg in (F.first(f"k{i}", ignorenulls=True).alias(f"first{i}"),
+                        F.count(f"k{i}").alias(f"n{i}"))]
+    assert_same(spark, tmp_path, schema, batches, lambda df: df.groupBy("g").agg(*aggs),
+                expect_node="ArrowStateStoreSave", output_mode="update")
 
 
 def _keeps_last_value(ddl):
@@ -103,12 +116,19 @@ NATIVE_CANNOT = {
 }
 
 
-@pytest.mark.parametrize("name", [t for t in TYPES if t not in NATIVE_CANNOT])
-def test_apply_in_pandas_with_state_field_types(spark, tmp_path, name):
-    """The type as a state field and an output column; the function reports the stored
-    value's Python type and repr, so a value that comes back in another form shows."""
-    schema, batches = _batches(*TYPES[name])
-    assert_same(spark, tmp_path, schema, batches, _keeps_last_value(DDL.get(name, name)),
+def test_apply_in_pandas_with_state_field_types(spark, tmp_path):
+    """Every type as a state field and an output column, in one query; the function reports
+    each stored value's Python type and repr, so a value that comes back in another form
+    shows."""
+    names = [t for t in TYPES if t not in NATIVE_CANNOT]
+    schema, batches = _wide_batches(names)
+    ddls = [DDL.get(name, name) for name in names]
+    output = ", ".join(["g long"] + [f"last{i} {d}, seen{i} string" for i, d in enumerate(ddls)]
+                       + ["n long"])
+    state = ", ".join([f"last{i} {d}" for i, d in enumerate(ddls)] + ["n long"])
+    assert_same(spark, tmp_path, schema, batches,
+                lambda df: df.groupBy("g").applyInPandasWithState(
+                    fns.keeps_last_values, output, state, "Update", GroupStateTimeout.NoTimeout),
                 expect_node="ArrowFlatMapGroupsWithState", output_mode="update",
                 restart_after=[1])
 

@@ -36,8 +36,10 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   private var valueSchema: StructType = _
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
-  /** The native provider, for a partition whose state is not arrowstate's. */
+  private var useColumnFamilies: Boolean = false
+  /** The native provider, for versions whose state is not arrowstate's (made on first use). */
   private var native: Option[StateStoreProvider] = None
+  private var makeNative: () => StateStoreProvider = _
 
   override def init(
       stateStoreId: StateStoreId,
@@ -54,18 +56,26 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    if (!files.holdsArrowState) {
+    this.useColumnFamilies = useColumnFamilies || useMultipleValuesPerKey
+    makeNative = () => {
       val provider = StateStoreProvider.create(ArrowStateStoreProvider.nativeClass(storeConfs))
       provider.init(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec,
         useColumnFamilies, storeConfs, hadoopConf, useMultipleValuesPerKey,
         stateSchemaProvider)
-      native = Some(provider)
-    } else if (useColumnFamilies || useMultipleValuesPerKey) {
-      throw new UnsupportedOperationException(
-        s"arrowstate: state with column families or several values per key ($stateStoreId) " +
-          "is not arrowstate's: no arrowstate operator writes it")
+      provider
     }
   }
+
+  /** Spark's provider when `version` of this partition is Spark's state, else None. */
+  private def nativeFor(version: Long): Option[StateStoreProvider] =
+    if (files.sparkOwns(version)) {
+      if (native.isEmpty) native = Some(makeNative())
+      native
+    } else if (useColumnFamilies) {
+      throw new UnsupportedOperationException(
+        s"arrowstate: state with column families or several values per key ($id) " +
+          "is not arrowstate's: no arrowstate operator writes it")
+    } else None
 
   private def files: StateFiles = new StateFiles(
     StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId),
@@ -83,13 +93,13 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       version: Long,
       uniqueId: Option[String],
       forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore = native match {
+      loadEmpty: Boolean): StateStore = nativeFor(version) match {
     case Some(p) => p.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty)
     case None => readOnly("getStore")
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
-    native match {
+    nativeFor(version) match {
       case Some(p) => p.getReadStore(version, uniqueId)
       case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
         ArrowStateStoreProvider.workerSettings(storeConf))
@@ -97,7 +107,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
 
   override def upgradeReadStoreToWriteStore(
       readStore: ReadStateStore, version: Long, uniqueId: Option[String],
-      forceSnapshotOnCommit: Boolean): StateStore = native match {
+      forceSnapshotOnCommit: Boolean): StateStore = nativeFor(version) match {
     case Some(p) => p.upgradeReadStoreToWriteStore(readStore, version, uniqueId,
       forceSnapshotOnCommit)
     case None => readOnly("upgradeReadStoreToWriteStore")
@@ -111,16 +121,17 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
     native.map(_.supportedInstanceMetrics).getOrElse(Nil)
 
-  private def nativeReplay: Option[SupportsFineGrainedReplay] = native.map {
-    case p: SupportsFineGrainedReplay => p
-    case p => throw StateStoreErrors.stateStoreProviderDoesNotSupportFineGrainedReplay(
-      p.getClass.getName)
-  }
+  private def nativeReplay(version: Long): Option[SupportsFineGrainedReplay] =
+    nativeFor(version).map {
+      case p: SupportsFineGrainedReplay => p
+      case p => throw StateStoreErrors.stateStoreProviderDoesNotSupportFineGrainedReplay(
+        p.getClass.getName)
+    }
 
   override def replayStateFromSnapshot(
       snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String],
-      endVersionStateStoreCkptId: Option[String]): StateStore = nativeReplay match {
+      endVersionStateStoreCkptId: Option[String]): StateStore = nativeReplay(endVersion) match {
     case Some(p) => p.replayStateFromSnapshot(snapshotVersion, endVersion, readOnly,
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => this.readOnly("replayStateFromSnapshot")
@@ -129,7 +140,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   override def replayReadStateFromSnapshot(
       snapshotVersion: Long, endVersion: Long,
       snapshotVersionStateStoreCkptId: Option[String],
-      endVersionStateStoreCkptId: Option[String]): ReadStateStore = nativeReplay match {
+      endVersionStateStoreCkptId: Option[String]): ReadStateStore =
+    nativeReplay(endVersion) match {
     case Some(p) => p.replayReadStateFromSnapshot(snapshotVersion, endVersion,
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
@@ -139,7 +151,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   override def getStateStoreChangeDataReader(
       startVersion: Long, endVersion: Long, colFamilyNameOpt: Option[String],
       endVersionStateStoreCkptId: Option[String])
-    : NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = nativeReplay match {
+    : NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] =
+    nativeReplay(endVersion) match {
     case Some(p) => p.getStateStoreChangeDataReader(startVersion, endVersion,
       colFamilyNameOpt, endVersionStateStoreCkptId)
     case None =>

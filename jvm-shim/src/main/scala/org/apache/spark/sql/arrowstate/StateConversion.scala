@@ -259,14 +259,17 @@ object StateConversion {
   }
 
   /**
-   * An arrowstate operator's first load of a partition that holds only Spark's own state
-   * store files: that state, at `version`, becomes arrowstate's (one snapshot), once. The rows
+   * An arrowstate operator's first load of a partition whose state at the loaded version is
+   * Spark's own (a checkpoint of Spark's operators, or Spark's offline repartition of an
+   * arrowstate checkpoint): that state becomes arrowstate's (one snapshot), once. The rows
    * converted (0 when there was nothing to adopt).
    */
   def adoptIfSparkState(
       info: StatefulOperatorStateInfo, partitionId: Int, files: StateFiles,
       conf: Configuration, settings: WorkerSettings, timeZone: String): Long = {
-    if (info.storeVersion == 0 || files.holdsArrowState || !files.holdsSparkState) return 0L
+    // one listing per batch once the partition is arrowstate's
+    if (info.storeVersion == 0 || files.newestArrowStateVersion >= info.storeVersion ||
+      !files.sparkOwns(info.storeVersion) || !files.holdsSparkState) return 0L
     val sqlConf = SQLConf.get
     val schemaFile = new Path(new Path(StateFiles.partitionDir(info.checkpointLocation,
       info.operatorId, 0), "_metadata"), "schema")

@@ -25,7 +25,23 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   def holdsArrowState: Boolean = ourNames().nonEmpty
 
   /** Whether Spark's own state store wrote here (HDFS-backed or RocksDB files). */
-  def holdsSparkState: Boolean = names().exists(n => SparkStoreFile.pattern.matcher(n).matches())
+  def holdsSparkState: Boolean = newestSparkVersion >= 0
+
+  /** The newest version of Spark's own state files here (-1 for none). */
+  def newestSparkVersion: Long = names().collect {
+    case SparkStoreFile(version, _*) => version.toLong
+  }.maxOption.getOrElse(-1L)
+
+  /** The newest version of arrowstate's files here (-1 for none). */
+  def newestArrowStateVersion: Long = ourNames().flatMap(versionOf).maxOption.getOrElse(-1L)
+
+  /** Whether `version` of this partition is Spark's own state, not arrowstate's: no
+   * arrowstate file is here, or arrowstate's files stop short of it where Spark's reach it
+   * (Spark's offline repartition writes its store's files over an arrowstate checkpoint). */
+  def sparkOwns(version: Long): Boolean = {
+    val ours = newestArrowStateVersion
+    ours < 0 || (ours < version && newestSparkVersion >= version)
+  }
 
   /** The names of the files in the directory (none if it does not exist): the Python store
    * picks its own, and names another engine's when it finds only those. */
@@ -87,7 +103,7 @@ object StateFiles {
   val DeltaSuffix: String = Contract.DeltaSuffix
   val SnapshotSuffix: String = Contract.SnapshotSuffix
 
-  private val SparkStoreFile = "^\\d+(\\.delta|\\.snapshot|(_[0-9a-f-]+)?\\.zip|(_[0-9a-f-]+)?\\.changelog)$".r
+  private val SparkStoreFile = "^(\\d+)(\\.delta|\\.snapshot|(_[0-9a-f-]+)?\\.zip|(_[0-9a-f-]+)?\\.changelog)$".r
 
   private object OurFiles extends PathFilter {
     override def accept(p: Path): Boolean = versionOf(p.getName).isDefined
