@@ -264,11 +264,13 @@ def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_
 
     def ours(i, checkpoint):
         said.update(_state_command("repartition", checkpoint, str(partitions)))
+        said["read"] = _rows(spark.read.format("statestore").load(checkpoint))
         return False
 
     run = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
                     output_mode=mode, restart_after=[1], on_restart=ours)
     [done] = said["repartitioned"]
+    assert said["read"] == repartitioned[0]
     assert len(done["rows"]) == partitions and sum(done["rows"]) > 0
     assert run.outputs == native.outputs
     assert run.figures == native.figures
