@@ -219,7 +219,9 @@ def format_text(described: dict) -> str:
     return "\n".join(lines)
 
 
+PROVIDER_SETTING = "spark.sql.streaming.stateStore.providerClass"
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def offset_conf(checkpoint: str, batch: int) -> dict:
@@ -310,17 +312,26 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
             "message": f"the old engine's files were moved to {backup}"}
 
 
+def _store_settings(conf: dict) -> dict:
+    """The state store settings the checkpoint's offset log records (provider, codec,
+    RocksDB's), for the session that converts its state."""
+    return {k: v for k, v in conf.items() if k.startswith("spark.sql.streaming.")}
+
+
 def export_to_spark(checkpoint: str) -> dict:
-    """Converts every arrowstate operator's state to Spark's HDFS-backed state store format
-    (the newest committed version, as `<v>.snapshot` per partition), so that the query
-    continues on Spark's own operators. arrowstate's files are moved, once every snapshot is
-    written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does nothing."""
+    """Converts every arrowstate operator's state to the format of the Spark state store
+    the checkpoint records (the newest committed version: HDFS-backed, `<v>.snapshot` per
+    partition; RocksDB, a snapshot of that version written through its provider), so that
+    the query continues on Spark's own operators. arrowstate's files are moved, once every
+    partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
+    nothing."""
     def check(conf, last):
-        provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
-        if provider != HDFS_PROVIDER:
+        provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
+        if provider not in (HDFS_PROVIDER, ROCKSDB_PROVIDER):
             raise CheckpointError(
                 f"{checkpoint}: the query's state store provider is {provider} "
-                f"(offsets/{last}); export writes the format of {HDFS_PROVIDER} only")
+                f"(offsets/{last}); export writes the formats of {HDFS_PROVIDER} and "
+                f"{ROCKSDB_PROVIDER} only")
         if conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled") == "true":
             raise CheckpointError(f"{checkpoint}: the query stores row checksums "
                                   "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
@@ -328,12 +339,12 @@ def export_to_spark(checkpoint: str) -> dict:
 
     def call(conversion, spark, state_root, o, key, value, version, conf):
         return conversion.exportOperator(spark._jsparkSession, state_root, o["operator_id"],
-                                         o["partitions"], version, key, value)
+                                         o["partitions"], version, key, value,
+                                         conf.get(PROVIDER_SETTING, HDFS_PROVIDER))
 
-    codec = "spark.sql.streaming.stateStore.compression.codec"
     return _convert(checkpoint, "exported",
                     lambda o: ARROWSTATE in o["engine"].split("+"), check,
-                    lambda conf: {codec: conf.get(codec, "lz4")}, call,
+                    _store_settings, call,
                     "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
 
 
@@ -356,13 +367,12 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
 
     def call(conversion, spark, state_root, o, key, value, version, conf):
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
-        provider = conf.get("spark.sql.streaming.stateStore.providerClass", HDFS_PROVIDER)
+        provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
         return conversion.importOperator(spark._jsparkSession, state_root, o["operator_id"],
                                          o["partitions"], version, key, value, provider, zone)
 
     return _convert(checkpoint, "imported", choose, lambda conf, last: None,
-                    lambda conf: {k: v for k, v in conf.items()
-                                  if k.startswith("spark.sql.streaming.")}, call,
+                    _store_settings, call,
                     "spark-state-imported",
                     lambda name: bool(store_files.spark_store_files([name])))
 

@@ -174,13 +174,22 @@ def _state_command(command, checkpoint, *args):
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("command, name", [
-    ("export", "aggregation_update"), ("export", "apply_in_pandas_with_state"),
-    ("import", "dedup_within_watermark"), ("import", "apply_in_pandas_with_state")])
-def test_export_and_import_move_a_checkpoint_between_engines(spark, tmp_path, command, name):
-    """`state export` after two batches run by arrowstate (`import`: by Spark); the query
-    then continues on the other engine and gives, batch for batch, what an uninterrupted
-    native run gives. Run again, the command has nothing to do."""
+HDFS, ROCKSDB = "HDFSBackedStateStoreProvider", "RocksDBStateStoreProvider"
+
+
+@pytest.mark.parametrize("command, name, provider", [
+    ("export", "aggregation_update", HDFS), ("export", "apply_in_pandas_with_state", HDFS),
+    ("export", "aggregation_update", ROCKSDB),
+    ("import", "dedup_within_watermark", HDFS),
+    ("import", "apply_in_pandas_with_state", ROCKSDB)])
+def test_export_and_import_move_a_checkpoint_between_engines(spark, spark_conf, tmp_path,
+                                                             command, name, provider):
+    """`state export` after two batches run by arrowstate (`import`: by Spark), with the
+    state store provider the query records; the query then continues on the other engine
+    and gives, batch for batch, what an uninterrupted native run gives. Run again, the
+    command has nothing to do."""
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  f"org.apache.spark.sql.execution.streaming.state.{provider}"})
     build, mode = CASES[name]
     native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
                        output_mode=mode)

@@ -16,7 +16,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
-import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
@@ -33,7 +33,10 @@ import org.apache.spark.util.SerializableConfiguration
  * for the caller to move away once every partition is written.
  */
 object StateConversion {
-  /** Writes `<version>.snapshot` for each partition of one operator; the rows per partition. */
+  /** Writes `version` of each partition of one operator in the format of Spark's
+   * `providerClass`; the rows per partition. HDFS-backed: that version's `<v>.snapshot`.
+   * Another provider (RocksDB): a fresh store of the provider, committed as that version with
+   * a snapshot, as Spark's offline repartition writes its state. */
   def exportOperator(
       session: SparkSession,
       stateRoot: String,
@@ -41,10 +44,12 @@ object StateConversion {
       partitions: Int,
       version: Long,
       keySchemaJson: String,
-      valueSchemaJson: String): Array[Long] = {
+      valueSchemaJson: String,
+      providerClass: String): Array[Long] = {
     val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
-    val storeConf = new StateStoreConf(session.sessionState.conf)
+    val storeConf = storeConfWith(session.sessionState.conf, providerClass)
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
+    val hdfs = providerClass == classOf[HDFSBackedStateStoreProvider].getName
     perPartition(session, partitions) { (partition, conf) =>
       val dir = StateFiles.partitionDir(stateRoot, operatorId, partition)
       val files = new StateFiles(dir, conf)
@@ -52,31 +57,61 @@ object StateConversion {
         val id = StateStoreId(stateRoot, operatorId, partition)
         val rows = new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
           settings).iterator()
-        val fm = CheckpointFileManager.create(dir, conf)
-        val raw = fm.createAtomic(new Path(dir, s"$version.snapshot"), true)
-        var count = 0L
         try {
-          val out = new DataOutputStream(CompressionCodec.createCodec(SparkEnv.get.conf,
-            storeConf.compressionCodec).compressedOutputStream(raw))
-          rows.foreach { pair =>
-            val key = pair.key.getBytes
-            val value = pair.value.getBytes
-            out.writeInt(key.length)
-            out.write(key)
-            out.writeInt(value.length)
-            out.write(value)
-            count += 1
-          }
-          out.writeInt(-1)
-          out.close()
-        } catch {
-          case e: Throwable =>
-            raw.cancel()
-            throw e
+          if (hdfs) writeHdfsSnapshot(dir, version, rows, storeConf, conf)
+          else writeThroughProvider(id, version, keySchema, valueSchema, rows, storeConf, conf)
         } finally rows.close()
-        count
       }
     }
+  }
+
+  private def writeHdfsSnapshot(dir: Path, version: Long, rows: Iterator[UnsafeRowPair],
+      storeConf: StateStoreConf, conf: Configuration): Long = {
+    val fm = CheckpointFileManager.create(dir, conf)
+    val raw = fm.createAtomic(new Path(dir, s"$version.snapshot"), true)
+    var count = 0L
+    try {
+      val out = new DataOutputStream(CompressionCodec.createCodec(SparkEnv.get.conf,
+        storeConf.compressionCodec).compressedOutputStream(raw))
+      rows.foreach { pair =>
+        val key = pair.key.getBytes
+        val value = pair.value.getBytes
+        out.writeInt(key.length)
+        out.write(key)
+        out.writeInt(value.length)
+        out.write(value)
+        count += 1
+      }
+      out.writeInt(-1)
+      out.close()
+    } catch {
+      case e: Throwable =>
+        raw.cancel()
+        throw e
+    }
+    count
+  }
+
+  private def writeThroughProvider(id: StateStoreId, version: Long, keySchema: StructType,
+      valueSchema: StructType, rows: Iterator[UnsafeRowPair], storeConf: StateStoreConf,
+      conf: Configuration): Long = {
+    val provider = StateStoreProvider.createAndInit(
+      StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
+      NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+    try {
+      // empty at version - 1, so that the commit is `version`, snapshot included
+      val store = provider.getStore(version - 1, None, forceSnapshotOnCommit = true,
+        loadEmpty = true)
+      try {
+        var count = 0L
+        rows.foreach { pair =>
+          store.put(pair.key, pair.value)
+          count += 1
+        }
+        store.commit()
+        count
+      } finally if (!store.hasCommitted) store.abort()
+    } finally provider.close()
   }
 
   /** `f` for each partition in a Spark job, with the session's Hadoop configuration. */
