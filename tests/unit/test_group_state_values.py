@@ -45,3 +45,29 @@ def test_values_native_spark_cannot_pickle_fail_clearly():
         _columns([ArrayType(IntegerType())], (np.array([1, 2]),))
     with pytest.raises(StateValueError, match="STRUCT_ARRAY_LENGTH_MISMATCH"):
         _columns([IntegerType(), IntegerType()], (1,))
+
+
+def test_values_of_exactly_the_fields_types_take_the_vectorised_path_with_the_same_result():
+    from pyspark.sql.types import BooleanType, LongType
+    types = [LongType(), IntegerType(), ByteType(), DoubleType(), StringType(), BooleanType()]
+    schema = StructType([StructField(f"f{i}", t) for i, t in enumerate(types)])
+    from pyspark.sql.pandas.types import to_arrow_type
+    fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in schema]
+    exact = StateValueWriter(schema, fields)
+    general = StateValueWriter(schema, fields)
+    general.exact_kinds = None
+    cases = [
+        [(2**62, -2**31, 127, 1.5, "é", True), (0, 7, -128, float("nan"), "", False)],
+        [(1, 2**31, 1, 1.0, "x", True)],       # out of an int's range: wraps, as Java does
+        [(1, 2, 300, 1.0, "x", True)],          # out of a byte's range
+        [(1, 2, 3, 1, "x", True)],              # an int for a double: null
+        [(1, 2, 3, 1.0, "x", 1)],               # an int for a boolean
+        [[1, 2, 3, 1.0, "x", True]],            # a list, not a tuple
+    ]
+    assert exact._exact_columns(cases[0]) is not None
+    for values in cases[1:]:
+        assert exact._exact_columns(values) is None, values
+    for values in cases:
+        got = [c.to_pylist() for c in exact.columns(values)]
+        want = [c.to_pylist() for c in general.columns(values)]
+        assert repr(got) == repr(want), values

@@ -190,14 +190,43 @@ class StateValueWriter:
     as native Spark would store them."""
 
     def __init__(self, schema, fields: list[pa.Field]):
+        from pyspark.sql.types import (BooleanType, ByteType, DoubleType, IntegerType,
+                                       LongType, ShortType, StringType)
         self.schema = schema
         self.needs_internal = any(f.needConversion() for f in schema.fields)
         self.row = struct_from_java(schema)
         self.types = [f.type for f in fields]
         self.storage = [storage_type(t) for t in self.types]
+        # Fields whose values of exactly this Python type make the round trip unchanged
+        # (an int in range of an integral field, a float for a double, a str, a bool).
+        exact = {LongType: int, IntegerType: int, ShortType: int, ByteType: int,
+                 DoubleType: float, StringType: str, BooleanType: bool}
+        kinds = [exact.get(type(f.dataType)) for f in schema.fields]
+        self.exact_kinds = kinds if all(kinds) else None
+
+    def _exact_columns(self, values: list) -> list[pa.Array] | None:
+        """The columns in one vectorised step when every value is a tuple of exactly the
+        fields' Python types (what running counts and the like store); None otherwise."""
+        width = len(self.types)
+        if not all(type(v) is tuple and len(v) == width for v in values):
+            return None
+        columns = []
+        for i, (kind, t) in enumerate(zip(self.exact_kinds, self.types)):
+            column = [v[i] for v in values]
+            if not all(type(x) is kind for x in column):
+                return None
+            try:   # out of the field's range: the general path wraps it as Java does
+                columns.append(pa.array(column, t))
+            except (OverflowError, pa.ArrowInvalid):
+                return None
+        return columns
 
     def columns(self, values: list) -> list[pa.Array]:
         """`values`: per row the updated value tuple, or None where no value is defined."""
+        if self.exact_kinds is not None and values:
+            exact = self._exact_columns(values)
+            if exact is not None:
+                return exact
         rows = []
         for v in values:
             if v is None:

@@ -9,8 +9,11 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperator, StatefulOperatorStateInfo}
+import org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
 import org.apache.spark.sql.internal.SQLConf
 
 /** Entry point named in `spark.sql.extensions`. */
@@ -69,7 +72,17 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
       "session windows (session_window) keep Spark's own state store operators"),
     SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
       "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
-        "arrowstate runs Python functions only"))
+        "arrowstate runs Python functions only"),
+    SparkOnly(_.isInstanceOf[TransformWithStateInPySparkExec],
+      "transformWithState / transformWithStateInPandas: not run by arrowstate yet; " +
+        "Spark's operator and state store keep it"),
+    SparkOnly(_.isInstanceOf[TransformWithStateExec],
+      "the stateful processor is a JVM one (Scala/Java transformWithState): " +
+        "arrowstate runs Python functions only"),
+    SparkOnly(_.isInstanceOf[StreamingSymmetricHashJoinExec],
+      "stream-stream joins keep Spark's own state store operators"),
+    SparkOnly(_.isInstanceOf[StreamingGlobalLimitExec],
+      "a streaming limit keeps Spark's own state store operator"))
 
   override def apply(plan: SparkPlan): SparkPlan = {
     val conf = SQLConf.get
