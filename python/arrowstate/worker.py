@@ -161,7 +161,8 @@ class Worker:
         self.states[key] = state
 
         metrics.update(family.metrics)
-        metrics["numTotalStateRows"] = len(state)
+        # rows as Spark counts them: stored rows, unless the family counts otherwise
+        metrics.setdefault("numTotalStateRows", len(state))
         metrics["stateMemory"] = state.memory_bytes()
         metrics["commitTimeMs"] = commit_ms
         # each worker counts once per operator and batch, so the sum over tasks is the

@@ -135,25 +135,9 @@ def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path)
     assert "StreamingDeduplicate" in out and "ArrowStreamingDeduplicate" not in out, out
 
 
-def test_transform_with_state_and_stream_joins_stay_spark_with_reason(spark, spark_conf,
-                                                                      tmp_path):
-    """Stateful operators no family runs yet stay Spark's, their reason in EXPLAIN, with
+def test_stream_joins_stay_spark_with_reason(spark, tmp_path):
+    """Stateful operators no family runs stay Spark's, their reason in EXPLAIN, with
     Spark's answers."""
-    import tws_processors
-    from pyspark import cloudpickle
-    cloudpickle.register_pickle_by_value(tws_processors)
-    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
-                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
-
-    def counts(df):
-        return df.groupBy("user").transformWithStateInPandas(
-            tws_processors.RunningCount(), "user string, count long", "Update", "None")
-
-    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, counts, expect_node=None,
-                          output_mode="update", restart_after=[0])
-    assert all("reason: transformWithState / transformWithStateInPandas" in p
-               for p in ours.plans), ours.plans
-
     def self_join(df):
         left = df.withWatermark("ts", "10 seconds").alias("l")
         right = df.withWatermark("ts", "10 seconds").alias("r")

@@ -6,9 +6,11 @@ from .aggregate import Aggregate
 from .base import FamilyBase, StateFamily
 from .dedup import Deduplicate
 from .flatmap import FlatMapGroupsWithState
+from .transform_with_state import TransformWithState
 
 REGISTRY: dict[str, type[StateFamily]] = {
-    family.name: family for family in (Deduplicate, Aggregate, FlatMapGroupsWithState)}
+    family.name: family for family in (Deduplicate, Aggregate, FlatMapGroupsWithState,
+                                       TransformWithState)}
 
 __all__ = ["REGISTRY", "StateFamily", "FamilyBase", "Aggregate", "Deduplicate",
-           "FlatMapGroupsWithState"]
+           "FlatMapGroupsWithState", "TransformWithState"]

@@ -27,6 +27,7 @@ from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase
 from .group_state_values import StateValueWriter
+from .pandas_io import PandasIO
 
 NO_TIMESTAMP = -1
 DEFINED, TIMEOUT = "__defined", "__timeout"
@@ -50,8 +51,7 @@ class FlatMapGroupsWithState(FamilyBase):
         import pandas as pd
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
-        from pyspark.sql.conversion import (ArrowBatchTransformer, ArrowTableToRowsConversion,
-                                            PandasToArrowConversion)
+        from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.streaming.state import GroupState
         from pyspark.sql.types import (BooleanType, ByteType, DoubleType, FloatType,
@@ -60,9 +60,8 @@ class FlatMapGroupsWithState(FamilyBase):
 
         self._pd, self._Row, self._GroupState = pd, Row, GroupState
         self._TypeError, self._RuntimeError = PySparkTypeError, PySparkRuntimeError
-        self._to_pandas_columns = ArrowBatchTransformer.to_pandas
-        self._to_arrow = PandasToArrowConversion.convert
         self._to_rows = ArrowTableToRowsConversion.convert
+        self.io = PandasIO(operator)
 
         self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
         self.key_indices = operator["keyIndices"]
@@ -71,26 +70,14 @@ class FlatMapGroupsWithState(FamilyBase):
         self.batch_ts = operator["batchTimestampMs"]
         self.watermark = operator["eventTimeWatermarkMs"]
         self.watermark_present = operator["watermarkPresent"]
-        conf = operator["runnerConf"]
-        self.timezone = conf.get("spark.sql.session.timeZone")
-        self.assign_cols_by_name = conf.get(
-            "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true") == "true"
-        self.safecheck = conf.get(
-            "spark.sql.execution.pandas.convertToArrowArraySafely", "false") == "true"
-        self.int_to_decimal = conf.get(
-            "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled",
-            "false") == "true"
-        self.prefer_int_ext_dtype = conf.get(
-            "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false") == "true"
         self.state_schema = StructType.fromJson(json.loads(operator["stateSchema"]))
         self._plain_state = all(
             isinstance(f.dataType, (BooleanType, ByteType, ShortType, IntegerType, LongType,
                                     FloatType, DoubleType, StringType))
             for f in self.state_schema.fields)
-        self.output_schema = StructType.fromJson(json.loads(operator["outputSchema"]))
         self.value_names = input_schema.names[: self.value_count]
         self.key_fields = [input_schema.field(i) for i in self.key_indices]
-        self.state_fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=self.timezone))
+        self.state_fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=self.io.timezone))
                              for f in self.state_schema.fields]
         self._state_writer = StateValueWriter(self.state_schema, self.state_fields)
         self.value_fields = self.state_fields + [pa.field(DEFINED, pa.bool_()),
@@ -98,7 +85,6 @@ class FlatMapGroupsWithState(FamilyBase):
         self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
         self.defined_column = self.timeout_column - 1
         self._pending: _Group | None = None
-        self._outputs: list = []
         self._puts: list = []      # (hkey, key batch, row, value tuple or None, timeout)
         self._removes: list = []
         self._unchanged_timeouts: list = []   # timed-out groups whose state was left alone
@@ -150,7 +136,7 @@ class FlatMapGroupsWithState(FamilyBase):
         except TypeError:
             raise PySparkTypeError(errorClass="UDF_RETURN_TYPE", messageParameters={
                 "expected": "iterable", "actual": type(result).__name__}) from None
-        width = len(self.output_schema)
+        width = len(self.io.output_schema)
         for pdf in result:
             if not isinstance(pdf, pd.DataFrame):
                 raise PySparkTypeError(errorClass="UDF_RETURN_TYPE", messageParameters={
@@ -161,7 +147,7 @@ class FlatMapGroupsWithState(FamilyBase):
                                           messageParameters={"expected": str(width),
                                                              "actual": str(len(pdf.columns))})
             if len(pdf) > 0:
-                self._outputs.append(pdf)
+                self.io.outputs.append(pdf)
         # The output is consumed: record what becomes of the state, as Spark does. json() is
         # how pyspark's own worker reads the outcome back from a GroupState.
         outcome = json.loads(state.json())
@@ -200,58 +186,11 @@ class FlatMapGroupsWithState(FamilyBase):
         state.put_rows(hkeys, pa.RecordBatch.from_arrays(columns, schema=state.schema))
         self._index(state, hkeys, timeouts)
 
-    def _merged_outputs(self):
-        """The function's output frames as one DataFrame, as pd.concat would make it.
-
-        pd.concat costs ~25 us per frame, more than most state functions; when every frame
-        has the first one's columns and numpy dtypes, the columns are joined directly."""
-        frames, pd = self._outputs, self._pd
-        names = self.output_schema.names
-        first = list(frames[0].columns)
-        if self.assign_cols_by_name and all(isinstance(c, str) for c in first):
-            if sorted(first) != sorted(names):
-                return pd.concat(frames, ignore_index=True)
-            positions = [first.index(n) for n in names]
-        elif len(first) == len(names):
-            positions = list(range(len(names)))
-        else:
-            return pd.concat(frames, ignore_index=True)
-        columns: list[list] = [[] for _ in positions]
-        try:
-            dtypes = [frames[0]._mgr.iget_values(p).dtype for p in positions]
-            for frame in frames:
-                if list(frame.columns) != first:
-                    return pd.concat(frames, ignore_index=True)
-                for parts, p, dtype in zip(columns, positions, dtypes):
-                    values = frame._mgr.iget_values(p)
-                    if not isinstance(values, np.ndarray) or values.dtype != dtype:
-                        return pd.concat(frames, ignore_index=True)
-                    parts.append(values)
-        except AttributeError:   # another pandas' internals: take the general path
-            return pd.concat(frames, ignore_index=True)
-        return pd.DataFrame({n: np.concatenate(parts) for n, parts in zip(names, columns)})
-
-    def _output_batch(self) -> pa.RecordBatch | None:
-        if not self._outputs:
-            return None
-        merged = self._merged_outputs()
-        self._outputs = []
-        return self._to_arrow(
-            merged, self.output_schema, timezone=self.timezone, safecheck=self.safecheck,
-            arrow_cast=True, assign_cols_by_name=self.assign_cols_by_name,
-            int_to_decimal_coercion_enabled=self.int_to_decimal)
-
     # -- one micro-batch --------------------------------------------------------------------
-    def _to_pandas(self, batch: pa.RecordBatch) -> list:
-        """Columns as pandas Series, converted exactly as PySpark's worker does."""
-        return self._to_pandas_columns(
-            batch, timezone=self.timezone, struct_in_pandas="dict", ndarray_as_list=False,
-            prefer_int_ext_dtype=self.prefer_int_ext_dtype, df_for_struct=False)
-
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         with self.updating():
             self._process(state, batch)
-        return self._output_batch()
+        return self.io.output_batch()
 
     def _process(self, state: VersionedState, batch: pa.RecordBatch) -> None:
         pd = self._pd
@@ -259,7 +198,7 @@ class FlatMapGroupsWithState(FamilyBase):
         key_batch = batch.select(self.key_indices)
         hkeys = keycodec.rows(key_batch.columns, n)
         boundaries = [0] + [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]] + [n]
-        series = self._to_pandas(batch)
+        series = self.io.to_pandas(batch)
         # One conversion per batch; each group's rows are a slice of it, re-indexed from 0
         # as PySpark's own per-group frames are.
         frame = pd.concat(series[: self.value_count], axis=1)
@@ -290,7 +229,7 @@ class FlatMapGroupsWithState(FamilyBase):
                 self._call(self._pending, timed_out=False)
                 self._pending = None
             self._write(state)
-        batch = self._output_batch()
+        batch = self.io.output_batch()
         if batch is not None:
             yield batch
 
@@ -300,7 +239,7 @@ class FlatMapGroupsWithState(FamilyBase):
             if threshold is not None and threshold != NO_TIMESTAMP:
                 self._timeouts(state, threshold)
         self.close_timings()
-        batch = self._output_batch()
+        batch = self.io.output_batch()
         if batch is not None:
             yield batch
 
@@ -317,7 +256,7 @@ class FlatMapGroupsWithState(FamilyBase):
         stored = self._stored_values(rows)
         key_batch = rows.select(range(len(self.key_fields)))
         # the key tuples as the function sees them: from pandas, as for groups with data
-        key_arrays = [s.array for s in self._to_pandas(key_batch)]
+        key_arrays = [s.array for s in self.io.to_pandas(key_batch)]
         for i in due.tolist():
             hkey = due_keys[i]
             if hkey in seen:

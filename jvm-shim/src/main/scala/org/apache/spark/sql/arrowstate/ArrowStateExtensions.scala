@@ -9,7 +9,6 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
@@ -65,7 +64,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
 
   /** The families, in the order they are asked. */
   val families: Seq[ArrowStateFamily] =
-    Seq(DeduplicateFamily, AggregateFamily, FlatMapGroupsWithStateFamily)
+    Seq(DeduplicateFamily, AggregateFamily, FlatMapGroupsWithStateFamily,
+      TransformWithStateFamily)
 
   private val sparkOnly: Seq[SparkOnly] = Seq(
     SparkOnly(_.isInstanceOf[SessionWindowStateStoreSaveExec],
@@ -73,9 +73,6 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
       "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
         "arrowstate runs Python functions only"),
-    SparkOnly(_.isInstanceOf[TransformWithStateInPySparkExec],
-      "transformWithState / transformWithStateInPandas: not run by arrowstate yet; " +
-        "Spark's operator and state store keep it"),
     SparkOnly(_.isInstanceOf[TransformWithStateExec],
       "the stateful processor is a JVM one (Scala/Java transformWithState): " +
         "arrowstate runs Python functions only"),

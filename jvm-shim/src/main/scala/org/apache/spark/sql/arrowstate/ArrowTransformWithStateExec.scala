@@ -1,0 +1,184 @@
+package org.apache.spark.sql.arrowstate
+
+import java.util.Base64
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.conf.Configuration
+import org.json4s.JsonAST.{JObject, JValue}
+import org.json4s.JsonDSL._
+
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.logical.TransformWithStateInPySpark.UserFacingDataType
+import org.apache.spark.sql.catalyst.plans.physical.Distribution
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.python.ArrowPythonRunner
+import org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec
+import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, StateSchemaValidationResult}
+import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
+import org.apache.spark.sql.types.StructType
+
+/**
+ * PySpark's `transformWithState` / `transformWithStateInPandas` with the user's
+ * StatefulProcessor running in the Python worker that holds the partition's state: input
+ * rows (sorted by grouping key) go to Python, the processor's output comes back, and no
+ * state operation crosses the bridge.
+ *
+ * Spark's own node (`spark`, with this node's child) keeps what is decided on the driver:
+ * the state schema checks and files (schema v3, operator metadata v2), the output
+ * watermark and whether another batch runs; so a query's checkpoint metadata is what
+ * Spark's operator writes.
+ */
+case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, child: SparkPlan)
+  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+
+  private def native: TransformWithStateInPySparkExec = spark.copy(child = child)
+
+  override def nodeName: String = "ArrowTransformWithState"
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName ${spark.groupingAttributes.mkString("[", ", ", "]")}, ${spark.outputMode}, " +
+      s"${spark.timeMode}, ${stateInfo.getOrElse("no state info")}"
+  override def output: Seq[Attribute] = spark.output
+  override def stateInfo: Option[StatefulOperatorStateInfo] = spark.stateInfo
+  override def keyExpressions: Seq[Attribute] = spark.groupingAttributes
+  override def eventTimeWatermarkForLateEvents: Option[Long] =
+    spark.eventTimeWatermarkForLateEvents
+  override def eventTimeWatermarkForEviction: Option[Long] = spark.eventTimeWatermarkForEviction
+  override def shortName: String = spark.shortName
+  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
+    Contract.customMetrics(TransformWithStateFamily.name)
+
+  override def requiredChildDistribution: Seq[Distribution] =
+    native.requiredChildDistribution.take(1)
+  override def requiredChildOrdering: Seq[Seq[SortOrder]] = native.requiredChildOrdering.take(1)
+
+  override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
+    native.shouldRunAnotherBatch(newInputWatermark)
+  override def produceOutputWatermark(inputWatermarkMs: Long): Option[Long] =
+    native.produceOutputWatermark(inputWatermarkMs)
+
+  override def validateAndMaybeEvolveStateSchema(
+      hadoopConf: Configuration, batchId: Long, stateSchemaVersion: Int)
+    : List[StateSchemaValidationResult] =
+    native.validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
+  override def operatorStateMetadataVersion: Int = native.operatorStateMetadataVersion
+  override def operatorStateMetadata(stateSchemaPaths: List[List[String]])
+    : OperatorStateMetadata = native.operatorStateMetadata(stateSchemaPaths)
+  override def validateNewMetadata(
+      oldMetadata: OperatorStateMetadata, newMetadata: OperatorStateMetadata): Unit =
+    native.validateNewMetadata(oldMetadata, newMetadata)
+  override def stateSchemaList(
+      stateSchemaValidationResults: List[StateSchemaValidationResult],
+      oldMetadata: Option[OperatorStateMetadata]): List[List[String]] =
+    native.stateSchemaList(stateSchemaValidationResults, oldMetadata)
+  override def supportsSchemaEvolution: Boolean = native.supportsSchemaEvolution
+
+  override protected def doExecute(): RDD[InternalRow] = {
+    val info = getStateInfo
+    val udf = spark.functionExpr.asInstanceOf[PythonUDF]
+    val function = udf.func
+    val sent = ArrowTransformWithState.sentColumns(spark.groupingAttributes, udf, child.output)
+    val sentSchema = DataTypeUtils.fromAttributes(sent.map(_.withNullability(true)))
+    val grouping = spark.groupingAttributes.size
+    val operator: JValue =
+      ("command" -> Base64.getEncoder.encodeToString(function.command.toArray)) ~
+        ("pythonIncludes" -> function.pythonIncludes.asScala.toList) ~
+        ("keyIndices" -> (0 until grouping).toList) ~
+        ("valueIndices" -> (grouping until sent.size).toList) ~
+        ("pandas" -> (spark.userFacingDataType == UserFacingDataType.PANDAS)) ~
+        ("maxRecordsPerBatch" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
+        ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
+        ("outputSchema" -> DataTypeUtils.fromAttributes(spark.outputAttrs).json) ~
+        ("variables" -> ArrowTransformWithState.variableSchemas(info))
+    val opener =
+      StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
+        sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
+    val outputSchema = DataTypeUtils.fromAttributes(output)
+    val childOutput = child.output
+
+    StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
+      val project = UnsafeProjection.create(sent, childOutput)
+      val toOutput = UnsafeProjection.create(outputSchema)
+      val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
+      new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+        passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
+      ) ++ task.exchange.endInput().flatMap(outputRows)
+    }
+  }
+
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
+
+object ArrowTransformWithState {
+  /**
+   * The schemas of the processor's state variables as Spark parsed them (a processor may
+   * give DDL strings, which only the JVM parses): name -> value schema and, for a map, the
+   * user key schema. Spark learns them on the driver (running the processor's init() in
+   * Python) and hands them to its stores in the state info's schema broadcast.
+   */
+  def variableSchemas(info: StatefulOperatorStateInfo): JValue = {
+    val active = info.stateSchemaMetadata.map(_.broadcast.value.activeSchemas).getOrElse(
+      throw new IllegalStateException(s"arrowstate: Spark gave no state schemas for " +
+        s"transformWithState operator ${info.operatorId} (query run ${info.queryRunId})"))
+    def newest(name: String, isKey: Boolean): Option[StructType] =
+      active.filter { case (k, _) => k.colFamilyName == name && k.isKey == isKey }
+        .maxByOption(_._1.schemaId).map(_._2.sqlSchema)
+    val names = active.keys.map(_.colFamilyName).toSeq.distinct.sorted
+      .filterNot(n => n.startsWith("$") || n == "default")
+    JObject(names.toList.map { name =>
+      val userKey = newest(name, isKey = true).flatMap(_.fields.find(_.name == "userKey"))
+        .map(_.dataType.json)
+      name -> (("value" -> newest(name, isKey = false).map(_.json)) ~ ("userKey" -> userKey))
+    })
+  }
+
+  /** The grouping columns, then the columns the processor's rows hold (the UDF's inputs). */
+  def sentColumns(grouping: Seq[Attribute], udf: PythonUDF, childOutput: Seq[Attribute])
+    : Seq[Attribute] = {
+    val inputs = udf.children.map {
+      case a: Attribute => childOutput.find(_.exprId == a.exprId).getOrElse(a)
+      case other => throw new IllegalStateException(
+        s"arrowstate: transformWithState input $other is not a column")
+    }
+    grouping ++ inputs
+  }
+}
+
+/** PySpark's `transformWithState` and `transformWithStateInPandas`: the processor runs
+ * next to its state. Time mode None without initial state; anything else stays Spark's. */
+object TransformWithStateFamily extends ArrowStateFamily {
+  override val name = "transformWithState"
+
+  override def matches(plan: SparkPlan): Boolean = plan.isInstanceOf[TransformWithStateInPySparkExec]
+
+  override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
+    val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
+    val udf = p.functionExpr.asInstanceOf[PythonUDF]
+    Seq(
+      if (p.timeMode != TimeMode.None()) {
+        Some(s"time mode ${p.timeMode} (timers, TTL): arrowstate runs time mode None so far")
+      } else None,
+      if (p.hasInitialState) Some("an initial state DataFrame: not supported yet") else None,
+      if (!p.isStreaming) Some("not a streaming query") else None,
+      if (p.outputMode == OutputMode.Complete()) Some("output mode Complete") else None,
+      if (!udf.func.broadcastVars.isEmpty) {
+        Some("the pickled processor is shipped as a broadcast (it is over 1 MB)")
+      } else None,
+      if (!udf.children.forall(_.isInstanceOf[Attribute])) {
+        Some("the processor's input is not plain columns")
+      } else None).flatten ++
+      p.groupingAttributes.flatMap { a =>
+        ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
+      }
+  }
+
+  override def replace(plan: SparkPlan): SparkPlan = {
+    val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
+    ArrowTransformWithStateExec(p, p.child)
+  }
+}

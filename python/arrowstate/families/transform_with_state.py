@@ -1,0 +1,575 @@
+"""transformWithState (Row API) and transformWithStateInPandas, with the user's
+StatefulProcessor in the worker that holds its state: every state operation is a dict
+operation here, never a round trip to the JVM.
+
+Semantics follow pyspark's worker and Spark's state variables (ValueStateImpl,
+ListStateImpl, MapStateImpl):
+- rows arrive sorted by grouping key; the processor is initialised once per task (its
+  state variables registered), handleInputRows is called once per key with the key's rows
+  (pandas: DataFrames of at most maxRecordsPerBatch rows; Row API: Rows), then close();
+- a value handed to update/append/updateValue is stored as Spark stores it (numpy values
+  made Python, then the state schema's conversion), so get() returns what it would return
+  natively, in the same batch too;
+- metrics as Spark counts them: an update, an appended value, a map entry written count as
+  updated rows; a cleared value one removed row, a cleared list its values, a removed map
+  entry one; numRowsTotal counts values, non-empty lists and map entries.
+Time mode None only (no timers, no TTL), no initial state: other queries stay Spark's,
+with the reason (see the shim's TransformWithStateFamily).
+
+State layout: one row per grouping key and state variable: the grouping key columns and
+`__state` (the variable's name) as key; one typed value column per variable (a struct for
+a value, a list of structs for a list, a list of key/value structs for a map), null in the
+other variables' rows. In memory each variable is a dict from grouping key to Python
+values, kept with the partition's state between batches.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from .. import keys as keycodec
+from ..store import VersionedState
+from .base import FamilyBase
+from .group_state_values import StateValueWriter
+from .pandas_io import PandasIO
+
+STATE_NAME = "__state"
+_NO_KEY = object()   # no grouping key is being processed (a key may be None)
+VALUE, LIST, MAP = "value", "list", "map"
+_COUNTED = ("numValueStateVars", "numListStateVars", "numMapStateVars",
+            "numDeletedStateVars", "numValueStateWithTTLVars", "numListStateWithTTLVars",
+            "numMapStateWithTTLVars", "numRegisteredTimers", "numDeletedTimers",
+            "numExpiredTimers", "numValuesRemovedDueToTTLExpiry", "timerProcessingTimeMs",
+            "initialStateProcessingTimeMs")
+
+
+def _struct_schema(schema, parsed: str | None):
+    """The variable's schema: as the JVM parsed it on the driver (`parsed`, JSON), since a
+    DDL string is parsed by Spark's parser only."""
+    import json
+
+    from pyspark.sql.types import StructType
+    if parsed is not None:
+        return StructType.fromJson(json.loads(parsed))
+    if not isinstance(schema, StructType):
+        raise TypeError(f"arrowstate: a state schema must be a StructType or a DDL string, "
+                        f"not {type(schema).__name__}")
+    return schema
+
+
+class _Codec:
+    """Python value tuples of one schema <-> Arrow, as Spark stores and returns them."""
+
+    def __init__(self, schema, timezone: str) -> None:
+        from pyspark.sql.conversion import ArrowTableToRowsConversion
+        from pyspark.sql.pandas.types import to_arrow_type
+        self.schema = schema
+        self.fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=timezone))
+                       for f in schema.fields]
+        self.type = pa.struct(self.fields)
+        self.writer = StateValueWriter(schema, self.fields)
+        self._to_rows = ArrowTableToRowsConversion.convert
+
+    def to_arrow(self, values: list) -> pa.StructArray:
+        return pa.StructArray.from_arrays(self.writer.columns(values), fields=self.fields)
+
+    def from_arrow(self, array: pa.StructArray) -> list[tuple]:
+        if len(array) == 0:
+            return []
+        table = pa.Table.from_batches([pa.RecordBatch.from_struct_array(array)])
+        return [tuple(v) for v in self._to_rows(table, self.schema, return_as_tuples=True)]
+
+    def stored(self, value) -> tuple:
+        """What Spark makes of a value handed to the state: numpy values made Python (as
+        pyspark's client does), then the schema's conversion; exactly-typed plain values
+        are already that."""
+        from pyspark.sql.streaming.stateful_processor_api_client import (
+            _normalize_state_value)
+        if value is None:
+            raise _state_error("a state value cannot be null")
+        value = tuple(map(_normalize_state_value, value))
+        kinds = self.writer.exact_kinds
+        if (kinds is not None and len(value) == len(kinds)
+                and all(type(v) is k for v, k in zip(value, kinds))
+                and all(k is not int or -2**31 <= v < 2**31 for v, k in zip(value, kinds))):
+            return value
+        return self.from_arrow(self.to_arrow([value]))[0]
+
+
+def _state_error(what: str) -> Exception:
+    from pyspark.errors import PySparkRuntimeError
+    return PySparkRuntimeError(f"arrowstate: {what}")
+
+
+class _Variable:
+    """One state variable: its kind, schemas, Arrow column and in-memory values (grouping
+    key -> tuple | list of tuples | dict of tuple -> tuple)."""
+
+    def __init__(self, family: "TransformWithState", name: str, kind: str, schema,
+                 key_schema=None) -> None:
+        self.family, self.name, self.kind = family, name, kind
+        self.codec = _Codec(schema, family.io.timezone)
+        self.key_codec = None if key_schema is None else _Codec(key_schema, family.io.timezone)
+        if kind == VALUE:
+            self.type = self.codec.type
+        elif kind == LIST:
+            self.type = pa.list_(self.codec.type)
+        else:
+            self.type = pa.list_(pa.struct([pa.field("key", self.key_codec.type),
+                                            pa.field("value", self.codec.type)]))
+        self.data: dict = {}
+
+    # -- what the processor calls, for the current grouping key -----------------------------
+    def _key(self):
+        return self.family.current_key()
+
+    def _changed(self, key) -> None:
+        self.family.dirty[(self.name, key)] = None
+
+    def entries(self, key) -> int:
+        """Rows Spark counts for the key: a value, a list, each map entry."""
+        return self.entries_of(self.data.get(key))
+
+    def entries_of(self, value) -> int:
+        return 0 if value is None else (len(value) if self.kind == MAP else 1)
+
+    def _set(self, key, value) -> None:
+        before = self.entries(key)
+        if value is None or (self.kind != VALUE and not value):
+            self.data.pop(key, None)
+        else:
+            self.data[key] = value
+        self.family.total += self.entries(key) - before
+        self._changed(key)
+
+
+class _ValueClient:
+    def __init__(self, var: _Variable) -> None:
+        self.var = var
+
+    def exists(self, _name: str) -> bool:
+        return self.var._key() in self.var.data
+
+    def get(self, _name: str):
+        return self.var.data.get(self.var._key())
+
+    def update(self, _name: str, value) -> None:
+        var = self.var
+        var._set(var._key(), var.codec.stored(value))
+        var.family.metrics["numUpdatedStateRows"] += 1
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        var._set(var._key(), None)
+        var.family.metrics["numRemovedStateRows"] += 1
+
+
+class _ListClient:
+    def __init__(self, var: _Variable) -> None:
+        self.var = var
+
+    def exists(self, _name: str) -> bool:
+        return self.var._key() in self.var.data
+
+    def values(self) -> Iterator[tuple]:
+        return iter(list(self.var.data.get(self.var._key(), ())))
+
+    def _checked(self, values) -> list:
+        if values is None:
+            raise _state_error(f"the list state {self.var.name} cannot be set to null")
+        values = list(values)
+        if not values:
+            raise _state_error(f"the list state {self.var.name} cannot be set to an empty "
+                               "list (clear() removes it)")
+        return [self.var.codec.stored(v) for v in values]
+
+    def put(self, _name: str, values) -> None:
+        var, stored = self.var, self._checked(values)
+        var._set(var._key(), stored)
+        # Spark's ListStateImpl.put resets the task's updated-rows count, then counts these
+        var.family.metrics["numUpdatedStateRows"] = len(stored)
+
+    def append_value(self, _name: str, value) -> None:
+        self.append_list(_name, [value])
+
+    def append_list(self, _name: str, values) -> None:
+        var, stored = self.var, self._checked(values)
+        key = var._key()
+        current = var.data.get(key)
+        if current is None:
+            var._set(key, stored)
+        else:
+            current.extend(stored)
+            var._changed(key)
+        var.family.metrics["numUpdatedStateRows"] += len(stored)
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        key = var._key()
+        removed = len(var.data.get(key, ()))
+        var._set(key, None)
+        var.family.metrics["numRemovedStateRows"] += removed
+
+
+class _MapClient:
+    def __init__(self, var: _Variable) -> None:
+        self.var = var
+
+    def _map(self) -> dict:
+        return self.var.data.get(self.var._key(), {})
+
+    def exists(self, _name: str) -> bool:
+        return bool(self._map())
+
+    def get_value(self, _name: str, key):
+        return self._map().get(self.var.key_codec.stored(key))
+
+    def contains_key(self, _name: str, key) -> bool:
+        return self.var.key_codec.stored(key) in self._map()
+
+    def update_value(self, _name: str, key, value) -> None:
+        var = self.var
+        user_key, stored = var.key_codec.stored(key), var.codec.stored(value)
+        group = var._key()
+        entries = var.data.get(group)
+        if entries is None:
+            var._set(group, {user_key: stored})
+        else:
+            var.family.total += user_key not in entries
+            entries[user_key] = stored
+            var._changed(group)
+        var.family.metrics["numUpdatedStateRows"] += 1
+
+    def remove_key(self, _name: str, key) -> None:
+        var = self.var
+        user_key, group = var.key_codec.stored(key), var._key()
+        entries = var.data.get(group)
+        if entries is not None and user_key in entries:
+            if len(entries) == 1:
+                var._set(group, None)
+            else:
+                del entries[user_key]
+                var.family.total -= 1
+                var._changed(group)
+        var.family.metrics["numRemovedStateRows"] += 1
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        group = var._key()
+        removed = len(var.data.get(group, {}))
+        var._set(group, None)
+        var.family.metrics["numRemovedStateRows"] += removed
+
+    def items(self) -> list:
+        return list(self._map().items())
+
+
+def _map_state(var: _Variable):
+    """pyspark's MapState, whose iterators here are over the current key's entries."""
+    from pyspark.sql.streaming.stateful_processor import MapState
+
+    class LocalMapState(MapState):
+        def iterator(self):
+            return iter(self._mapStateClient.items())
+
+        def keys(self):
+            return iter([k for k, _ in self._mapStateClient.items()])
+
+        def values(self):
+            return iter([v for _, v in self._mapStateClient.items()])
+
+    return LocalMapState(_MapClient(var), var.name)
+
+
+def _list_state(var: _Variable):
+    """pyspark's ListState, whose iterator is over the current key's values."""
+    from pyspark.sql.streaming.stateful_processor import ListState
+
+    class LocalListState(ListState):
+        def get(self):
+            return self._listStateClient.values()
+
+    return LocalListState(_ListClient(var), var.name)
+
+
+def _handle(family: "TransformWithState"):
+    """The processor's StatefulProcessorHandle, with state variables held here."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, ValueState
+
+    def no_ttl(name: str, ttl) -> None:
+        if ttl is not None:
+            raise _state_error(
+                f"state variable {name}: a TTL needs time mode ProcessingTime "
+                "(Spark: cannotProvideTTLConfigForTimeMode); this query runs with time mode "
+                "None")
+
+    def no_timers(*_args):
+        raise _state_error("timers need time mode ProcessingTime or EventTime (Spark: "
+                           "cannotUseTimersWithInvalidTimeMode); this query runs with time "
+                           "mode None")
+
+    class LocalHandle(StatefulProcessorHandle):
+        def __init__(self) -> None:
+            pass
+
+        def getValueState(self, stateName, schema, ttlDurationMs=None):
+            no_ttl(stateName, ttlDurationMs)
+            return ValueState(_ValueClient(family.register(stateName, VALUE, schema)),
+                              stateName)
+
+        def getListState(self, stateName, schema, ttlDurationMs=None):
+            no_ttl(stateName, ttlDurationMs)
+            return _list_state(family.register(stateName, LIST, schema))
+
+        def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
+            no_ttl(stateName, ttlDurationMs)
+            return _map_state(family.register(stateName, MAP, valueSchema, userKeySchema))
+
+        registerTimer = deleteTimer = listTimers = no_timers
+
+        def deleteIfExists(self, stateName):
+            raise _state_error(
+                f"deleteIfExists({stateName!r}) is not supported by arrowstate yet; run this "
+                "query with spark.arrowstate.transformWithState.enabled=false")
+
+    return LocalHandle()
+
+
+class TransformWithState(FamilyBase):
+    name = "transformWithState"
+
+    def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
+        super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
+                                    "numTotalStateRows", "allUpdatesTimeMs",
+                                    "allRemovalsTimeMs") + _COUNTED)
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.streaming.stateful_processor import TimerValues
+        from pyspark.sql.types import Row
+
+        self._Row, self._TimerValues = Row, TimerValues
+        self.io = PandasIO(operator)
+        udf, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
+        self.processor = udf.__self__._stateful_processor
+        self.pandas = operator["pandas"]
+        self.key_indices = operator["keyIndices"]
+        self.value_indices = operator["valueIndices"]
+        self.value_names = [input_schema.names[i] for i in self.value_indices]
+        self.max_rows = operator["maxRecordsPerBatch"]
+        self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
+        self._row_batches: list[pa.RecordBatch] = []
+        self._attached = False
+        self.key_fields = [input_schema.field(i) for i in self.key_indices] + [
+            pa.field(STATE_NAME, pa.string())]
+        self.variables: dict[str, _Variable] = {}
+        self._parsed: dict = operator["variables"]
+        self.dirty: dict = {}                  # (variable, grouping key) -> None, in order
+        self.total = 0
+        self._current = _NO_KEY                # the grouping key being processed
+        self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
+        self.processor.init(_handle(self))
+        self.order = sorted(self.variables)
+        self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
+
+    def register(self, name: str, kind: str, schema, key_schema=None) -> _Variable:
+        if name in self.variables:
+            raise _state_error(f"state variable {name} is defined twice")
+        parsed = self._parsed.get(name, {})
+        var = _Variable(self, name, kind, _struct_schema(schema, parsed.get("value")),
+                        None if key_schema is None
+                        else _struct_schema(key_schema, parsed.get("userKey")))
+        self.variables[name] = var
+        self.metrics[{VALUE: "numValueStateVars", LIST: "numListStateVars",
+                      MAP: "numMapStateVars"}[kind]] += 1
+        return var
+
+    def current_key(self):
+        if self._current is _NO_KEY:
+            raise _state_error("state is only available while a grouping key is processed "
+                               "(handleInputRows)")
+        return self._current
+
+    # -- state between batches --------------------------------------------------------------
+    def rebuild_index(self, state: VersionedState) -> None:
+        """Loads the variables' values from the stored rows (after a load from files)."""
+        rows = state.rows.take(state.rows.live_ids())
+        nk = len(self.key_fields) - 1
+        groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
+        names = rows.column(nk).to_pylist()
+        data = {n: {} for n in self.order}
+        for column, name in enumerate(self.order):
+            var = self.variables[name]
+            picked = [i for i, n in enumerate(names) if n == name]
+            if not picked:
+                continue
+            values = rows.column(nk + 1 + column).take(pa.array(picked))
+            if var.kind == VALUE:
+                decoded = var.codec.from_arrow(values)
+            else:
+                flat = var.codec.from_arrow(values.flatten() if var.kind == LIST
+                                            else values.flatten().field("value"))
+                keys = (var.key_codec.from_arrow(values.flatten().field("key"))
+                        if var.kind == MAP else None)
+                offsets = values.offsets.to_pylist()
+                decoded = [flat[a:b] if keys is None else dict(zip(keys[a:b], flat[a:b]))
+                           for a, b in zip(offsets[:-1], offsets[1:])]
+            for i, value in zip(picked, decoded):
+                data[name][groups[i]] = value
+        unknown = set(names) - set(self.order)
+        if unknown:
+            raise _state_error(f"the stored state holds variables {sorted(unknown)} that "
+                               "the processor does not define")
+        total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
+        state.objects = {"variables": data, "total": total}
+
+    def _attach(self, state: VersionedState) -> None:
+        if self._attached:
+            return
+        self._attached = True
+        held = getattr(state, "objects", None)
+        if held is None or set(held["variables"]) != set(self.order):
+            self.rebuild_index(state)
+            held = state.objects
+        for name, var in self.variables.items():
+            var.data = held["variables"][name]
+        self.total = held["total"]
+
+    # -- one micro-batch --------------------------------------------------------------------
+    def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        self._attach(state)
+        with self.updating():
+            self._process(batch)
+        return self._output()
+
+    def _process(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        key_batch = batch.select(self.key_indices)
+        groups = keycodec.rows(key_batch.columns, n)
+        bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
+        if self.pandas:
+            series = self.io.to_pandas(batch)
+            frame = self.io._pd.concat([series[i] for i in self.value_indices], axis=1)
+            # as pyspark's worker makes them: Python scalars, from pandas
+            keys = [series[i].tolist() for i in self.key_indices]
+        else:
+            columns = [batch.column(i) for i in self.value_indices]
+            keys = [batch.column(i) for i in self.key_indices]
+            DataRow = self._Row(*self.value_names)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            group = groups[lo]
+            # a key whose rows continue from the previous batch is called again, as
+            # pyspark's worker calls it once per run of rows it reads
+            self._key_rows[group] = (key_batch, lo)
+            self._current = group
+            if self.pandas:
+                key = tuple(k[lo] for k in keys)
+                chunks = []
+                for start in range(lo, hi, self.max_rows):
+                    chunk = frame.iloc[start:min(hi, start + self.max_rows)]
+                    chunk.index = self.io._pd.RangeIndex(len(chunk))
+                    chunks.append(chunk)
+                self._collect(self.processor.handleInputRows(
+                    key, iter(chunks), self._TimerValues(-1, -1)))
+            else:
+                key = tuple(k[lo].as_py() for k in keys)
+                rows = (DataRow(*(c[i].as_py() for c in columns)) for i in range(lo, hi))
+                self._collect(self.processor.handleInputRows(
+                    key, rows, self._TimerValues(-1, -1)))
+            self._current = _NO_KEY
+
+    def _collect(self, result) -> None:
+        if result is None:
+            return
+        if self.pandas:
+            pd = self.io._pd
+            for pdf in result:
+                if not isinstance(pdf, pd.DataFrame):
+                    from pyspark.errors import PySparkValueError
+                    raise PySparkValueError(
+                        "Invalid return type. Please make sure that the UDF returns a "
+                        "pandas.DataFrame when the specified return type is StructType.")
+                if len(pdf) > 0:
+                    self.io.outputs.append(pdf)
+        else:
+            rows = [row.asDict(True) for row in result]
+            if rows:
+                if self._output_schema is None:
+                    from pyspark.sql.pandas.types import to_arrow_type
+                    self._output_schema = pa.schema(list(to_arrow_type(
+                        self.io.output_schema, timezone="UTC", prefers_large_types=False)))
+                self._row_batches.append(
+                    pa.RecordBatch.from_pylist(rows, schema=self._output_schema))
+
+    def _write(self, state: VersionedState) -> None:
+        """The variables' changed values of this batch, as puts and removes."""
+        dirty, self.dirty = list(self.dirty), {}
+        for column, name in enumerate(self.order):
+            var = self.variables[name]
+            changed = [g for n, g in dirty if n == name]
+            if not changed:
+                continue
+            present = [g for g in changed if g in var.data]
+            gone = [g for g in changed if g not in var.data]
+            if gone:
+                state.pop_present(self._store_keys(name, gone)[0])
+            if present:
+                hkeys, key_columns = self._store_keys(name, present)
+                values = [var.data[g] for g in present]
+                if var.kind == VALUE:
+                    array = var.codec.to_arrow(values)
+                else:
+                    flat = [v for lst in values for v in (lst if var.kind == LIST else
+                                                          lst.values())]
+                    items = var.codec.to_arrow(flat)
+                    if var.kind == MAP:
+                        user_keys = var.key_codec.to_arrow(
+                            [k for entries in values for k in entries])
+                        items = pa.StructArray.from_arrays(
+                            [user_keys, items], fields=list(var.type.value_type))
+                    offsets = [0]
+                    for v in values:
+                        offsets.append(offsets[-1] + len(v))
+                    array = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items,
+                                                     type=var.type)
+                value_columns = [array if i == column else pa.nulls(len(present), f.type)
+                                 for i, f in enumerate(self.value_fields)]
+                state.put_rows(hkeys, pa.RecordBatch.from_arrays(
+                    key_columns + value_columns, schema=state.schema))
+
+    def _store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
+        """The store's keys (grouping key columns and the variable's name) of groups seen in
+        this batch: their hashable form and their columns."""
+        taken, run, source = [], [], None
+        for group in groups:   # one take per input batch the groups came in
+            batch, row = self._key_rows[group]
+            if batch is not source and run:
+                taken.append(source.take(pa.array(run)))
+                run = []
+            source = batch
+            run.append(row)
+        taken.append(source.take(pa.array(run)))
+        keys = pa.concat_batches(taken) if len(taken) > 1 else taken[0]
+        columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
+        return keycodec.rows(columns, len(groups)), columns
+
+    def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
+        self._attach(state)
+        with self.updating():
+            self.processor.close()
+            self._write(state)
+        self._key_rows = {}
+        state.objects["total"] = self.total
+        self.metrics["numTotalStateRows"] = self.total
+        self.close_timings()
+        batch = self._output()
+        if batch is not None:
+            yield batch
+
+    def _output(self) -> pa.RecordBatch | None:
+        if self.pandas:
+            return self.io.output_batch()
+        if not self._row_batches:
+            return None
+        batches, self._row_batches = self._row_batches, []
+        return pa.concat_batches(batches) if len(batches) > 1 else batches[0]

@@ -1,0 +1,66 @@
+"""transformWithState (Row API) and transformWithStateInPandas with the processor in the
+worker that holds its state, against native Spark (which needs the RocksDB state store for
+them): the same rows per batch, the same state figures and Spark's metrics of the operator,
+across restarts."""
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+
+import tws_processors as procs
+from harness import assert_same, run_query
+
+cloudpickle.register_pickle_by_value(procs)
+
+EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64())])
+NODE = "ArrowTransformWithState"
+VARS = ["numValueStateVars", "numListStateVars", "numMapStateVars", "numDeletedStateVars"]
+
+
+def ev(user, second, v=1):
+    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
+
+
+BATCHES = [[ev("a", 1, 1), ev("b", 2, 2), ev("a", 3, 1)], [ev("a", 4, 3), ev("c", 5, 1)],
+           [], [ev("a", 6, 1), ev("b", 7, 1), ev(None, 8, 2)], [ev("b", 9, 2), ev("c", 10, 2)]]
+
+
+@pytest.fixture(autouse=True)
+def rocksdb(spark_conf):
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+
+
+def test_running_count_in_a_value_state(spark, tmp_path):
+    assert_same(spark, tmp_path, EVENTS, BATCHES,
+                lambda df: df.groupBy("user").transformWithStateInPandas(
+                    procs.RunningCount(), "user string, count long", "Update", "None"),
+                expect_node=NODE, output_mode="update", restart_after=[1])
+
+
+@pytest.mark.parametrize("processor, api", [(procs.EveryVariable, "pandas"),
+                                            (procs.EveryVariableRows, "rows")])
+def test_value_list_and_map_state(spark, tmp_path, processor, api):
+    def build(df):
+        grouped = df.groupBy("user")
+        run = (grouped.transformWithStateInPandas if api == "pandas"
+               else grouped.transformWithState)
+        return run(processor(), procs.EVERY_VARIABLE_OUTPUT, "Append", "None")
+
+    native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, build, expect_node=NODE,
+                               output_mode="append", restart_after=[1, 3],
+                               custom_metrics=VARS)
+    assert ours.custom == native.custom
+    assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
+
+
+def test_other_time_modes_and_initial_state_stay_spark_with_reason(spark, tmp_path):
+    def timed(df):
+        return df.groupBy("user").transformWithStateInPandas(
+            procs.RunningCount(), "user string, count long", "Update", "ProcessingTime")
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES[:2], timed, expect_node=None,
+                          output_mode="update")
+    assert all("reason: time mode ProcessingTime" in p for p in ours.plans), ours.plans
