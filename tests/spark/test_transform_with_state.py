@@ -56,11 +56,17 @@ def test_value_list_and_map_state(spark, tmp_path, processor, api):
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
 
 
-def test_other_time_modes_and_initial_state_stay_spark_with_reason(spark, tmp_path):
-    def timed(df):
-        return df.groupBy("user").transformWithStateInPandas(
-            procs.RunningCount(), "user string, count long", "Update", "ProcessingTime")
+def test_an_initial_state_stays_spark_with_reason(spark, tmp_path):
+    initial = spark.createDataFrame([("a", 5)], "user string, n long").groupBy("user")
 
-    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES[:2], timed, expect_node=None,
+    def seeded(df):
+        return df.groupBy("user").transformWithStateInPandas(
+            procs.RunningCount(), "user string, count long", "Update", "None",
+            initialState=initial)
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES[:2], seeded, expect_node=None,
                           output_mode="update")
-    assert all("reason: time mode ProcessingTime" in p for p in ours.plans), ours.plans
+    # the first batch for its initial state; later ones because that batch left Spark's
+    # state, which stays Spark's
+    reasons = ("reason: an initial state DataFrame", "reason: the checkpoint holds Spark's")
+    assert all(NODE not in p and any(r in p for r in reasons) for p in ours.plans), ours.plans

@@ -9,7 +9,8 @@ import pytest
 from pyspark.serializers import CloudPickleSerializer
 
 from arrowstate import contract
-from arrowstate.families import REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState
+from arrowstate.families import (REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState,
+                                 TransformWithState)
 from arrowstate.store import VersionedState
 
 TS = pa.timestamp("us", tz="UTC")
@@ -185,5 +186,82 @@ def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
 def test_family_metrics_are_declared_in_the_contract(name):
     declared = contract.python_metrics(name)
     family = {"deduplicate": lambda: _dedup()[0], "aggregate": lambda: _agg("update")[0],
-              "flatMapGroupsWithState": lambda: _flatmap(running_count)[0][0]}[name]()
+              "flatMapGroupsWithState": lambda: _flatmap(running_count)[0][0],
+              "transformWithState": lambda: _tws()[0][0]}[name]()
     assert set(family.metrics) <= declared
+
+
+class _Keeps:
+    """A StatefulProcessor (duck-typed) keeping a count, the values and a count per value."""
+
+    def init(self, handle):
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
+        long_ = StructType([StructField("n", LongType())])
+        self.count = handle.getValueState("count", long_)
+        self.values = handle.getListState("values", long_)
+        self.per_value = handle.getMapState(
+            "per_value", StructType([StructField("v", StringType())]), long_)
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = self.count.get()[0] if self.count.exists() else 0
+        for pdf in rows:
+            for v in pdf["v"].tolist():
+                n += 1
+                self.values.appendValue((v,))
+                seen = self.per_value.getValue((str(v),))
+                self.per_value.updateValue((str(v),), ((seen[0] if seen else 0) + 1,))
+        self.count.update((n,))
+        if n >= 4:
+            self.values.clear()
+        yield pd.DataFrame({"user": [key[0]], "count": [n],
+                            "values": [str(sorted(self.values.get()))],
+                            "per_value": [str(sorted(self.per_value.iterator()))]})
+
+    def close(self):
+        pass
+
+
+def _tws():
+    from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasUdfUtils
+    schema = pa.schema([("user", pa.string()), ("user_", pa.string()), ("v", pa.int64())])
+    udf = TransformWithStateInPandasUdfUtils(_Keeps(), "None").transformWithStateUDF
+    command = base64.b64encode(CloudPickleSerializer().dumps((udf, None))).decode()
+    operator = {
+        "command": command, "pythonIncludes": [], "keyIndices": [0], "valueIndices": [1, 2],
+        "pandas": True, "maxRecordsPerBatch": 10000, "variables": {},
+        "runnerConf": {"spark.sql.session.timeZone": "UTC"},
+        "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
+                        '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
+                        '"nullable":true,"metadata":{}},{"name":"values","type":"string",'
+                        '"nullable":true,"metadata":{}},{"name":"per_value","type":"string",'
+                        '"nullable":true,"metadata":{}}]}'}
+    return _task(TransformWithState, operator, schema), schema
+
+
+def test_transform_with_state_keeps_every_kind_of_variable_across_tasks_and_reloads():
+    (family, state), schema = _tws()
+
+    def run(family, users, values):
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
+        rows = ([] if out is None else out.to_pylist()) + [
+            r for b in family.finish(state) for r in b.to_pylist()]
+        return sorted(tuple(r.values()) for r in rows)
+
+    assert run(family, ["a", "a", "b"], [1, 1, 2]) == [
+        ("a", 2, "[(1,), (1,)]", "[(('1',), (2,))]"), ("b", 1, "[(2,)]", "[(('2',), (1,))]")]
+    # count + list + one map entry per key: Spark's numRowsTotal; each operation an update
+    assert family.metrics["numTotalStateRows"] == 6
+    assert family.metrics["numUpdatedStateRows"] == 8
+    assert family.metrics["numValueStateVars"] == 1 and family.metrics["numMapStateVars"] == 1
+    _commit(state, 1)
+    (family, _), _ = _tws()   # the next task, on the state kept in memory
+    assert run(family, ["a", "a"], [3, 1]) == [
+        ("a", 4, "[]", "[(('1',), (3,)), (('3',), (1,))]")]
+    assert family.metrics["numRemovedStateRows"] == 4   # the cleared list's values
+    assert family.metrics["numTotalStateRows"] == 6     # a: count + 2 entries; b: 3
+    _commit(state, 2)
+    del state.objects   # as after a load from files: the values come back from Arrow
+    (family, _), _ = _tws()
+    assert run(family, ["b"], [2]) == [("b", 2, "[(2,), (2,)]", "[(('2',), (2,))]")]
+    assert family.metrics["numTotalStateRows"] == 6

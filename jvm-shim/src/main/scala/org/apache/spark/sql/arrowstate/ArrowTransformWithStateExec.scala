@@ -5,10 +5,12 @@ import java.util.Base64
 import scala.jdk.CollectionConverters._
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
 import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
 
 import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.TransformWithStateInPySpark.UserFacingDataType
@@ -164,6 +166,12 @@ object TransformWithStateFamily extends ArrowStateFamily {
         Some(s"time mode ${p.timeMode} (timers, TTL): arrowstate runs time mode None so far")
       } else None,
       if (p.hasInitialState) Some("an initial state DataFrame: not supported yet") else None,
+      // Spark's state of this operator (column families) is not adopted: the query stays
+      // on the engine that began it (an initial state keeps the first batch Spark's)
+      if (p.stateInfo.exists(sparkStateIn)) {
+        Some("the checkpoint holds Spark's own state for this operator (transformWithState " +
+          "state is not adopted)")
+      } else None,
       if (!p.isStreaming) Some("not a streaming query") else None,
       if (p.outputMode == OutputMode.Complete()) Some("output mode Complete") else None,
       if (!udf.func.broadcastVars.isEmpty) {
@@ -176,6 +184,11 @@ object TransformWithStateFamily extends ArrowStateFamily {
         ArrowBatches.unsupportedKeyReason(a.dataType).map(r => s"key ${a.name}: unsupported $r")
       }
   }
+
+  private def sparkStateIn(info: StatefulOperatorStateInfo): Boolean =
+    info.storeVersion > 0 && StateFiles.operatorHoldsSparkState(
+      new Path(info.checkpointLocation, info.operatorId.toString),
+      SparkSession.active.sessionState.newHadoopConf())
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]

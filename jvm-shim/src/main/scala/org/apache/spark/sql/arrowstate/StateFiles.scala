@@ -119,11 +119,20 @@ object StateFiles {
 
   /** Whether any partition directory of an operator (`<checkpoint>/state/<operator>`)
    * holds arrowstate files. */
-  def operatorHoldsArrowState(operatorDir: Path, hadoopConf: Configuration): Boolean = {
+  def operatorHoldsArrowState(operatorDir: Path, hadoopConf: Configuration): Boolean =
+    anyPartitionHolds(operatorDir, hadoopConf, OurFiles)
+
+  /** Whether any partition directory of an operator holds Spark's own state store files. */
+  def operatorHoldsSparkState(operatorDir: Path, hadoopConf: Configuration): Boolean =
+    anyPartitionHolds(operatorDir, hadoopConf,
+      (p: Path) => SparkStoreFile.pattern.matcher(p.getName).matches())
+
+  private def anyPartitionHolds(operatorDir: Path, hadoopConf: Configuration,
+      files: PathFilter): Boolean = {
     val fs = operatorDir.getFileSystem(hadoopConf)
     fs.exists(operatorDir) && fs.listStatus(operatorDir).exists { p =>
       p.isDirectory && p.getPath.getName.forall(_.isDigit) &&
-        fs.listStatus(p.getPath, OurFiles).nonEmpty
+        fs.listStatus(p.getPath, files).nonEmpty
     }
   }
 }
