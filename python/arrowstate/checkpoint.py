@@ -244,6 +244,16 @@ def _refuse_running(checkpoint: str, last: int | None) -> None:
             "Stop the query; if it had stopped mid-batch, run it to the end of a batch first.")
 
 
+def _refuse_column_families(checkpoint: str, o: dict) -> None:
+    """State without a v1/v2 schema file (transformWithState's column families) is not
+    converted or repartitioned yet."""
+    if o["key_schema"] is None:
+        raise CheckpointError(
+            f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps its state in "
+            "column families (transformWithState), which these commands do not convert or "
+            "repartition yet; nothing was changed")
+
+
 def _local_spark(app: str, conf: dict):
     from pyspark.sql import SparkSession
 
@@ -291,6 +301,7 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is converted")
+        _refuse_column_families(checkpoint, o)
     version = last + 1
     spark = _local_spark(f"arrowstate state {direction}", session_conf(conf))
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
@@ -417,6 +428,7 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is repartitioned")
+        _refuse_column_families(checkpoint, o)
     key = "spark.sql.shuffle.partitions"
     current = int(offset_conf(checkpoint, last).get(key, "0"))
     planned = _planned_batch(checkpoint)

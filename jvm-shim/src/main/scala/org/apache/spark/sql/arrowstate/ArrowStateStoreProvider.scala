@@ -73,8 +73,9 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       native
     } else if (useColumnFamilies) {
       throw new UnsupportedOperationException(
-        s"arrowstate: state with column families or several values per key ($id) " +
-          "is not arrowstate's: no arrowstate operator writes it")
+        s"arrowstate: the state of $id has column families (transformWithState): Spark's " +
+          "state readers do not read arrowstate's transformWithState state yet; " +
+          "`python -m arrowstate state describe` shows it")
     } else None
 
   private def files: StateFiles = new StateFiles(
