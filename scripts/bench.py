@@ -74,8 +74,35 @@ def _counts_with_state(df):
         GroupStateTimeout.NoTimeout)
 
 
+def _tws_count(pandas_api: bool):
+    """The transformWithState cases: a running count per key in a ValueState (pandas or Row
+    API)."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class CountPerKey(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.getValueState("count", "n long")
+
+        def handleInputRows(self, key, rows, timerValues):
+            import pandas as pd
+            n = self.count.get()[0] if self.count.exists() else 0
+            n += sum(len(pdf) for pdf in rows) if pandas_api else sum(1 for _ in rows)
+            self.count.update((n,))
+            if pandas_api:
+                yield pd.DataFrame({"key": [key[0]], "count": [n]})
+            else:
+                yield Row(key=key[0], count=n)
+
+    def build(df):
+        grouped = df.groupBy("key")
+        run = grouped.transformWithStateInPandas if pandas_api else grouped.transformWithState
+        return run(CountPerKey(), "key long, count long", "Update", "None")
+    return build
+
+
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
-FLATMAP = "ArrowFlatMapGroupsWithState"
+FLATMAP, TWS = "ArrowFlatMapGroupsWithState", "ArrowTransformWithState"
 # case -> (query, output mode, the arrowstate node it must plan)
 CASES = {
     "dedup": (lambda df: df.dropDuplicates(["key"]), "append", DEDUP),
@@ -85,7 +112,11 @@ CASES = {
     "agg_append": (lambda df: _count_and_sum(_windowed(df, "10 seconds")), "append", SAVE),
     "agg_complete": (lambda df: _count_and_sum(df.groupBy("key")), "complete", SAVE),
     "apply_in_pandas_with_state": (_counts_with_state, "update", FLATMAP),
+    # transformWithState needs the RocksDB state store natively (set for these cases)
+    "tws_pandas_value_count": (_tws_count(True), "update", TWS),
+    "tws_rows_value_count": (_tws_count(False), "update", TWS),
 }
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SCALING_CASE = (lambda df: _count_and_sum(_windowed(df, "1 hour")), "update", SAVE)
 
 
@@ -93,6 +124,10 @@ def run_once(spark, source: str, case, arrowstate: bool):
     """Runs the query over every file of `source`; returns seconds and the progress list."""
     build, mode, node = case
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
+    if node == TWS:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    else:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
     try:
         stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")

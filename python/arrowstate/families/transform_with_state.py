@@ -358,7 +358,7 @@ class TransformWithState(FamilyBase):
         self.value_names = [input_schema.names[i] for i in self.value_indices]
         self.max_rows = operator["maxRecordsPerBatch"]
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
-        self._row_batches: list[pa.RecordBatch] = []
+        self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
         self._attached = False
         self.key_fields = [input_schema.field(i) for i in self.key_indices] + [
             pa.field(STATE_NAME, pa.string())]
@@ -452,9 +452,9 @@ class TransformWithState(FamilyBase):
             frame = self.io._pd.concat([series[i] for i in self.value_indices], axis=1)
             # as pyspark's worker makes them: Python scalars, from pandas
             keys = [series[i].tolist() for i in self.key_indices]
-        else:
-            columns = [batch.column(i) for i in self.value_indices]
-            keys = [batch.column(i) for i in self.key_indices]
+        else:   # Python values once per batch: what as_py() per cell gives pyspark's worker
+            columns = [batch.column(i).to_pylist() for i in self.value_indices]
+            keys = [batch.column(i).to_pylist() for i in self.key_indices]
             DataRow = self._Row(*self.value_names)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             group = groups[lo]
@@ -472,8 +472,8 @@ class TransformWithState(FamilyBase):
                 self._collect(self.processor.handleInputRows(
                     key, iter(chunks), self._TimerValues(-1, -1)))
             else:
-                key = tuple(k[lo].as_py() for k in keys)
-                rows = (DataRow(*(c[i].as_py() for c in columns)) for i in range(lo, hi))
+                key = tuple(k[lo] for k in keys)
+                rows = (DataRow(*(c[i] for c in columns)) for i in range(lo, hi))
                 self._collect(self.processor.handleInputRows(
                     key, rows, self._TimerValues(-1, -1)))
             self._current = _NO_KEY
@@ -492,14 +492,7 @@ class TransformWithState(FamilyBase):
                 if len(pdf) > 0:
                     self.io.outputs.append(pdf)
         else:
-            rows = [row.asDict(True) for row in result]
-            if rows:
-                if self._output_schema is None:
-                    from pyspark.sql.pandas.types import to_arrow_type
-                    self._output_schema = pa.schema(list(to_arrow_type(
-                        self.io.output_schema, timezone="UTC", prefers_large_types=False)))
-                self._row_batches.append(
-                    pa.RecordBatch.from_pylist(rows, schema=self._output_schema))
+            self._output_rows.extend(row.asDict(True) for row in result)
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
@@ -569,7 +562,11 @@ class TransformWithState(FamilyBase):
     def _output(self) -> pa.RecordBatch | None:
         if self.pandas:
             return self.io.output_batch()
-        if not self._row_batches:
+        if not self._output_rows:
             return None
-        batches, self._row_batches = self._row_batches, []
-        return pa.concat_batches(batches) if len(batches) > 1 else batches[0]
+        if self._output_schema is None:   # as pyspark's worker converts Rows
+            from pyspark.sql.pandas.types import to_arrow_type
+            self._output_schema = pa.schema(list(to_arrow_type(
+                self.io.output_schema, timezone="UTC", prefers_large_types=False)))
+        rows, self._output_rows = self._output_rows, []
+        return pa.RecordBatch.from_pylist(rows, schema=self._output_schema)

@@ -10,7 +10,7 @@ import org.json4s.JsonDSL._
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, Expression, PythonUDF, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, Expression, PythonUDF, SortOrder}
 import org.apache.spark.sql.catalyst.plans.logical.{EventTimeTimeout, ProcessingTimeTimeout}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.physical.Distribution
@@ -114,16 +114,11 @@ case class ArrowFlatMapGroupsWithStateExec(
     val dropLate = timeoutConf == EventTimeTimeout
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
-      val project = UnsafeProjection.create(sent, childOutput)
-      val toOutput = UnsafeProjection.create(outputSchema)
-      val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
       val input = watermarkPredicateForDataForLateEvents match {
         case Some(late) if dropLate => applyRemovingRowsOlderThanWatermark(rows, late)
         case _ => rows
       }
-      new PostedRows(input, task.exchange, task.encoder, project, task.batchSize,
-        passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
-      ) ++ task.exchange.endInput().flatMap(outputRows)
+      StateTasks.functionOutput(task, input, sent, childOutput, outputSchema)
     }
   }
 

@@ -12,6 +12,7 @@ import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
@@ -170,5 +171,17 @@ object StateTasks {
           reporter.committed(info.storeVersion + 1)
         })
       })
+  }
+
+  /** The output of a family that runs a user's function: the input rows (projected to the
+   * `sent` columns) go to the worker, and only the function's output rows come back. */
+  def functionOutput(task: StateTask, rows: Iterator[InternalRow], sent: Seq[Attribute],
+      childOutput: Seq[Attribute], outputSchema: StructType): Iterator[InternalRow] = {
+    val project = UnsafeProjection.create(sent, childOutput)
+    val toOutput = UnsafeProjection.create(outputSchema)
+    val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
+    new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+      passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
+    ) ++ task.exchange.endInput().flatMap(outputRows)
   }
 }

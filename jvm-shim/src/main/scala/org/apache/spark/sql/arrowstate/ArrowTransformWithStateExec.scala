@@ -12,7 +12,7 @@ import org.json4s.JsonDSL._
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder}
 import org.apache.spark.sql.catalyst.plans.logical.TransformWithStateInPySpark.UserFacingDataType
 import org.apache.spark.sql.catalyst.plans.physical.Distribution
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
@@ -103,12 +103,7 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
     val childOutput = child.output
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
-      val project = UnsafeProjection.create(sent, childOutput)
-      val toOutput = UnsafeProjection.create(outputSchema)
-      val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
-      new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
-        passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
-      ) ++ task.exchange.endInput().flatMap(outputRows)
+      StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
     }
   }
 
