@@ -265,3 +265,14 @@ def test_transform_with_state_keeps_every_kind_of_variable_across_tasks_and_relo
     (family, _), _ = _tws()
     assert run(family, ["b"], [2]) == [("b", 2, "[(2,), (2,)]", "[(('2',), (2,))]")]
     assert family.metrics["numTotalStateRows"] == 6
+
+
+def test_transform_with_state_calls_a_key_once_when_its_rows_span_batches():
+    (family, state), schema = _tws()
+    outputs = []
+    for users, values in ((["a", "b", "b"], [1, 2, 2]), (["b", "c"], [2, 3])):
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
+        outputs += [] if out is None else out.to_pylist()
+    outputs += [r for b in family.finish(state) for r in b.to_pylist()]
+    assert sorted((r["user"], r["count"]) for r in outputs) == [("a", 1), ("b", 3), ("c", 1)]

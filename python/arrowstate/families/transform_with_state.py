@@ -368,6 +368,7 @@ class TransformWithState(FamilyBase):
         self.total = 0
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
+        self._pending = None   # the batch's last key, whose rows may go on in the next one
         self.processor.init(_handle(self))
         self.order = sorted(self.variables)
         self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
@@ -458,25 +459,30 @@ class TransformWithState(FamilyBase):
             DataRow = self._Row(*self.value_names)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             group = groups[lo]
-            # a key whose rows continue from the previous batch is called again, as
-            # pyspark's worker calls it once per run of rows it reads
-            self._key_rows[group] = (key_batch, lo)
-            self._current = group
             if self.pandas:
-                key = tuple(k[lo] for k in keys)
-                chunks = []
+                items = []
                 for start in range(lo, hi, self.max_rows):
                     chunk = frame.iloc[start:min(hi, start + self.max_rows)]
                     chunk.index = self.io._pd.RangeIndex(len(chunk))
-                    chunks.append(chunk)
-                self._collect(self.processor.handleInputRows(
-                    key, iter(chunks), self._TimerValues(-1, -1)))
+                    items.append(chunk)
             else:
-                key = tuple(k[lo] for k in keys)
-                rows = (DataRow(*(c[i] for c in columns)) for i in range(lo, hi))
-                self._collect(self.processor.handleInputRows(
-                    key, rows, self._TimerValues(-1, -1)))
-            self._current = _NO_KEY
+                items = [DataRow(*(c[i] for c in columns)) for i in range(lo, hi)]
+            pending = self._pending
+            if pending is not None and pending[0] == group:
+                pending[2].extend(items)   # the key's rows continue from the last batch
+                continue
+            if pending is not None:
+                self._call(*pending)
+            self._key_rows[group] = (key_batch, lo)
+            self._pending = (group, tuple(k[lo] for k in keys), items)
+
+    def _call(self, group, key, items: list) -> None:
+        """handleInputRows once for all of a key's rows, as pyspark's worker calls it."""
+        self._pending = None
+        self._current = group
+        self._collect(self.processor.handleInputRows(key, iter(items),
+                                                     self._TimerValues(-1, -1)))
+        self._current = _NO_KEY
 
     def _collect(self, result) -> None:
         if result is None:
@@ -549,6 +555,8 @@ class TransformWithState(FamilyBase):
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
         with self.updating():
+            if self._pending is not None:
+                self._call(*self._pending)
             self.processor.close()
             self._write(state)
         self._key_rows = {}
