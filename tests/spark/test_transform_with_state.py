@@ -42,7 +42,10 @@ def test_running_count_in_a_value_state(spark, tmp_path):
 
 @pytest.mark.parametrize("processor, api", [(procs.EveryVariable, "pandas"),
                                             (procs.EveryVariableRows, "rows")])
-def test_value_list_and_map_state(spark, tmp_path, processor, api):
+def test_value_list_and_map_state(spark, spark_conf, tmp_path, processor, api):
+    # two rows per Arrow batch: keys' rows span batches, and each key is still one call
+    spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": 2})
+
     def build(df):
         grouped = df.groupBy("user")
         run = (grouped.transformWithStateInPandas if api == "pandas"
