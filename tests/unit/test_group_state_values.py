@@ -71,3 +71,16 @@ def test_values_of_exactly_the_fields_types_take_the_vectorised_path_with_the_sa
         got = [c.to_pylist() for c in exact.columns(values)]
         want = [c.to_pylist() for c in general.columns(values)]
         assert repr(got) == repr(want), values
+
+
+def test_an_exact_value_keeps_integers_within_each_fields_width():
+    from pyspark.sql.types import LongType, ShortType
+    types = [ByteType(), ShortType(), IntegerType(), LongType()]
+    schema = StructType([StructField(f"f{i}", t) for i, t in enumerate(types)])
+    fields = [pa.field(f.name, t) for f, t in
+              zip(schema, [pa.int8(), pa.int16(), pa.int32(), pa.int64()])]
+    writer = StateValueWriter(schema, fields)
+    assert writer.is_exact((127, -32768, 2**31 - 1, 2**63 - 1))
+    for value in [(300, 0, 0, 0), (0, 2**15, 0, 0), (0, 0, 2**31, 0), (0, 0, 0, 2**63),
+                  (1.0, 0, 0, 0), (True, 0, 0, 0), (0, 0, 0)]:
+        assert not writer.is_exact(value), value

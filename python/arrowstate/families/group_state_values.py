@@ -203,6 +203,16 @@ class StateValueWriter:
                  DoubleType: float, StringType: str, BooleanType: bool}
         kinds = [exact.get(type(f.dataType)) for f in schema.fields]
         self.exact_kinds = kinds if all(kinds) else None
+        bits = [_INT_BITS.get(f.dataType.typeName()) for f in schema.fields]
+        self._int_ranges = [(i, -2 ** (b - 1), 2 ** (b - 1)) for i, b in enumerate(bits) if b]
+
+    def is_exact(self, value: tuple) -> bool:
+        """Whether one value tuple makes the round trip unchanged: exactly the fields' Python
+        types, integers within their field's width."""
+        kinds = self.exact_kinds
+        return (kinds is not None and len(value) == len(kinds)
+                and all(type(v) is k for v, k in zip(value, kinds))
+                and all(low <= value[i] < high for i, low, high in self._int_ranges))
 
     def _exact_columns(self, values: list) -> list[pa.Array] | None:
         """The columns in one vectorised step when every value is a tuple of exactly the

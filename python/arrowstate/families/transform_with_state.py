@@ -65,12 +65,15 @@ class _Codec:
     def __init__(self, schema, timezone: str) -> None:
         from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.pandas.types import to_arrow_type
+        from pyspark.sql.streaming.stateful_processor_api_client import (
+            _normalize_state_value)
         self.schema = schema
         self.fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=timezone))
                        for f in schema.fields]
         self.type = pa.struct(self.fields)
         self.writer = StateValueWriter(schema, self.fields)
         self._to_rows = ArrowTableToRowsConversion.convert
+        self._normalize = _normalize_state_value
 
     def to_arrow(self, values: list) -> pa.StructArray:
         return pa.StructArray.from_arrays(self.writer.columns(values), fields=self.fields)
@@ -85,15 +88,10 @@ class _Codec:
         """What Spark makes of a value handed to the state: numpy values made Python (as
         pyspark's client does), then the schema's conversion; exactly-typed plain values
         are already that."""
-        from pyspark.sql.streaming.stateful_processor_api_client import (
-            _normalize_state_value)
         if value is None:
             raise _state_error("a state value cannot be null")
-        value = tuple(map(_normalize_state_value, value))
-        kinds = self.writer.exact_kinds
-        if (kinds is not None and len(value) == len(kinds)
-                and all(type(v) is k for v, k in zip(value, kinds))
-                and all(k is not int or -2**31 <= v < 2**31 for v, k in zip(value, kinds))):
+        value = tuple(map(self._normalize, value))
+        if self.writer.is_exact(value):
             return value
         return self.from_arrow(self.to_arrow([value]))[0]
 
