@@ -19,9 +19,6 @@ class RunningCount(StatefulProcessor):
         self.count.update((n,))
         yield pd.DataFrame({"user": [key[0]], "count": [n]})
 
-    def close(self):
-        pass
-
 
 class EveryVariable(StatefulProcessor):
     """A value, a list and a map per key; at four rows all three are cleared or trimmed.
@@ -62,9 +59,6 @@ class EveryVariable(StatefulProcessor):
         yield pd.DataFrame({"user": [user], "count": [n], "items": [listed],
                             "entries": [entries], "has_items": [has_items],
                             "has_seen": [has_seen], "has_two": [has_two]})
-
-    def close(self):
-        pass
 
 
 class EveryVariableRows(EveryVariable):

@@ -7,6 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.serializers import CloudPickleSerializer
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from arrowstate import contract
 from arrowstate.families import (REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState,
@@ -191,8 +192,8 @@ def test_family_metrics_are_declared_in_the_contract(name):
     assert set(family.metrics) <= declared
 
 
-class _Keeps:
-    """A StatefulProcessor (duck-typed) keeping a count, the values and a count per value."""
+class _Keeps(StatefulProcessor):
+    """Keeps a count, the values and a count per value."""
 
     def init(self, handle):
         from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -216,9 +217,6 @@ class _Keeps:
         yield pd.DataFrame({"user": [key[0]], "count": [n],
                             "values": [str(sorted(self.values.get()))],
                             "per_value": [str(sorted(self.per_value.iterator()))]})
-
-    def close(self):
-        pass
 
 
 def _tws():

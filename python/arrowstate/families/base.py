@@ -3,6 +3,7 @@ watermark thresholds, timing of updates and removals, rebuilding the time index 
 load, and expiring what the eviction watermark closes."""
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, ClassVar, Hashable, Iterable, Protocol, Sequence
 
@@ -32,6 +33,18 @@ class StateFamily(Protocol):
 
     def finish(self, state: VersionedState) -> Iterable[pa.RecordBatch]:
         """After all input: evictions, timeouts, and the batches to emit last."""
+
+
+def gather_rows(picks: Sequence[tuple[pa.RecordBatch, int]],
+                names: Sequence[str]) -> pa.RecordBatch:
+    """Rows picked from batches (`(batch, row)` pairs), in order, as one batch with column
+    `names`: one take per run of picks from the same batch."""
+    parts = []
+    for _, run in itertools.groupby(picks, key=lambda pick: id(pick[0])):
+        run = list(run)
+        taken = run[0][0].take(pa.array([row for _, row in run]))
+        parts.append(pa.RecordBatch.from_arrays(taken.columns, names=list(names)))
+    return pa.concat_batches(parts) if len(parts) > 1 else parts[0]
 
 
 def micros(ms: int | None) -> int | None:

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from ..store import VersionedState
-from .base import FamilyBase
+from .base import FamilyBase, gather_rows
 from .group_state_values import StateValueWriter
 from .pandas_io import PandasIO
 
@@ -170,13 +170,8 @@ class FlatMapGroupsWithState(FamilyBase):
         if not self._puts:
             return
         puts, self._puts = self._puts, []
-        key_parts = []
-        names = state.schema.names[: len(self.key_fields)]
-        for _, entries in itertools.groupby(puts, key=lambda p: id(p[1])):
-            entries = list(entries)
-            taken = entries[0][1].take(pa.array([e[2] for e in entries]))
-            key_parts.append(pa.RecordBatch.from_arrays(taken.columns, names=names))
-        keys_batch = pa.concat_batches(key_parts) if len(key_parts) > 1 else key_parts[0]
+        keys_batch = gather_rows([(p[1], p[2]) for p in puts],
+                                 state.schema.names[: len(self.key_fields)])
         values = [p[3] for p in puts]
         columns = list(keys_batch.columns) + self._state_writer.columns(values)
         columns.append(pa.array([v is not None for v in values], pa.bool_()))

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from ..store import VersionedState
-from .base import FamilyBase
+from .base import FamilyBase, gather_rows
 from .group_state_values import StateValueWriter
 from .pandas_io import PandasIO
 
@@ -310,7 +310,7 @@ def _handle(family: "TransformWithState"):
 
     class LocalHandle(StatefulProcessorHandle):
         def __init__(self) -> None:
-            pass
+            """No API client: the family holds the state (pyspark's handle needs one)."""
 
         def getValueState(self, stateName, schema, ttlDurationMs=None):
             no_ttl(stateName, ttlDurationMs)
@@ -537,16 +537,8 @@ class TransformWithState(FamilyBase):
     def _store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
         """The store's keys (grouping key columns and the variable's name) of groups seen in
         this batch: their hashable form and their columns."""
-        taken, run, source = [], [], None
-        for group in groups:   # one take per input batch the groups came in
-            batch, row = self._key_rows[group]
-            if batch is not source and run:
-                taken.append(source.take(pa.array(run)))
-                run = []
-            source = batch
-            run.append(row)
-        taken.append(source.take(pa.array(run)))
-        keys = pa.concat_batches(taken) if len(taken) > 1 else taken[0]
+        keys = gather_rows([self._key_rows[g] for g in groups],
+                           [f.name for f in self.key_fields[:-1]])
         columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
         return keycodec.rows(columns, len(groups)), columns
 

@@ -1,6 +1,7 @@
 package org.apache.spark.sql.arrowstate
 
 import java.util.Base64
+import java.util.concurrent.ConcurrentHashMap
 
 import scala.jdk.CollectionConverters._
 
@@ -38,7 +39,8 @@ import org.apache.spark.sql.types.StructType
 case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, child: SparkPlan)
   extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
 
-  private def native: TransformWithStateInPySparkExec = spark.copy(child = child)
+  // built once per node: Spark's node makes its encoders when constructed
+  @transient private lazy val native: TransformWithStateInPySparkExec = spark.copy(child = child)
 
   override def nodeName: String = "ArrowTransformWithState"
   override def simpleString(maxFields: Int): String =
@@ -180,10 +182,17 @@ object TransformWithStateFamily extends ArrowStateFamily {
       }
   }
 
+  /** Per query run and operator, once its state exists: which engine wrote it does not
+   * change within a run, so its partition directories are listed once, not every batch. */
+  private val sparkState = new ConcurrentHashMap[(String, Long), java.lang.Boolean]()
+
   private def sparkStateIn(info: StatefulOperatorStateInfo): Boolean =
-    info.storeVersion > 0 && StateFiles.operatorHoldsSparkState(
-      new Path(info.checkpointLocation, info.operatorId.toString),
-      SparkSession.active.sessionState.newHadoopConf())
+    info.storeVersion > 0 && sparkState.computeIfAbsent(
+      (info.queryRunId.toString, info.operatorId), { _ =>
+        java.lang.Boolean.valueOf(StateFiles.operatorHoldsSparkState(
+          new Path(info.checkpointLocation, info.operatorId.toString),
+          SparkSession.active.sessionState.newHadoopConf()))
+      })
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]

@@ -95,9 +95,7 @@ object StateConversion {
   private def writeThroughProvider(id: StateStoreId, version: Long, keySchema: StructType,
       valueSchema: StructType, rows: Iterator[UnsafeRowPair], storeConf: StateStoreConf,
       conf: Configuration): Long = {
-    val provider = StateStoreProvider.createAndInit(
-      StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
-      NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+    val provider = sparkProvider(id, keySchema, valueSchema, storeConf, conf)
     try {
       // empty at version - 1, so that the commit is `version`, snapshot included
       val store = provider.getStore(version - 1, None, forceSnapshotOnCommit = true,
@@ -113,6 +111,12 @@ object StateConversion {
       } finally if (!store.hasCommitted) store.abort()
     } finally provider.close()
   }
+
+  /** The provider `storeConf` names, for one partition of an operator's default store. */
+  private def sparkProvider(id: StateStoreId, keySchema: StructType, valueSchema: StructType,
+      storeConf: StateStoreConf, conf: Configuration): StateStoreProvider =
+    StateStoreProvider.createAndInit(StateStoreProviderId(id, UUID.randomUUID()), keySchema,
+      valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
 
   /** `f` for each partition in a Spark job, with the session's Hadoop configuration. */
   private def perPartition(session: SparkSession, partitions: Int)(
@@ -171,9 +175,7 @@ object StateConversion {
       settings: WorkerSettings,
       timeZone: String,
       batchSize: Int): Long = {
-    val provider = StateStoreProvider.createAndInit(
-      StateStoreProviderId(id, UUID.randomUUID()), keySchema, valueSchema,
-      NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+    val provider = sparkProvider(id, keySchema, valueSchema, storeConf, conf)
     try {
       val store = provider.getReadStore(version)
       try {
@@ -302,9 +304,9 @@ object StateConversion {
   def adoptIfSparkState(
       info: StatefulOperatorStateInfo, partitionId: Int, files: StateFiles,
       conf: Configuration, settings: WorkerSettings, timeZone: String): Long = {
-    // one listing per batch once the partition is arrowstate's
-    if (info.storeVersion == 0 || files.newestArrowStateVersion >= info.storeVersion ||
-      !files.sparkOwns(info.storeVersion) || !files.holdsSparkState) return 0L
+    // sparkOwns lists only arrowstate's files once the partition is arrowstate's
+    if (info.storeVersion == 0 || !files.sparkOwns(info.storeVersion) ||
+      !files.holdsSparkState) return 0L
     val sqlConf = SQLConf.get
     val schemaFile = new Path(new Path(StateFiles.partitionDir(info.checkpointLocation,
       info.operatorId, 0), "_metadata"), "schema")
