@@ -77,3 +77,91 @@ class EveryVariableRows(EveryVariable):
 
 EVERY_VARIABLE_OUTPUT = ("user string, count long, items string, entries string, "
                          "has_items boolean, has_seen boolean, has_two boolean")
+
+
+class SessionTimeout(StatefulProcessor):
+    """EventTime: a count per key that times out 5 s of event time after the key's latest
+    row (the earlier timer deleted, the new one registered); a first row also registers a
+    timer long past, which fires in the same batch. Expiry reports and clears the key."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+
+    def _seen(self, key, n, latest_ms, timer_values):
+        before = self.count.get()[0] if self.count.exists() else 0
+        for old in list(self.handle.listTimers()):
+            if old > 1000:
+                self.handle.deleteTimer(old)
+        if before == 0:
+            self.handle.registerTimer(1000)
+        self.handle.registerTimer(latest_ms + 5000)
+        self.count.update((before + n,))
+        return (key[0], before + n, f"rows at watermark {timer_values.getCurrentWatermarkInMs()}"
+                f", timers {sorted(self.handle.listTimers())}")
+
+    def _expired(self, key, timer_values, info):
+        n = self.count.get()[0] if self.count.exists() else 0
+        if info.getExpiryTimeInMs() > 1000:
+            self.count.clear()
+        return (key[0], n, f"timer {info.getExpiryTimeInMs()} expired at watermark "
+                f"{timer_values.getCurrentWatermarkInMs()}, key {key!r}, timers "
+                f"{sorted(self.handle.listTimers())}")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n, latest = 0, None
+        for pdf in rows:
+            n += len(pdf)
+            top = pdf["ts"].max()
+            latest = top if latest is None or top > latest else latest
+        user, count, what = self._seen(key, n, int(latest.timestamp() * 1000), timerValues)
+        yield pd.DataFrame({"user": [user], "count": [count], "what": [what]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        user, count, what = self._expired(key, timerValues, expiredTimerInfo)
+        yield pd.DataFrame({"user": [user], "count": [count], "what": [what]})
+
+
+class SessionTimeoutRows(SessionTimeout):
+    """SessionTimeout through the Row API."""
+
+    def handleInputRows(self, key, rows, timerValues):
+        stamps = [row.ts for row in rows]
+        yield self._row(self._seen(key, len(stamps), int(max(stamps).timestamp() * 1000),
+                                   timerValues))
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield self._row(self._expired(key, timerValues, expiredTimerInfo))
+
+    @staticmethod
+    def _row(values):
+        user, count, what = values
+        return Row(user=user, count=count, what=what)
+
+
+SESSION_OUTPUT = "user string, count long, what string"
+
+
+class ProcessingTimeTimers(StatefulProcessor):
+    """ProcessingTime: each key's rows register a timer due now (it fires after the batch's
+    rows) and one 1 ms from now (it fires in the key's next batch); what is reported does
+    not depend on the clock."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.fired = handle.getValueState("fired", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        now = timerValues.getCurrentProcessingTimeInMs()
+        n = sum(len(pdf) for pdf in rows)
+        self.handle.registerTimer(now)
+        self.handle.registerTimer(now + 1)
+        yield pd.DataFrame({"user": [key[0]], "count": [n],
+                            "what": [f"rows, {len(list(self.handle.listTimers()))} timers"]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        fired = (self.fired.get()[0] if self.fired.exists() else 0) + 1
+        self.fired.update((fired,))
+        due = expiredTimerInfo.getExpiryTimeInMs() <= timerValues.getCurrentProcessingTimeInMs()
+        yield pd.DataFrame({"user": [key[0]], "count": [fired],
+                            "what": [f"timer fired, due {due}"]})

@@ -73,3 +73,40 @@ def test_an_initial_state_stays_spark_with_reason(spark, tmp_path):
     # state, which stays Spark's
     reasons = ("reason: an initial state DataFrame", "reason: the checkpoint holds Spark's")
     assert all(NODE not in p and any(r in p for r in reasons) for p in ours.plans), ours.plans
+
+
+TIMERS = ["numRegisteredTimers", "numDeletedTimers", "numExpiredTimers"]
+# event times (s): the watermark (2 s delay) passes timers 5 s after a key's latest row;
+# the last batch's rows are late (dropped and counted)
+TIMED_BATCHES = [[ev("a", 10), ev("b", 12)], [ev("a", 20), ev("c", 30)], [],
+                 [ev("b", 40), ev("a", 41)], [ev("a", 5), ev("c", 39)], [ev("d", 60)]]
+
+
+@pytest.mark.parametrize("processor, api", [(procs.SessionTimeout, "pandas"),
+                                            (procs.SessionTimeoutRows, "rows")])
+def test_event_time_timers(spark, tmp_path, processor, api):
+    def build(df):
+        grouped = df.withWatermark("ts", "2 seconds").groupBy("user")
+        run = (grouped.transformWithStateInPandas if api == "pandas"
+               else grouped.transformWithState)
+        return run(processor(), procs.SESSION_OUTPUT, "Append", "EventTime")
+
+    native, ours = assert_same(spark, tmp_path, EVENTS, TIMED_BATCHES, build,
+                               expect_node=NODE, output_mode="append", restart_after=[1, 3],
+                               custom_metrics=TIMERS)
+    assert ours.custom == native.custom
+    fired = [r for rows in ours.outputs.values() for r in rows if "expired" in r[2]]
+    assert {r[0] for r in fired} == {"a", "b", "c", "d"}, fired
+    assert sum(f[0]["numRowsDroppedByWatermark"] for f in ours.figures.values()) >= 1
+
+
+def test_processing_time_timers(spark, spark_conf, tmp_path):
+    # ProcessingTime queries always run another batch: without no-data batches each input
+    # file is one batch, so both runs see the same batches
+    spark_conf(**{"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    native, ours = assert_same(
+        spark, tmp_path, EVENTS, BATCHES,
+        lambda df: df.groupBy("user").transformWithStateInPandas(
+            procs.ProcessingTimeTimers(), procs.SESSION_OUTPUT, "Update", "ProcessingTime"),
+        expect_node=NODE, output_mode="update", restart_after=[1], custom_metrics=TIMERS)
+    assert ours.custom == native.custom

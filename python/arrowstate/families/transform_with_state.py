@@ -13,8 +13,14 @@ ListStateImpl, MapStateImpl):
 - metrics as Spark counts them: an update, an appended value, a map entry written count as
   updated rows; a cleared value one removed row, a cleared list its values, a removed map
   entry one; numRowsTotal counts values, non-empty lists and map entries.
-Time mode None only (no timers, no TTL), no initial state: other queries stay Spark's,
-with the reason (see the shim's TransformWithStateFamily).
+Timers (time modes ProcessingTime and EventTime) as pyspark's worker runs them: after
+every key's rows, each timer at or before the batch's timestamp (ProcessingTime) or the
+eviction watermark (EventTime) expires in timestamp order, handleExpiredTimer is called
+with the key as a Row, then the timer is deleted (counted in numDeletedTimers, as Spark
+counts it; Spark's Python path leaves numExpiredTimers at 0). Expiry pops a heap: it costs
+what expires. In EventTime mode rows at or before the late-events watermark are dropped
+and counted, as Spark drops them. No TTL and no initial state yet: those queries stay
+Spark's, with the reason (see the shim's TransformWithStateFamily).
 
 State layout: one row per grouping key and state variable: the grouping key columns and
 `__state` (the variable's name) as key; one typed value column per variable (a struct for
@@ -25,6 +31,9 @@ values, kept with the partition's state between batches.
 from __future__ import annotations
 
 import base64
+import heapq
+import itertools
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -37,7 +46,9 @@ from .pandas_io import PandasIO
 
 STATE_NAME = "__state"
 _NO_KEY = object()   # no grouping key is being processed (a key may be None)
-VALUE, LIST, MAP = "value", "list", "map"
+VALUE, LIST, MAP, TIMERS = "value", "list", "map", "timers"
+_SEQUENCE = itertools.count()   # heap entries' tie-break: unique, so keys are never compared
+TIMER_VARIABLE = "$timers"   # "$" names are Spark's own column families, never a processor's
 _COUNTED = ("numValueStateVars", "numListStateVars", "numMapStateVars",
             "numDeletedStateVars", "numValueStateWithTTLVars", "numListStateWithTTLVars",
             "numMapStateWithTTLVars", "numRegisteredTimers", "numDeletedTimers",
@@ -94,6 +105,13 @@ class _Codec:
         if self.writer.is_exact(value):
             return value
         return self.from_arrow(self.to_arrow([value]))[0]
+
+
+def _offsets(lists: list) -> list[int]:
+    offsets = [0]
+    for values in lists:
+        offsets.append(offsets[-1] + len(values))
+    return offsets
 
 
 def _state_error(what: str) -> Exception:
@@ -264,6 +282,81 @@ class _MapClient:
         return list(self._map().items())
 
 
+class _Timers:
+    """The timers of every grouping key: `data` (key -> sorted expiry times, stored as the
+    `$timers` variable) and a heap of (time, sequence, key) over them for expiry. Deleted
+    timers stay in the heap until popped (skipped then) or until the heap is rebuilt, which
+    happens when stale entries outnumber live ones."""
+
+    kind, name = TIMERS, TIMER_VARIABLE
+
+    def __init__(self, family: "TransformWithState") -> None:
+        self.family = family
+        self.type = pa.list_(pa.int64())
+        self.data: dict = {}
+        self.heap: list = []
+        self.live = 0
+
+    def entries_of(self, _value) -> int:
+        return 0   # timers are not state rows in Spark's figures
+
+    def attach(self, data: dict, heap: list) -> None:
+        """Takes the partition's timers; `heap` is the list kept with them between batches
+        (empty after a load from files: then it is built here)."""
+        self.data, self.heap = data, heap
+        self.live = sum(map(len, data.values()))
+        if len(heap) < self.live:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.heap[:] = [(ts, next(_SEQUENCE), g) for g, times in self.data.items()
+                        for ts in times]
+        heapq.heapify(self.heap)
+
+    def register(self, ts: int) -> None:
+        family = self.family
+        group = family.current_key()
+        times = self.data.setdefault(group, [])
+        family.metrics["numRegisteredTimers"] += 1
+        if ts in times:
+            return   # Spark logs a warning and keeps the one timer
+        times.append(ts)
+        times.sort()
+        self.live += 1
+        heapq.heappush(self.heap, (ts, next(_SEQUENCE), group))
+        family.dirty[(TIMER_VARIABLE, group)] = None
+        family.timer_keys_needed(group)
+
+    def delete(self, ts: int, group=None) -> None:
+        family = self.family
+        group = family.current_key() if group is None else group
+        family.metrics["numDeletedTimers"] += 1   # counted whether or not it existed
+        times = self.data.get(group)
+        if not times or ts not in times:
+            return
+        times.remove(ts)
+        if not times:
+            del self.data[group]
+        self.live -= 1
+        family.dirty[(TIMER_VARIABLE, group)] = None
+        if len(self.heap) > 2 * self.live + 1024:
+            self._rebuild()
+
+    def list(self) -> Iterator[int]:
+        return iter(list(self.data.get(self.family.current_key(), ())))
+
+    def expired(self, threshold: int) -> list[tuple[int, Any]]:
+        """Live timers at or before `threshold`, in time order, taken off the heap at once:
+        as Spark's iterator over its timer index, one made before any handler runs."""
+        heap, due, seen = self.heap, [], set()
+        while heap and heap[0][0] <= threshold:
+            ts, _, group = heapq.heappop(heap)
+            if (ts, group) not in seen and ts in self.data.get(group, ()):
+                seen.add((ts, group))
+                due.append((ts, group))
+        return due
+
+
 def _map_state(var: _Variable):
     """pyspark's MapState, whose iterators here are over the current key's entries."""
     from pyspark.sql.streaming.stateful_processor import MapState
@@ -299,14 +392,15 @@ def _handle(family: "TransformWithState"):
     def no_ttl(name: str, ttl) -> None:
         if ttl is not None:
             raise _state_error(
-                f"state variable {name}: a TTL needs time mode ProcessingTime "
-                "(Spark: cannotProvideTTLConfigForTimeMode); this query runs with time mode "
-                "None")
+                f"state variable {name}: TTL is not supported by arrowstate yet; run this "
+                "query with spark.arrowstate.transformWithState.enabled=false")
 
-    def no_timers(*_args):
-        raise _state_error("timers need time mode ProcessingTime or EventTime (Spark: "
-                           "cannotUseTimersWithInvalidTimeMode); this query runs with time "
-                           "mode None")
+    def timers() -> _Timers:
+        if family.timers is None:
+            raise _state_error("timers need time mode ProcessingTime or EventTime (Spark: "
+                               "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_"
+                               "MODE); this query runs with time mode None")
+        return family.timers
 
     class LocalHandle(StatefulProcessorHandle):
         def __init__(self) -> None:
@@ -325,7 +419,14 @@ def _handle(family: "TransformWithState"):
             no_ttl(stateName, ttlDurationMs)
             return _map_state(family.register(stateName, MAP, valueSchema, userKeySchema))
 
-        registerTimer = deleteTimer = listTimers = no_timers
+        def registerTimer(self, expiryTimestampMs: int) -> None:
+            timers().register(int(expiryTimestampMs))
+
+        def deleteTimer(self, expiryTimestampMs: int) -> None:
+            timers().delete(int(expiryTimestampMs))
+
+        def listTimers(self) -> Iterator[int]:
+            return timers().list()
 
         def deleteIfExists(self, stateName):
             raise _state_error(
@@ -340,13 +441,23 @@ class TransformWithState(FamilyBase):
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
-                                    "numTotalStateRows", "allUpdatesTimeMs",
-                                    "allRemovalsTimeMs") + _COUNTED)
+                                    "numTotalStateRows", "numRowsDroppedByWatermark",
+                                    "allUpdatesTimeMs", "allRemovalsTimeMs") + _COUNTED)
         from pyspark.serializers import CloudPickleSerializer
-        from pyspark.sql.streaming.stateful_processor import TimerValues
+        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
         from pyspark.sql.types import Row
 
-        self._Row, self._TimerValues = Row, TimerValues
+        self._Row, self._ExpiredTimerInfo = Row, ExpiredTimerInfo
+        self.time_mode = operator.get("timeMode", "None")
+        batch_ms, watermark_ms = operator.get("batchTimestampMs"), operator.get(
+            "evictionWatermarkMs")
+        # what pyspark's worker hands the processor: -1 for what a time mode leaves unknown
+        self.timer_values = (TimerValues(-1, -1) if self.time_mode == "None" else TimerValues(
+            -1 if batch_ms is None else batch_ms, -1 if watermark_ms is None else watermark_ms))
+        self.expiry_threshold = (self.timer_values.getCurrentProcessingTimeInMs()
+                                 if self.time_mode == "ProcessingTime"
+                                 else self.timer_values.getCurrentWatermarkInMs())
+        self.event_time_index = operator.get("eventTimeIndex", -1)
         self.io = PandasIO(operator)
         udf, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
         self.processor = udf.__self__._stateful_processor
@@ -367,7 +478,12 @@ class TransformWithState(FamilyBase):
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
+        self.timers = None if self.time_mode == "None" else _Timers(self)
+        self.timer_keys: dict = {}   # key with timers -> (key batch, row): its key columns
+        self._new_timer_keys: list = []   # keys given timers this batch, not yet in timer_keys
         self.processor.init(_handle(self))
+        if self.timers is not None:
+            self.variables[TIMER_VARIABLE] = self.timers
         self.order = sorted(self.variables)
         self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
 
@@ -383,6 +499,20 @@ class TransformWithState(FamilyBase):
                       MAP: "numMapStateVars"}[kind]] += 1
         return var
 
+    def timer_keys_needed(self, group) -> None:
+        if group not in self.timer_keys:
+            self._new_timer_keys.append(group)
+
+    def _settle_timer_keys(self) -> None:
+        """Keeps the key columns of keys given timers this batch (one take for all)."""
+        new = [g for g in dict.fromkeys(self._new_timer_keys) if g not in self.timer_keys]
+        self._new_timer_keys = []
+        if new:
+            keys = gather_rows([self._key_rows[g] for g in new],
+                               [f.name for f in self.key_fields[:-1]])
+            for i, g in enumerate(new):
+                self.timer_keys[g] = (keys, i)
+
     def current_key(self):
         if self._current is _NO_KEY:
             raise _state_error("state is only available while a grouping key is processed "
@@ -397,6 +527,7 @@ class TransformWithState(FamilyBase):
         groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
         names = rows.column(nk).to_pylist()
         data = {n: {} for n in self.order}
+        timer_keys: dict = {}
         for column, name in enumerate(self.order):
             var = self.variables[name]
             picked = [i for i, n in enumerate(names) if n == name]
@@ -405,6 +536,10 @@ class TransformWithState(FamilyBase):
             values = rows.column(nk + 1 + column).take(pa.array(picked))
             if var.kind == VALUE:
                 decoded = var.codec.from_arrow(values)
+            elif var.kind == TIMERS:
+                decoded = values.to_pylist()
+                key_batch = rows.select(range(nk))
+                timer_keys = {groups[i]: (key_batch, i) for i in picked}
             else:
                 flat = var.codec.from_arrow(values.flatten() if var.kind == LIST
                                             else values.flatten().field("value"))
@@ -420,7 +555,8 @@ class TransformWithState(FamilyBase):
             raise _state_error(f"the stored state holds variables {sorted(unknown)} that "
                                "the processor does not define")
         total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
-        state.objects = {"variables": data, "total": total}
+        state.objects = {"variables": data, "total": total, "timerHeap": [],
+                         "timerKeys": timer_keys}
 
     def _attach(self, state: VersionedState) -> None:
         if self._attached:
@@ -431,7 +567,11 @@ class TransformWithState(FamilyBase):
             self.rebuild_index(state)
             held = state.objects
         for name, var in self.variables.items():
-            var.data = held["variables"][name]
+            if var is not self.timers:
+                var.data = held["variables"][name]
+        if self.timers is not None:
+            self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
+        self.timer_keys = held["timerKeys"]
         self.total = held["total"]
 
     # -- one micro-batch --------------------------------------------------------------------
@@ -442,7 +582,14 @@ class TransformWithState(FamilyBase):
         return self._output()
 
     def _process(self, batch: pa.RecordBatch) -> None:
+        if self.late_threshold is not None and self.event_time_index >= 0:
+            late = self.late_mask(*keycodec.event_time_micros(
+                batch.column(self.event_time_index)))
+            if late.any():   # EventTime mode: Spark drops rows the watermark has passed
+                batch = batch.filter(pa.array(~late))
         n = batch.num_rows
+        if n == 0:
+            return
         key_batch = batch.select(self.key_indices)
         groups = keycodec.rows(key_batch.columns, n)
         bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
@@ -478,9 +625,27 @@ class TransformWithState(FamilyBase):
         """handleInputRows once for all of a key's rows, as pyspark's worker calls it."""
         self._pending = None
         self._current = group
-        self._collect(self.processor.handleInputRows(key, iter(items),
-                                                     self._TimerValues(-1, -1)))
+        self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
         self._current = _NO_KEY
+
+    def _expire_timers(self) -> None:
+        """handleExpiredTimer for each timer due, then the timer's deletion: pyspark's
+        worker's order, after every key's rows."""
+        timers = self.timers
+        if timers is None:
+            return
+        start = time.perf_counter_ns()
+        self._settle_timer_keys()
+        names = [f.name for f in self.key_fields[:-1]]
+        for ts, group in timers.expired(self.expiry_threshold):
+            key_batch, row = self.timer_keys[group]
+            key = self._Row(**dict(zip(names, (c[row].as_py() for c in key_batch.columns))))
+            self._current = group
+            self._collect(self.processor.handleExpiredTimer(
+                key, self.timer_values, self._ExpiredTimerInfo(ts)))
+            timers.delete(ts, group)
+            self._current = _NO_KEY
+        self.metrics["timerProcessingTimeMs"] += (time.perf_counter_ns() - start) // 1_000_000
 
     def _collect(self, result) -> None:
         if result is None:
@@ -500,7 +665,9 @@ class TransformWithState(FamilyBase):
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
+        self._settle_timer_keys()
         dirty, self.dirty = list(self.dirty), {}
+        released: list = []   # keys left without timers: their key columns go after the writes
         for column, name in enumerate(self.order):
             var = self.variables[name]
             changed = [g for n, g in dirty if n == name]
@@ -510,11 +677,17 @@ class TransformWithState(FamilyBase):
             gone = [g for g in changed if g not in var.data]
             if gone:
                 state.pop_present(self._store_keys(name, gone)[0])
+                if var is self.timers:
+                    released = gone
             if present:
                 hkeys, key_columns = self._store_keys(name, present)
                 values = [var.data[g] for g in present]
                 if var.kind == VALUE:
                     array = var.codec.to_arrow(values)
+                elif var.kind == TIMERS:
+                    array = pa.ListArray.from_arrays(
+                        pa.array(_offsets(values), pa.int32()),
+                        pa.array([t for times in values for t in times], pa.int64()))
                 else:
                     flat = [v for lst in values for v in (lst if var.kind == LIST else
                                                           lst.values())]
@@ -524,20 +697,19 @@ class TransformWithState(FamilyBase):
                             [k for entries in values for k in entries])
                         items = pa.StructArray.from_arrays(
                             [user_keys, items], fields=list(var.type.value_type))
-                    offsets = [0]
-                    for v in values:
-                        offsets.append(offsets[-1] + len(v))
-                    array = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items,
-                                                     type=var.type)
+                    array = pa.ListArray.from_arrays(pa.array(_offsets(values), pa.int32()),
+                                                     items, type=var.type)
                 value_columns = [array if i == column else pa.nulls(len(present), f.type)
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
+        for g in released:
+            self.timer_keys.pop(g, None)
 
     def _store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
         """The store's keys (grouping key columns and the variable's name) of groups seen in
-        this batch: their hashable form and their columns."""
-        keys = gather_rows([self._key_rows[g] for g in groups],
+        this batch or holding timers: their hashable form and their columns."""
+        keys = gather_rows([self._key_rows.get(g) or self.timer_keys[g] for g in groups],
                            [f.name for f in self.key_fields[:-1]])
         columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
         return keycodec.rows(columns, len(groups)), columns
@@ -547,6 +719,7 @@ class TransformWithState(FamilyBase):
         with self.updating():
             if self._pending is not None:
                 self._call(*self._pending)
+            self._expire_timers()
             self.processor.close()
             self._write(state)
         self._key_rows = {}

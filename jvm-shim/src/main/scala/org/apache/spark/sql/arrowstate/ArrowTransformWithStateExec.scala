@@ -88,6 +88,9 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
     val sent = ArrowTransformWithState.sentColumns(spark.groupingAttributes, udf, child.output)
     val sentSchema = DataTypeUtils.fromAttributes(sent.map(_.withNullability(true)))
     val grouping = spark.groupingAttributes.size
+    val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
+      allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
+    val eventTimeMode = spark.timeMode == TimeMode.EventTime()
     val operator: JValue =
       ("command" -> Base64.getEncoder.encodeToString(function.command.toArray)) ~
         ("pythonIncludes" -> function.pythonIncludes.asScala.toList) ~
@@ -97,7 +100,13 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
         ("maxRecordsPerBatch" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(spark.outputAttrs).json) ~
-        ("variables" -> ArrowTransformWithState.variableSchemas(info))
+        ("variables" -> ArrowTransformWithState.variableSchemas(info)) ~
+        ("timeMode" -> spark.timeMode.toString) ~
+        ("batchTimestampMs" -> spark.batchTimestampMs) ~
+        ("evictionWatermarkMs" -> spark.eventTimeWatermarkForEviction) ~
+        // Spark drops late rows in EventTime mode only
+        ("lateEventsWatermarkMs" -> spark.eventTimeWatermarkForLateEvents.filter(_ => eventTimeMode)) ~
+        ("eventTimeIndex" -> eventTime.map(et => sent.indexWhere(_.exprId == et.exprId)).getOrElse(-1))
     val opener =
       StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
         sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
@@ -136,6 +145,13 @@ object ArrowTransformWithState {
     })
   }
 
+  /** The processor's state variables that have a TTL: Spark keeps an index column family
+   * (`$ttl_<name>`) beside each. */
+  def ttlVariables(info: Option[StatefulOperatorStateInfo]): Seq[String] =
+    info.flatMap(_.stateSchemaMetadata).toSeq
+      .flatMap(_.broadcast.value.activeSchemas.keys.map(_.colFamilyName))
+      .filter(_.startsWith("$ttl_")).map(_.stripPrefix("$ttl_")).distinct.sorted
+
   /** The grouping columns, then the columns the processor's rows hold (the UDF's inputs). */
   def sentColumns(grouping: Seq[Attribute], udf: PythonUDF, childOutput: Seq[Attribute])
     : Seq[Attribute] = {
@@ -149,7 +165,7 @@ object ArrowTransformWithState {
 }
 
 /** PySpark's `transformWithState` and `transformWithStateInPandas`: the processor runs
- * next to its state. Time mode None without initial state; anything else stays Spark's. */
+ * next to its state. Any time mode, without TTL or initial state; those stay Spark's. */
 object TransformWithStateFamily extends ArrowStateFamily {
   override val name = "transformWithState"
 
@@ -159,9 +175,10 @@ object TransformWithStateFamily extends ArrowStateFamily {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
     val udf = p.functionExpr.asInstanceOf[PythonUDF]
     Seq(
-      if (p.timeMode != TimeMode.None()) {
-        Some(s"time mode ${p.timeMode} (timers, TTL): arrowstate runs time mode None so far")
-      } else None,
+      ArrowTransformWithState.ttlVariables(p.stateInfo) match {
+        case Nil => None
+        case names => Some(s"state variables with a TTL (${names.mkString(", ")}): not supported yet")
+      },
       if (p.hasInitialState) Some("an initial state DataFrame: not supported yet") else None,
       // Spark's state of this operator (column families) is not adopted: the query stays
       // on the engine that began it (an initial state keeps the first batch Spark's)
