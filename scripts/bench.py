@@ -101,6 +101,38 @@ def _tws_count(pandas_api: bool):
     return build
 
 
+def _tws_list_timer(df):
+    """The transformWithState timer case (pandas API, EventTime): each key's values are
+    appended to a ListState and an event-time timer is set 10 s after its latest row (the
+    previous one deleted); when it fires the key reports its list's length and is cleared."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class CollectUntilQuiet(StatefulProcessor):
+        def init(self, handle):
+            self.handle = handle
+            self.values = handle.getListState("values", "value double")
+
+        def handleInputRows(self, key, rows, timerValues):
+            latest = None
+            for pdf in rows:
+                self.values.appendList(list(zip(pdf["value"].tolist())))
+                top = pdf["ts"].max()
+                latest = top if latest is None or top > latest else latest
+            for old in list(self.handle.listTimers()):
+                self.handle.deleteTimer(old)
+            self.handle.registerTimer(int(latest.timestamp() * 1000) + 10_000)
+            return iter(())
+
+        def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+            import pandas as pd
+            n = sum(1 for _ in self.values.get())
+            self.values.clear()
+            yield pd.DataFrame({"key": [key[0]], "count": [n]})
+
+    return df.withWatermark("ts", "10 seconds").groupBy("key").transformWithStateInPandas(
+        CollectUntilQuiet(), "key long, count long", "Append", "EventTime")
+
+
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
 FLATMAP, TWS = "ArrowFlatMapGroupsWithState", "ArrowTransformWithState"
 # case -> (query, output mode, the arrowstate node it must plan)
@@ -115,6 +147,7 @@ CASES = {
     # transformWithState needs the RocksDB state store natively (set for these cases)
     "tws_pandas_value_count": (_tws_count(True), "update", TWS),
     "tws_rows_value_count": (_tws_count(False), "update", TWS),
+    "tws_list_timer": (_tws_list_timer, "append", TWS),
 }
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 SCALING_CASE = (lambda df: _count_and_sum(_windowed(df, "1 hour")), "update", SAVE)

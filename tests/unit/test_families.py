@@ -219,15 +219,16 @@ class _Keeps(StatefulProcessor):
                             "per_value": [str(sorted(self.per_value.iterator()))]})
 
 
-def _tws():
+def _tws(processor=None, time_mode="None", **times):
     from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasUdfUtils
     schema = pa.schema([("user", pa.string()), ("user_", pa.string()), ("v", pa.int64())])
-    udf = TransformWithStateInPandasUdfUtils(_Keeps(), "None").transformWithStateUDF
+    udf = TransformWithStateInPandasUdfUtils(processor or _Keeps(),
+                                             time_mode).transformWithStateUDF
     command = base64.b64encode(CloudPickleSerializer().dumps((udf, None))).decode()
     operator = {
         "command": command, "pythonIncludes": [], "keyIndices": [0], "valueIndices": [1, 2],
         "pandas": True, "maxRecordsPerBatch": 10000, "variables": {},
-        "runnerConf": {"spark.sql.session.timeZone": "UTC"},
+        "runnerConf": {"spark.sql.session.timeZone": "UTC"}, "timeMode": time_mode, **times,
         "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
                         '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
                         '"nullable":true,"metadata":{}},{"name":"values","type":"string",'
@@ -274,3 +275,58 @@ def test_transform_with_state_calls_a_key_once_when_its_rows_span_batches():
         outputs += [] if out is None else out.to_pylist()
     outputs += [r for b in family.finish(state) for r in b.to_pylist()]
     assert sorted((r["user"], r["count"]) for r in outputs) == [("a", 1), ("b", 3), ("c", 1)]
+
+
+class _Alarms(StatefulProcessor):
+    """Sets a timer at each value (ms); value 0 deletes the key's timers; a fired timer is
+    reported with the timers the key still has."""
+
+    def init(self, handle):
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues):
+        for pdf in rows:
+            for v in pdf["v"].tolist():
+                if v == 0:
+                    for t in list(self.handle.listTimers()):
+                        self.handle.deleteTimer(t)
+                else:
+                    self.handle.registerTimer(v)
+        return iter(())
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield pd.DataFrame({"user": [key.user], "count": [expiredTimerInfo.getExpiryTimeInMs()],
+                            "values": [str(list(self.handle.listTimers()))],
+                            "per_value": [str(timerValues.getCurrentWatermarkInMs())]})
+
+
+def test_transform_with_state_timers_expire_in_time_order_across_tasks_and_reloads():
+    def task(watermark, state=None):
+        (family, fresh), schema = _tws(_Alarms(), "EventTime", evictionWatermarkMs=watermark,
+                                        batchTimestampMs=5)
+        return family, (fresh if state is None else state), schema
+
+    def run(family, state, schema, users, values):
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
+        rows = ([] if out is None else out.to_pylist()) + [
+            r for b in family.finish(state) for r in b.to_pylist()]
+        return [(r["user"], r["count"], r["values"], r["per_value"]) for r in rows]
+
+    family, state, schema = task(10)
+    # b's timer at 10 is due now: it fires after the rows, with the key as a Row
+    assert run(family, state, schema, ["a", "a", "b", "b"], [30, 20, 10, 40]) == [
+        ("b", 10, "[10, 40]", "10")]
+    assert family.metrics["numRegisteredTimers"] == 4
+    assert family.metrics["numDeletedTimers"] == 1      # the fired timer's deletion
+    assert family.metrics["numTotalStateRows"] == 0     # timers are not state rows
+    _commit(state, 1)
+    family, _, _ = task(35, state)
+    # a's 0 deletes its timers; c's 25 and b's 30... fire in time order
+    assert run(family, state, schema, ["a", "c", "c"], [0, 25, 30]) == [
+        ("c", 25, "[25, 30]", "35"), ("c", 30, "[30]", "35")]
+    _commit(state, 2)
+    del state.objects   # as after a load from files: timers come back from Arrow
+    family, _, _ = task(100, state)
+    assert run(family, state, schema, [], []) == [("b", 40, "[40]", "100")]
+    assert len(state) == 0
