@@ -165,3 +165,35 @@ class ProcessingTimeTimers(StatefulProcessor):
         due = expiredTimerInfo.getExpiryTimeInMs() <= timerValues.getCurrentProcessingTimeInMs()
         yield pd.DataFrame({"user": [key[0]], "count": [fired],
                             "what": [f"timer fired, due {due}"]})
+
+
+class EveryVariableWithTTL(StatefulProcessor):
+    """ProcessingTime with TTLs: a count kept an hour (updated twice per call: Spark counts
+    an unchanged TTL write once), and a value, a list and a map kept 1 ms, so what one batch
+    writes has expired by the key's next batch: reads skip it and the batch's end removes
+    it. Reports what each read sees."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long", 3_600_000)
+        self.last = handle.getValueState("last", "v long", 1)
+        self.items = handle.getListState("items", "v long", 1)
+        self.seen = handle.getMapState("seen", "k string", "c long", 1)
+
+    def handleInputRows(self, key, rows, timerValues):
+        values = [v for pdf in rows for v in pdf["v"].tolist()]
+        n = (self.count.get()[0] if self.count.exists() else 0) + len(values)
+        self.count.update((n,))
+        self.count.update((n,))
+        before = (self.last.exists(), self.items.exists(), sorted(self.items.get()),
+                  self.seen.exists(), sorted(self.seen.iterator()))
+        self.last.update((values[-1],))
+        self.items.appendList([(v,) for v in values])
+        if len(values) > 1:
+            self.items.put([(values[0],)])
+        for v in values:
+            self.seen.updateValue((str(v),), (v,))
+        after = (self.last.get(), sorted(self.items.get()), sorted(self.seen.iterator()))
+        if n >= 4:
+            self.seen.clear()
+            self.last.clear()
+        yield pd.DataFrame({"user": [key[0]], "count": [n], "what": [repr((before, after))]})

@@ -110,3 +110,16 @@ def test_processing_time_timers(spark, spark_conf, tmp_path):
             procs.ProcessingTimeTimers(), procs.SESSION_OUTPUT, "Update", "ProcessingTime"),
         expect_node=NODE, output_mode="update", restart_after=[1], custom_metrics=TIMERS)
     assert ours.custom == native.custom
+
+
+def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    ttl = ["numValueStateWithTTLVars", "numListStateWithTTLVars", "numMapStateWithTTLVars",
+           "numValuesRemovedDueToTTLExpiry"]
+    native, ours = assert_same(
+        spark, tmp_path, EVENTS, BATCHES,
+        lambda df: df.groupBy("user").transformWithStateInPandas(
+            procs.EveryVariableWithTTL(), procs.SESSION_OUTPUT, "Update", "ProcessingTime"),
+        expect_node=NODE, output_mode="update", restart_after=[1, 3], custom_metrics=ttl)
+    assert ours.custom == native.custom
+    assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0

@@ -119,23 +119,53 @@ def _state_error(what: str) -> Exception:
     return PySparkRuntimeError(f"arrowstate: {what}")
 
 
+class _TtlCodec:
+    """A TTL variable's stored element: (value, expiry ms) <-> struct<value, expiresAtMs>."""
+
+    def __init__(self, codec: _Codec) -> None:
+        self.codec = codec
+        self.fields = [pa.field("value", codec.type), pa.field("expiresAtMs", pa.int64())]
+        self.type = pa.struct(self.fields)
+
+    def to_arrow(self, elements: list) -> pa.StructArray:
+        return pa.StructArray.from_arrays(
+            [self.codec.to_arrow([v for v, _ in elements]),
+             pa.array([e for _, e in elements], pa.int64())], fields=self.fields)
+
+    def from_arrow(self, array: pa.StructArray) -> list[tuple]:
+        values, expiries = array.flatten()
+        return list(zip(self.codec.from_arrow(values), expiries.to_pylist()))
+
+
 class _Variable:
-    """One state variable: its kind, schemas, Arrow column and in-memory values (grouping
-    key -> tuple | list of tuples | dict of tuple -> tuple)."""
+    """One state variable: its kind, schemas, Arrow column and in-memory elements (grouping
+    key -> element | list of elements | dict of user key -> element), an element being the
+    value tuple, or (value tuple, expiry ms) with a TTL.
+
+    With a TTL (Spark's ValueStateImplWithTTL, ListStateImplWithTTL, MapStateImplWithTTL)
+    an element expires at the batch timestamp of its last write plus the TTL: from a batch
+    whose timestamp reaches that, reads skip it, and at the end of the batch it is removed
+    (counted as removed rows and in numValuesRemovedDueToTTLExpiry). A heap of (expiry,
+    sequence, element key) finds what expires without a scan of the state."""
 
     def __init__(self, family: "TransformWithState", name: str, kind: str, schema,
-                 key_schema=None) -> None:
-        self.family, self.name, self.kind = family, name, kind
+                 key_schema=None, ttl_ms: int | None = None) -> None:
+        self.family, self.name, self.kind, self.ttl = family, name, kind, ttl_ms
         self.codec = _Codec(schema, family.io.timezone)
+        self.store_codec = self.codec if ttl_ms is None else _TtlCodec(self.codec)
         self.key_codec = None if key_schema is None else _Codec(key_schema, family.io.timezone)
         if kind == VALUE:
-            self.type = self.codec.type
+            self.type = self.store_codec.type
         elif kind == LIST:
-            self.type = pa.list_(self.codec.type)
+            self.type = pa.list_(self.store_codec.type)
         else:
             self.type = pa.list_(pa.struct([pa.field("key", self.key_codec.type),
-                                            pa.field("value", self.codec.type)]))
+                                            pa.field("value", self.store_codec.type)]))
         self.data: dict = {}
+        self.now = family.timer_values.getCurrentProcessingTimeInMs()
+        self.expiry = None if ttl_ms is None else self.now + ttl_ms
+        self.index: list = []     # TTL: heap of (expiry, sequence, element key)
+        self._indexed = 0         # TTL: heap size after its last rebuild
 
     # -- what the processor calls, for the current grouping key -----------------------------
     def _key(self):
@@ -160,26 +190,102 @@ class _Variable:
         self.family.total += self.entries(key) - before
         self._changed(key)
 
+    # -- TTL ---------------------------------------------------------------------------------
+    def element(self, stored: tuple):
+        """What is kept for a value written now."""
+        return stored if self.ttl is None else (stored, self.expiry)
+
+    def visible(self, element):
+        """The value a read returns (None once its TTL has passed)."""
+        if element is None or self.ttl is None:
+            return element
+        return element[0] if element[1] > self.now else None
+
+    def indexed(self, element_key) -> None:
+        """Notes that `element_key` holds an element written now (TTL only)."""
+        heapq.heappush(self.index, (self.expiry, next(_SEQUENCE), element_key))
+
+    def attach_index(self, index: list) -> None:
+        self.index = index
+        if not index and self.data:
+            self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        if self.kind == MAP:
+            entries = [(e[1], next(_SEQUENCE), (g, k)) for g, m in self.data.items()
+                       for k, e in m.items()]
+        else:
+            entries = [(e[1] if self.kind == VALUE else min(x[1] for x in e), next(_SEQUENCE),
+                        g) for g, e in self.data.items()]
+        self.index[:] = entries
+        heapq.heapify(self.index)
+        self._indexed = len(entries)
+
+    def expire(self) -> int:
+        """Removes the elements whose TTL has passed; how many (Spark's count)."""
+        index, now, data, removed = self.index, self.now, self.data, 0
+        while index and index[0][0] <= now:
+            _, _, element_key = heapq.heappop(index)
+            if self.kind == MAP:
+                group, user_key = element_key
+                entries = data.get(group)
+                if entries is not None and user_key in entries and entries[user_key][1] <= now:
+                    _remove_entry(self, group, entries, user_key)
+                    removed += 1
+            elif self.kind == LIST:
+                values = data.get(element_key)
+                if values:
+                    kept = [e for e in values if e[1] > now]
+                    if len(kept) < len(values):
+                        removed += len(values) - len(kept)
+                        self._set(element_key, kept)
+            else:
+                element = data.get(element_key)
+                if element is not None and element[1] <= now:
+                    self._set(element_key, None)
+                    removed += 1
+        if len(index) > 2 * self._indexed + 1024:   # mostly superseded entries
+            self._rebuild_index()
+        return removed
+
+
+def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
+    if len(entries) == 1:
+        var._set(group, None)
+    else:
+        del entries[user_key]
+        var.family.total -= 1
+        var._changed(group)
+
 
 class _ValueClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
 
     def exists(self, _name: str) -> bool:
-        return self.var._key() in self.var.data
+        return self.get(_name) is not None
 
     def get(self, _name: str):
-        return self.var.data.get(self.var._key())
+        var = self.var
+        return var.visible(var.data.get(var._key()))
 
     def update(self, _name: str, value) -> None:
         var = self.var
-        var._set(var._key(), var.codec.stored(value))
-        var.family.metrics["numUpdatedStateRows"] += 1
+        key = var._key()
+        element = var.element(var.codec.stored(value))
+        if var.ttl is None:
+            var.family.metrics["numUpdatedStateRows"] += 1
+        elif var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
+            var.family.metrics["numUpdatedStateRows"] += 1
+            var.indexed(key)
+        var._set(key, element)
 
     def clear(self, _name: str) -> None:
         var = self.var
-        var._set(var._key(), None)
-        var.family.metrics["numRemovedStateRows"] += 1
+        key = var._key()
+        if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
+            var.family.metrics["numRemovedStateRows"] += 1
+        var._set(key, None)
 
 
 class _ListClient:
@@ -187,10 +293,17 @@ class _ListClient:
         self.var = var
 
     def exists(self, _name: str) -> bool:
-        return self.var._key() in self.var.data
+        var = self.var
+        if var.ttl is None:
+            return var._key() in var.data
+        return any(e[1] > var.now for e in var.data.get(var._key(), ()))
 
     def values(self) -> Iterator[tuple]:
-        return iter(list(self.var.data.get(self.var._key(), ())))
+        var = self.var
+        elements = var.data.get(var._key(), ())
+        if var.ttl is None:
+            return iter(list(elements))
+        return iter([v for v, expiry in elements if expiry > var.now])
 
     def _checked(self, values) -> list:
         if values is None:
@@ -199,13 +312,19 @@ class _ListClient:
         if not values:
             raise _state_error(f"the list state {self.var.name} cannot be set to an empty "
                                "list (clear() removes it)")
-        return [self.var.codec.stored(v) for v in values]
+        var = self.var
+        return [var.element(var.codec.stored(v)) for v in values]
 
     def put(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
-        var._set(var._key(), stored)
-        # Spark's ListStateImpl.put resets the task's updated-rows count, then counts these
-        var.family.metrics["numUpdatedStateRows"] = len(stored)
+        key = var._key()
+        var._set(key, stored)
+        if var.ttl is None:
+            # Spark's ListStateImpl.put resets the task's updated-rows count, then counts
+            var.family.metrics["numUpdatedStateRows"] = len(stored)
+        else:
+            var.family.metrics["numUpdatedStateRows"] += len(stored)
+            var.indexed(key)
 
     def append_value(self, _name: str, value) -> None:
         self.append_list(_name, [value])
@@ -220,6 +339,8 @@ class _ListClient:
             current.extend(stored)
             var._changed(key)
         var.family.metrics["numUpdatedStateRows"] += len(stored)
+        if var.ttl is not None:
+            var.indexed(key)
 
     def clear(self, _name: str) -> None:
         var = self.var
@@ -234,7 +355,11 @@ class _MapClient:
         self.var = var
 
     def _map(self) -> dict:
-        return self.var.data.get(self.var._key(), {})
+        var = self.var
+        entries = var.data.get(var._key(), {})
+        if var.ttl is None:
+            return entries
+        return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
 
     def exists(self, _name: str) -> bool:
         return bool(self._map())
@@ -247,28 +372,26 @@ class _MapClient:
 
     def update_value(self, _name: str, key, value) -> None:
         var = self.var
-        user_key, stored = var.key_codec.stored(key), var.codec.stored(value)
+        user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
         group = var._key()
         entries = var.data.get(group)
+        if var.ttl is None or entries is None or entries.get(user_key) != element:
+            var.family.metrics["numUpdatedStateRows"] += 1
+            if var.ttl is not None:
+                var.indexed((group, user_key))
         if entries is None:
-            var._set(group, {user_key: stored})
+            var._set(group, {user_key: element})
         else:
             var.family.total += user_key not in entries
-            entries[user_key] = stored
+            entries[user_key] = element
             var._changed(group)
-        var.family.metrics["numUpdatedStateRows"] += 1
 
     def remove_key(self, _name: str, key) -> None:
         var = self.var
         user_key, group = var.key_codec.stored(key), var._key()
         entries = var.data.get(group)
         if entries is not None and user_key in entries:
-            if len(entries) == 1:
-                var._set(group, None)
-            else:
-                del entries[user_key]
-                var.family.total -= 1
-                var._changed(group)
+            _remove_entry(var, group, entries, user_key)
         var.family.metrics["numRemovedStateRows"] += 1
 
     def clear(self, _name: str) -> None:
@@ -288,7 +411,7 @@ class _Timers:
     timers stay in the heap until popped (skipped then) or until the heap is rebuilt, which
     happens when stale entries outnumber live ones."""
 
-    kind, name = TIMERS, TIMER_VARIABLE
+    kind, name, ttl = TIMERS, TIMER_VARIABLE, None
 
     def __init__(self, family: "TransformWithState") -> None:
         self.family = family
@@ -325,7 +448,6 @@ class _Timers:
         self.live += 1
         heapq.heappush(self.heap, (ts, next(_SEQUENCE), group))
         family.dirty[(TIMER_VARIABLE, group)] = None
-        family.timer_keys_needed(group)
 
     def delete(self, ts: int, group=None) -> None:
         family = self.family
@@ -389,11 +511,17 @@ def _handle(family: "TransformWithState"):
     """The processor's StatefulProcessorHandle, with state variables held here."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle, ValueState
 
-    def no_ttl(name: str, ttl) -> None:
-        if ttl is not None:
-            raise _state_error(
-                f"state variable {name}: TTL is not supported by arrowstate yet; run this "
-                "query with spark.arrowstate.transformWithState.enabled=false")
+    def ttl_ms(name: str, ttl) -> int | None:
+        """As Spark reads a TTLConfig: none or zero is no TTL; a TTL needs ProcessingTime."""
+        if not ttl:
+            return None
+        if family.time_mode != "ProcessingTime":
+            raise _state_error(f"state variable {name}: a TTL needs time mode ProcessingTime "
+                               f"(Spark: cannotProvideTTLConfigForTimeMode), not "
+                               f"{family.time_mode}")
+        if ttl < 0:
+            raise _state_error(f"state variable {name}: the TTL must be positive, not {ttl}")
+        return int(ttl)
 
     def timers() -> _Timers:
         if family.timers is None:
@@ -407,17 +535,16 @@ def _handle(family: "TransformWithState"):
             """No API client: the family holds the state (pyspark's handle needs one)."""
 
         def getValueState(self, stateName, schema, ttlDurationMs=None):
-            no_ttl(stateName, ttlDurationMs)
-            return ValueState(_ValueClient(family.register(stateName, VALUE, schema)),
-                              stateName)
+            return ValueState(_ValueClient(family.register(
+                stateName, VALUE, schema, ttl_ms=ttl_ms(stateName, ttlDurationMs))), stateName)
 
         def getListState(self, stateName, schema, ttlDurationMs=None):
-            no_ttl(stateName, ttlDurationMs)
-            return _list_state(family.register(stateName, LIST, schema))
+            return _list_state(family.register(stateName, LIST, schema,
+                                               ttl_ms=ttl_ms(stateName, ttlDurationMs)))
 
         def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
-            no_ttl(stateName, ttlDurationMs)
-            return _map_state(family.register(stateName, MAP, valueSchema, userKeySchema))
+            return _map_state(family.register(stateName, MAP, valueSchema, userKeySchema,
+                                              ttl_ms=ttl_ms(stateName, ttlDurationMs)))
 
         def registerTimer(self, expiryTimestampMs: int) -> None:
             timers().register(int(expiryTimestampMs))
@@ -479,39 +606,29 @@ class TransformWithState(FamilyBase):
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
         self.timers = None if self.time_mode == "None" else _Timers(self)
-        self.timer_keys: dict = {}   # key with timers -> (key batch, row): its key columns
-        self._new_timer_keys: list = []   # keys given timers this batch, not yet in timer_keys
+        # With timers or TTLs a key's state changes in batches without its rows: the key
+        # columns of every key with state are kept, key -> (key batch, row)
+        self.held_keys: dict = {}
         self.processor.init(_handle(self))
         if self.timers is not None:
             self.variables[TIMER_VARIABLE] = self.timers
         self.order = sorted(self.variables)
+        self.holds_keys = self.timers is not None or any(
+            v.ttl is not None for v in self.variables.values())
         self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
 
-    def register(self, name: str, kind: str, schema, key_schema=None) -> _Variable:
+    def register(self, name: str, kind: str, schema, key_schema=None,
+                 ttl_ms: int | None = None) -> _Variable:
         if name in self.variables:
             raise _state_error(f"state variable {name} is defined twice")
         parsed = self._parsed.get(name, {})
         var = _Variable(self, name, kind, _struct_schema(schema, parsed.get("value")),
                         None if key_schema is None
-                        else _struct_schema(key_schema, parsed.get("userKey")))
+                        else _struct_schema(key_schema, parsed.get("userKey")), ttl_ms)
         self.variables[name] = var
-        self.metrics[{VALUE: "numValueStateVars", LIST: "numListStateVars",
-                      MAP: "numMapStateVars"}[kind]] += 1
+        counted = {VALUE: "numValueState", LIST: "numListState", MAP: "numMapState"}[kind]
+        self.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
         return var
-
-    def timer_keys_needed(self, group) -> None:
-        if group not in self.timer_keys:
-            self._new_timer_keys.append(group)
-
-    def _settle_timer_keys(self) -> None:
-        """Keeps the key columns of keys given timers this batch (one take for all)."""
-        new = [g for g in dict.fromkeys(self._new_timer_keys) if g not in self.timer_keys]
-        self._new_timer_keys = []
-        if new:
-            keys = gather_rows([self._key_rows[g] for g in new],
-                               [f.name for f in self.key_fields[:-1]])
-            for i, g in enumerate(new):
-                self.timer_keys[g] = (keys, i)
 
     def current_key(self):
         if self._current is _NO_KEY:
@@ -527,7 +644,6 @@ class TransformWithState(FamilyBase):
         groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
         names = rows.column(nk).to_pylist()
         data = {n: {} for n in self.order}
-        timer_keys: dict = {}
         for column, name in enumerate(self.order):
             var = self.variables[name]
             picked = [i for i, n in enumerate(names) if n == name]
@@ -535,13 +651,11 @@ class TransformWithState(FamilyBase):
                 continue
             values = rows.column(nk + 1 + column).take(pa.array(picked))
             if var.kind == VALUE:
-                decoded = var.codec.from_arrow(values)
+                decoded = var.store_codec.from_arrow(values)
             elif var.kind == TIMERS:
                 decoded = values.to_pylist()
-                key_batch = rows.select(range(nk))
-                timer_keys = {groups[i]: (key_batch, i) for i in picked}
             else:
-                flat = var.codec.from_arrow(values.flatten() if var.kind == LIST
+                flat = var.store_codec.from_arrow(values.flatten() if var.kind == LIST
                                             else values.flatten().field("value"))
                 keys = (var.key_codec.from_arrow(values.flatten().field("key"))
                         if var.kind == MAP else None)
@@ -555,8 +669,11 @@ class TransformWithState(FamilyBase):
             raise _state_error(f"the stored state holds variables {sorted(unknown)} that "
                                "the processor does not define")
         total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
+        key_batch = rows.select(range(nk))
+        held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
+                     else {})
         state.objects = {"variables": data, "total": total, "timerHeap": [],
-                         "timerKeys": timer_keys}
+                         "heldKeys": held_keys, "ttlIndexes": {}}
 
     def _attach(self, state: VersionedState) -> None:
         if self._attached:
@@ -569,9 +686,11 @@ class TransformWithState(FamilyBase):
         for name, var in self.variables.items():
             if var is not self.timers:
                 var.data = held["variables"][name]
+            if var.ttl is not None:
+                var.attach_index(held["ttlIndexes"].setdefault(name, []))
         if self.timers is not None:
             self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
-        self.timer_keys = held["timerKeys"]
+        self.held_keys = held["heldKeys"]
         self.total = held["total"]
 
     # -- one micro-batch --------------------------------------------------------------------
@@ -635,10 +754,9 @@ class TransformWithState(FamilyBase):
         if timers is None:
             return
         start = time.perf_counter_ns()
-        self._settle_timer_keys()
         names = [f.name for f in self.key_fields[:-1]]
         for ts, group in timers.expired(self.expiry_threshold):
-            key_batch, row = self.timer_keys[group]
+            key_batch, row = self._key_columns(group)
             key = self._Row(**dict(zip(names, (c[row].as_py() for c in key_batch.columns))))
             self._current = group
             self._collect(self.processor.handleExpiredTimer(
@@ -665,9 +783,7 @@ class TransformWithState(FamilyBase):
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
-        self._settle_timer_keys()
         dirty, self.dirty = list(self.dirty), {}
-        released: list = []   # keys left without timers: their key columns go after the writes
         for column, name in enumerate(self.order):
             var = self.variables[name]
             changed = [g for n, g in dirty if n == name]
@@ -677,13 +793,11 @@ class TransformWithState(FamilyBase):
             gone = [g for g in changed if g not in var.data]
             if gone:
                 state.pop_present(self._store_keys(name, gone)[0])
-                if var is self.timers:
-                    released = gone
             if present:
                 hkeys, key_columns = self._store_keys(name, present)
                 values = [var.data[g] for g in present]
                 if var.kind == VALUE:
-                    array = var.codec.to_arrow(values)
+                    array = var.store_codec.to_arrow(values)
                 elif var.kind == TIMERS:
                     array = pa.ListArray.from_arrays(
                         pa.array(_offsets(values), pa.int32()),
@@ -691,7 +805,7 @@ class TransformWithState(FamilyBase):
                 else:
                     flat = [v for lst in values for v in (lst if var.kind == LIST else
                                                           lst.values())]
-                    items = var.codec.to_arrow(flat)
+                    items = var.store_codec.to_arrow(flat)
                     if var.kind == MAP:
                         user_keys = var.key_codec.to_arrow(
                             [k for entries in values for k in entries])
@@ -703,13 +817,32 @@ class TransformWithState(FamilyBase):
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
-        for g in released:
-            self.timer_keys.pop(g, None)
+        if self.holds_keys:
+            self._hold_keys(dict.fromkeys(g for _, g in dirty))
+
+    def _hold_keys(self, groups) -> None:
+        """Keeps the key columns of keys that have state (one take for the new ones), drops
+        those of keys that have none left."""
+        new = []
+        for g in groups:
+            if any(g in var.data for var in self.variables.values()):
+                if g not in self.held_keys:
+                    new.append(g)
+            else:
+                self.held_keys.pop(g, None)
+        if new:
+            keys = gather_rows([self._key_rows[g] for g in new],
+                               [f.name for f in self.key_fields[:-1]])
+            for i, g in enumerate(new):
+                self.held_keys[g] = (keys, i)
+
+    def _key_columns(self, group) -> tuple[pa.RecordBatch, int]:
+        return self._key_rows.get(group) or self.held_keys[group]
 
     def _store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
         """The store's keys (grouping key columns and the variable's name) of groups seen in
         this batch or holding timers: their hashable form and their columns."""
-        keys = gather_rows([self._key_rows.get(g) or self.timer_keys[g] for g in groups],
+        keys = gather_rows([self._key_columns(g) for g in groups],
                            [f.name for f in self.key_fields[:-1]])
         columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
         return keycodec.rows(columns, len(groups)), columns
@@ -721,6 +854,11 @@ class TransformWithState(FamilyBase):
                 self._call(*self._pending)
             self._expire_timers()
             self.processor.close()
+            for var in self.variables.values():   # Spark's doTtlCleanup, before the commit
+                if var.ttl is not None:
+                    expired = var.expire()
+                    self.metrics["numRemovedStateRows"] += expired
+                    self.metrics["numValuesRemovedDueToTTLExpiry"] += expired
             self._write(state)
         self._key_rows = {}
         state.objects["total"] = self.total

@@ -136,21 +136,20 @@ object ArrowTransformWithState {
     def newest(name: String, isKey: Boolean): Option[StructType] =
       active.filter { case (k, _) => k.colFamilyName == name && k.isKey == isKey }
         .maxByOption(_._1.schemaId).map(_._2.sqlSchema)
-    val names = active.keys.map(_.colFamilyName).toSeq.distinct.sorted
-      .filterNot(n => n.startsWith("$") || n == "default")
+    val all = active.keys.map(_.colFamilyName).toSeq.distinct.sorted
+    // a variable with a TTL has an index beside it, and its stored value is
+    // struct<value: the variable's schema, ttlExpirationMs>
+    val withTtl = all.filter(_.startsWith("$ttl_")).map(_.stripPrefix("$ttl_")).toSet
+    val names = all.filterNot(n => n.startsWith("$") || n == "default")
     JObject(names.toList.map { name =>
       val userKey = newest(name, isKey = true).flatMap(_.fields.find(_.name == "userKey"))
         .map(_.dataType.json)
-      name -> (("value" -> newest(name, isKey = false).map(_.json)) ~ ("userKey" -> userKey))
+      val value = newest(name, isKey = false).map { stored =>
+        if (withTtl(name)) stored("value").dataType.json else stored.json
+      }
+      name -> (("value" -> value) ~ ("userKey" -> userKey))
     })
   }
-
-  /** The processor's state variables that have a TTL: Spark keeps an index column family
-   * (`$ttl_<name>`) beside each. */
-  def ttlVariables(info: Option[StatefulOperatorStateInfo]): Seq[String] =
-    info.flatMap(_.stateSchemaMetadata).toSeq
-      .flatMap(_.broadcast.value.activeSchemas.keys.map(_.colFamilyName))
-      .filter(_.startsWith("$ttl_")).map(_.stripPrefix("$ttl_")).distinct.sorted
 
   /** The grouping columns, then the columns the processor's rows hold (the UDF's inputs). */
   def sentColumns(grouping: Seq[Attribute], udf: PythonUDF, childOutput: Seq[Attribute])
@@ -165,7 +164,7 @@ object ArrowTransformWithState {
 }
 
 /** PySpark's `transformWithState` and `transformWithStateInPandas`: the processor runs
- * next to its state. Any time mode, without TTL or initial state; those stay Spark's. */
+ * next to its state. Any time mode and TTL; an initial state stays Spark's. */
 object TransformWithStateFamily extends ArrowStateFamily {
   override val name = "transformWithState"
 
@@ -175,10 +174,6 @@ object TransformWithStateFamily extends ArrowStateFamily {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
     val udf = p.functionExpr.asInstanceOf[PythonUDF]
     Seq(
-      ArrowTransformWithState.ttlVariables(p.stateInfo) match {
-        case Nil => None
-        case names => Some(s"state variables with a TTL (${names.mkString(", ")}): not supported yet")
-      },
       if (p.hasInitialState) Some("an initial state DataFrame: not supported yet") else None,
       // Spark's state of this operator (column families) is not adopted: the query stays
       // on the engine that began it (an initial state keeps the first batch Spark's)
