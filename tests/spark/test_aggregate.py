@@ -115,7 +115,7 @@ def test_deduplicate_then_aggregate_keep_their_own_state(spark, tmp_path):
     assert all(len(f) == 2 for f in ours.figures.values())
 
 
-def test_unsupported_buffer_and_session_windows_stay_spark_with_reason(spark, tmp_path):
+def test_unsupported_buffer_stays_spark_with_reason(spark, tmp_path):
     batches = [[ev("a", 1, 1), ev("a", 2, 2)], [ev("a", 30, 1)]]
 
     def interval_buffer(df):
@@ -126,14 +126,6 @@ def test_unsupported_buffer_and_session_windows_stay_spark_with_reason(spark, tm
                           expect_node=None, output_mode="update")
     assert all("ArrowStateFallback [reason: aggregation buffer" in p for p in ours.plans)
     assert not any(SAVE in p for p in ours.plans)
-
-    def sessions(df):
-        return (df.withWatermark("ts", "10 seconds")
-                .groupBy(F.session_window("ts", "5 seconds"), "user").count())
-
-    _, ours = assert_same(spark, tmp_path, EVENTS, batches, sessions, expect_node=None,
-                          output_mode="append")
-    assert all("reason: session windows" in p for p in ours.plans)
 
 
 def test_switched_off_aggregation_stays_spark(spark, spark_conf, tmp_path):

@@ -6,11 +6,12 @@ from .aggregate import Aggregate
 from .base import FamilyBase, StateFamily
 from .dedup import Deduplicate
 from .flatmap import FlatMapGroupsWithState
+from .session_window import SessionWindow
 from .transform_with_state import TransformWithState
 
 REGISTRY: dict[str, type[StateFamily]] = {
-    family.name: family for family in (Deduplicate, Aggregate, FlatMapGroupsWithState,
-                                       TransformWithState)}
+    family.name: family for family in (Deduplicate, Aggregate, SessionWindow,
+                                       FlatMapGroupsWithState, TransformWithState)}
 
 __all__ = ["REGISTRY", "StateFamily", "FamilyBase", "Aggregate", "Deduplicate",
-           "FlatMapGroupsWithState", "TransformWithState"]
+           "FlatMapGroupsWithState", "SessionWindow", "TransformWithState"]

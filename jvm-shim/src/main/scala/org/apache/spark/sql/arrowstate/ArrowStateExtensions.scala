@@ -9,7 +9,7 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
-import org.apache.spark.sql.execution.streaming.operators.stateful.{SessionWindowStateStoreSaveExec, StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
@@ -64,12 +64,10 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
 
   /** The families, in the order they are asked. */
   val families: Seq[ArrowStateFamily] =
-    Seq(DeduplicateFamily, AggregateFamily, FlatMapGroupsWithStateFamily,
+    Seq(DeduplicateFamily, AggregateFamily, SessionWindowFamily, FlatMapGroupsWithStateFamily,
       TransformWithStateFamily)
 
   private val sparkOnly: Seq[SparkOnly] = Seq(
-    SparkOnly(_.isInstanceOf[SessionWindowStateStoreSaveExec],
-      "session windows (session_window) keep Spark's own state store operators"),
     SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
       "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
         "arrowstate runs Python functions only"),

@@ -1,0 +1,154 @@
+"""Session window aggregation (`session_window`): arrowstate against Spark's own
+SessionWindowStateStoreRestoreExec / MergingSessionsExec / SessionWindowStateStoreSaveExec.
+
+The scenarios follow Spark's StreamingSessionWindowSuite: sessions that merge within a batch
+and across batches (a row between two stored sessions joins them), rows a late row would
+extend (dropped and counted), several keys, eviction by the watermark in no-data batches,
+restarts from the checkpoint, append and complete mode (Spark refuses update mode)."""
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import AnalysisException, StreamingQueryException
+from pyspark.sql import functions as F
+
+from harness import assert_same, run_query
+
+SAVE, RESTORE = "ArrowSessionWindowStateStoreSave", "ArrowSessionWindowStateStoreRestore"
+EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64()), ("word", pa.string())])
+
+
+def ev(user, second, v=1, word=None):
+    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v,
+            "word": word}
+
+
+# gap 10 s, watermark delay 10 s; what happens in append mode (complete mode evicts nothing,
+# and runs no no-data batches, so its late-events watermark lags)
+SESSIONS = [
+    # a: [1, 11) and [30, 40); b: [2, 12); c: [5, 15) and [16, 26) (15 < 16: two sessions)
+    [ev("a", 1), ev("b", 2, 5), ev("a", 30, 2), ev("c", 5), ev("c", 16, 3)],
+    # (no-data batch, watermark 20 s: a [1, 11), b [2, 12), c [5, 15) evicted)
+    # a@20 joins the stored [30, 40) as [20, 40) (start 30 removed); b@10 would extend b's
+    # evicted session and is late ([10, 20) ends at the watermark); d is new
+    [ev("a", 20, 4), ev("b", 10), ev("d", 50, 7)],
+    # (watermark 40 s: c [16, 26), a [20, 40) evicted) a@35 is in time ([35, 45)), c@3 late,
+    # d@55 extends d to [50, 65)
+    [ev("a", 35), ev("c", 3, 9), ev("d", 55)],
+    [],
+    # (watermark 45 s: a [35, 45) evicted) d@44 joins d's stored session from before its
+    # start ([44, 65), start 50 removed), d@58 falls inside; e is new
+    [ev("e", 100), ev("d", 44), ev("d", 58, 2)],
+    # (watermark 90 s: d [44, 68) evicted) e@104 extends e, e@120 starts another session
+    [ev("e", 104), ev("e", 120)],
+]
+
+
+def session_counts(df, gap="10 seconds"):
+    return (df.withWatermark("ts", "10 seconds")
+            .groupBy(F.session_window("ts", gap), "user")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("s")))
+
+
+@pytest.mark.parametrize("mode", ["append", "complete"])
+def test_sessions_merge_across_batches_late_rows_are_dropped(spark, tmp_path, mode):
+    _, ours = assert_same(spark, tmp_path, EVENTS, SESSIONS, session_counts,
+                          expect_node=SAVE, output_mode=mode)
+    assert all(RESTORE in plan for plan in ours.plans)
+    assert all("MergingSessions" in plan for plan in ours.plans)   # Spark's, kept
+    figures = [f[0] for f in ours.figures.values()]
+    assert sum(f["numRowsDroppedByWatermark"] for f in figures) == (2 if mode == "append" else 1)
+    removed = sum(f["numRowsRemoved"] for f in figures)   # merged away (2), evicted
+    if mode == "append":
+        assert len(ours.outputs) > len(SESSIONS), "no no-data batch ran"
+        assert removed == 2 + sum(len(rows) for rows in ours.outputs.values()) == 2 + 7
+    else:
+        assert removed == 2
+
+
+def test_restarts_from_the_checkpoint_give_the_same_answers(spark, tmp_path):
+    assert_same(spark, tmp_path, EVENTS, SESSIONS, session_counts, expect_node=SAVE,
+                output_mode="append", restart_after=[0, 1, 3])
+
+
+def test_complete_mode_without_watermark_restarts(spark, tmp_path):
+    def build(df):
+        return (df.groupBy("user", F.session_window("ts", "5 seconds"))
+                .agg(F.count("*").alias("n"), F.max("v").alias("m")))
+
+    assert_same(spark, tmp_path, EVENTS, SESSIONS, build, expect_node=SAVE,
+                output_mode="complete", restart_after=[1])
+
+
+def test_many_rows_of_one_key_span_arrow_batches(spark, spark_conf, tmp_path):
+    """With three rows per Arrow batch, a key's rows and sessions cross batch boundaries in
+    both halves: stored sessions wait for the key's next rows."""
+    spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": "3"})
+    def rows(user, *seconds):   # v tells the rows apart: the lists show the merge order
+        return [ev(user, t, v=t) for t in seconds]
+
+    batches = [
+        rows("a", 1, 5, 40, 80, 120) + rows("b", 2, 60, 61),
+        # a: between, before, after and into stored sessions; b: one extended, one new
+        # (b@60 again: a stored session goes before an input row of the same start)
+        rows("a", 0, 3, 30, 45, 46, 100, 118, 200) + rows("b", 7, 90) + [ev("b", 60, 600)],
+        rows("a", 210, 215, 300) + rows("b", 95) + rows("c", 300),
+        [],
+        rows("a", 305, 306, 307, 308, 309, 310, 400),
+    ]
+
+    def build(df):
+        return (df.withWatermark("ts", "30 seconds")
+                .groupBy(F.session_window("ts", "10 seconds"), "user")
+                .agg(F.count("*").alias("n"), F.collect_list("v").alias("in_order"),
+                     F.first("v").alias("first"), F.last("v").alias("last")))
+
+    for mode in ("append", "complete"):
+        assert_same(spark, tmp_path / mode, EVENTS, batches, build, expect_node=SAVE,
+                    output_mode=mode, restart_after=[1])
+
+
+def test_several_keys_and_functions_dynamic_gap(spark, tmp_path):
+    """Two grouping keys, a gap that depends on the row (Spark's dynamic gap), functions whose
+    buffers are arrays and structs."""
+    batches = [
+        [ev("a", 1, 1, "x"), ev("a", 2, 2, "y"), ev("b", 3, 3, "x"), ev("a", 9, 4, "x")],
+        [ev("a", 12, 5, "x"), ev("b", 6, 6, "y"), ev(None, 7, 7, None), ev(None, 8, 8, None)],
+        [ev("a", 4, 9, "y"), ev("c", 60, 1, "z"), ev("b", 61, 2, "x")],
+        [],
+        [ev("a", 120, 3, "x")],
+    ]
+
+    def build(df):
+        gap = F.when(F.col("word") == "x", "5 seconds").otherwise("2 seconds")
+        return (df.withWatermark("ts", "10 seconds")
+                .groupBy(F.session_window("ts", gap), "user", "word")
+                .agg(F.count("*").alias("n"), F.sort_array(F.collect_list("v")).alias("vs"),
+                     F.max(F.struct("v", "ts")).alias("latest"), F.avg("v").alias("mean")))
+
+    assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=SAVE,
+                output_mode="append", restart_after=[2])
+
+
+def test_sessions_merged_within_the_partition_before_the_shuffle(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition":
+                  "true"})
+    assert_same(spark, tmp_path, EVENTS, SESSIONS, session_counts, expect_node=SAVE,
+                output_mode="append")
+
+
+def test_update_mode_is_refused_as_spark_refuses_it(spark, tmp_path):
+    for on in (False, True):
+        with pytest.raises((AnalysisException, StreamingQueryException),
+                           match="STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"):
+            run_query(spark, str(tmp_path / str(on)), EVENTS, SESSIONS[:1], session_counts,
+                      arrowstate=on, output_mode="update")
+
+
+def test_switched_off_session_windows_stay_spark(spark, spark_conf, tmp_path):
+    spark_conf(**{"spark.arrowstate.sessionWindow.enabled": "false"})
+    run = run_query(spark, str(tmp_path), EVENTS, SESSIONS[:2], session_counts,
+                    arrowstate=True, output_mode="append")
+    assert all("spark.arrowstate.sessionWindow.enabled=false" in p for p in run.plans)
+    assert not any(SAVE in p for p in run.plans)
