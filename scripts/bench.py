@@ -57,6 +57,13 @@ def _windowed(df, size: str):
     return df.withWatermark("ts", "10 seconds").groupBy(F.window("ts", size), "key")
 
 
+def _sessions(df):
+    """The session window case: a count and sum per key and session (gap 30 s), append."""
+    from pyspark.sql import functions as F
+    return _count_and_sum(df.withWatermark("ts", "10 seconds")
+                          .groupBy(F.session_window("ts", "30 seconds"), "key"))
+
+
 def count_per_key(key, pdfs, state):
     """The applyInPandasWithState case: a running count per key."""
     import pandas as pd
@@ -134,6 +141,7 @@ def _tws_list_timer(df):
 
 
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
+SESSION_SAVE = "ArrowSessionWindowStateStoreSave"
 FLATMAP, TWS = "ArrowFlatMapGroupsWithState", "ArrowTransformWithState"
 # case -> (query, output mode, the arrowstate node it must plan)
 CASES = {
@@ -143,6 +151,7 @@ CASES = {
     "agg_update": (lambda df: _count_and_sum(df.groupBy("key")), "update", SAVE),
     "agg_append": (lambda df: _count_and_sum(_windowed(df, "10 seconds")), "append", SAVE),
     "agg_complete": (lambda df: _count_and_sum(df.groupBy("key")), "complete", SAVE),
+    "session_window_append": (_sessions, "append", SESSION_SAVE),
     "apply_in_pandas_with_state": (_counts_with_state, "update", FLATMAP),
     # transformWithState needs the RocksDB state store natively (set for these cases)
     "tws_pandas_value_count": (_tws_count(True), "update", TWS),

@@ -22,7 +22,8 @@ ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
 _ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
 # Spark's operator names (operator metadata) and the arrowstate family that runs them
 FAMILIES = {"dedupe": "deduplicate", "dedupeWithinWatermark": "deduplicate",
-            "stateStoreSave": "aggregate", "applyInPandasWithState": "flatMapGroupsWithState"}
+            "stateStoreSave": "aggregate", "sessionWindowStateStoreSaveExec": "sessionWindow",
+            "applyInPandasWithState": "flatMapGroupsWithState"}
 
 
 class CheckpointError(ValueError):

@@ -41,6 +41,11 @@ CASES = {
     "aggregation_complete": (lambda df: df.groupBy("user").count(), "complete"),
     "aggregation_append": (lambda df: df.withWatermark("ts", "10 seconds")
                            .groupBy(F.window("ts", "10 seconds")).count(), "append"),
+    "session_window_append": (lambda df: df.withWatermark("ts", "10 seconds")
+                              .groupBy(F.session_window("ts", "5 seconds"), "user")
+                              .agg(F.count("*"), F.max("v")), "append"),
+    "session_window_complete": (lambda df: df.groupBy("user", F.session_window("ts", "5 seconds"))
+                                .count(), "complete"),
     "apply_in_pandas_with_state": (
         lambda df: df.withWatermark("ts", "10 seconds").groupBy("user")
         .applyInPandasWithState(fns.event_time_sessions, "user string, what string, value long",
@@ -181,7 +186,9 @@ HDFS, ROCKSDB = "HDFSBackedStateStoreProvider", "RocksDBStateStoreProvider"
     ("export", "aggregation_update", HDFS), ("export", "apply_in_pandas_with_state", HDFS),
     ("export", "aggregation_update", ROCKSDB),
     ("import", "dedup_within_watermark", HDFS),
-    ("import", "apply_in_pandas_with_state", ROCKSDB)])
+    ("import", "apply_in_pandas_with_state", ROCKSDB),
+    ("export", "session_window_append", HDFS), ("export", "session_window_append", ROCKSDB),
+    ("import", "session_window_append", HDFS), ("import", "session_window_append", ROCKSDB)])
 def test_export_and_import_move_a_checkpoint_between_engines(spark, spark_conf, tmp_path,
                                                              command, name, provider):
     """`state export` after two batches run by arrowstate (`import`: by Spark), with the
@@ -217,7 +224,9 @@ def test_export_and_import_move_a_checkpoint_between_engines(spark, spark_conf, 
     ("dedup", "HDFSBackedStateStoreProvider"),
     ("aggregation_update", "HDFSBackedStateStoreProvider"),
     ("apply_in_pandas_with_state", "HDFSBackedStateStoreProvider"),
-    ("apply_in_pandas_with_state", "RocksDBStateStoreProvider")])
+    ("apply_in_pandas_with_state", "RocksDBStateStoreProvider"),
+    ("session_window_append", "HDFSBackedStateStoreProvider"),
+    ("session_window_append", "RocksDBStateStoreProvider")])
 def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_path, name,
                                                       provider):
     """A checkpoint Spark's own operators wrote (HDFS-backed or RocksDB store), restarted with
@@ -246,7 +255,8 @@ def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_pat
 
 
 @pytest.mark.parametrize("name, partitions", [("aggregation_update", 5),
-                                              ("apply_in_pandas_with_state", 2)])
+                                              ("apply_in_pandas_with_state", 2),
+                                              ("session_window_append", 4)])
 def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_path, name,
                                                          partitions):
     """`state repartition` on an arrowstate checkpoint, and Spark 4.3's own offline

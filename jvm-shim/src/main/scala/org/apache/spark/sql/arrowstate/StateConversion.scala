@@ -16,7 +16,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
-import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, NoPrefixKeyStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
+import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, OperatorStateMetadataV1Reader, PrefixKeyScanStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
@@ -116,7 +116,30 @@ object StateConversion {
   private def sparkProvider(id: StateStoreId, keySchema: StructType, valueSchema: StructType,
       storeConf: StateStoreConf, conf: Configuration): StateStoreProvider =
     StateStoreProvider.createAndInit(StateStoreProviderId(id, UUID.randomUUID()), keySchema,
-      valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), false, storeConf, conf, false, None)
+      valueSchema, keyEncoderSpec(id, keySchema, conf), false, storeConf, conf, false, None)
+
+  /**
+   * How the operator's store encodes its keys: a store scanned by a key prefix (session
+   * windows: the keys without the session start) encodes them differently (RocksDB lays out
+   * the prefix first), so it is read and written with the prefix spec Spark's operator uses.
+   */
+  private def keyEncoderSpec(id: StateStoreId, keySchema: StructType, conf: Configuration)
+    : KeyStateEncoderSpec = {
+    val prefixColumns = prefixColumnsOf(id, conf)
+    if (prefixColumns > 0) PrefixKeyScanStateEncoderSpec(keySchema, prefixColumns)
+    else NoPrefixKeyStateEncoderSpec(keySchema)
+  }
+
+  /** The key columns the operator's store is scanned by (its rows partitioned by), as its
+   * operator metadata records them; 0 for none (also without metadata: older checkpoints). */
+  private def prefixColumnsOf(id: StateStoreId, conf: Configuration): Int = {
+    val operatorDir = new Path(id.checkpointRootLocation, id.operatorId.toString)
+    val metadata = new Path(new Path(operatorDir, "_metadata"), "metadata")
+    if (!metadata.getFileSystem(conf).exists(metadata)) 0
+    else new OperatorStateMetadataV1Reader(operatorDir, conf).read().toSeq
+      .flatMap(_.stateStoresMetadata).find(_.storeName == id.storeName)
+      .map(_.numColsPrefixKey).getOrElse(0)
+  }
 
   /** `f` for each partition in a Spark job, with the session's Hadoop configuration. */
   private def perPartition(session: SparkSession, partitions: Int)(
@@ -265,7 +288,14 @@ object StateConversion {
     val rowsPerBatch = batchSize(session.sessionState.conf)
     val hadoopConf = broadcastHadoopConf(session)
     val (k, v) = (keySchema.length, valueSchema.length)
-    rows.repartition(partitions, rows.col("key")).select("key", "value")
+    // the operator partitions its rows by the keys its store is scanned by, if it is (session
+    // windows: without the session start), else by the whole key
+    val prefixColumns = prefixColumnsOf(StateStoreId(stateRoot, operatorId, 0),
+      session.sessionState.newHadoopConf())
+    val partitionBy =
+      if (prefixColumns == 0) Seq(rows.col("key"))
+      else keySchema.fieldNames.take(prefixColumns).map(rows.col("key").getField).toSeq
+    rows.repartition(partitions, partitionBy: _*).select("key", "value")
       .queryExecution.toRdd.mapPartitionsWithIndex { (partition, it) =>
         Iterator(writeSnapshot(StateStoreId(stateRoot, operatorId, partition), version,
           keySchema, valueSchema, it.map(r => InternalRow(r.getStruct(0, k), r.getStruct(1, v))),
