@@ -12,6 +12,7 @@ import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
 
+from arrowstate.checkpoint import describe
 from harness import assert_same, run_query
 
 SAVE, RESTORE = "ArrowSessionWindowStateStoreSave", "ArrowSessionWindowStateStoreRestore"
@@ -68,8 +69,37 @@ def test_sessions_merge_across_batches_late_rows_are_dropped(spark, tmp_path, mo
 
 
 def test_restarts_from_the_checkpoint_give_the_same_answers(spark, tmp_path):
-    assert_same(spark, tmp_path, EVENTS, SESSIONS, session_counts, expect_node=SAVE,
-                output_mode="append", restart_after=[0, 1, 3])
+    native, ours = assert_same(spark, tmp_path, EVENTS, SESSIONS, session_counts,
+                               expect_node=SAVE, output_mode="append", restart_after=[0, 1, 3])
+    [op] = describe(ours.checkpoint)["operators"]
+    assert (op["name"], op["family"], op["engine"]) == (
+        "sessionWindowStateStoreSaveExec", "sessionWindow", "arrowstate")
+    assert op["rows"] == spark.read.format("statestore").load(native.checkpoint).count() == 2
+
+
+def test_deduplicated_rows_then_sessions_two_operators(spark, tmp_path):
+    def build(df):
+        return (df.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"])
+                .groupBy(F.session_window("ts", "10 seconds"), "user")
+                .agg(F.count("*").alias("n"), F.sum("v").alias("s")))
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, SESSIONS + [[ev("e", 120), ev("e", 121)]],
+                          build, expect_node=SAVE, output_mode="append", restart_after=[2])
+    assert all("ArrowStreamingDeduplicate" in plan for plan in ours.plans)
+    assert all(len(f) == 2 for f in ours.figures.values())
+
+
+def test_unsupported_buffer_stays_spark_with_reason(spark, tmp_path):
+    def interval_buffer(df):
+        return (df.withWatermark("ts", "10 seconds")
+                .groupBy(F.session_window("ts", "10 seconds"), "user")
+                .agg(F.max(F.make_dt_interval(secs=F.col("v"))).cast("string").alias("m")))
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, SESSIONS[:3], interval_buffer,
+                          expect_node=None, output_mode="append")
+    assert all("ArrowStateFallback [reason: session column" in p and "INTERVAL" in p
+               for p in ours.plans), ours.plans
+    assert not any(SAVE in p or RESTORE in p for p in ours.plans)
 
 
 def test_complete_mode_without_watermark_restarts(spark, tmp_path):
