@@ -12,6 +12,7 @@ import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
 
+import harness
 from arrowstate.checkpoint import describe
 from harness import assert_same, run_query
 
@@ -44,6 +45,14 @@ SESSIONS = [
     # (watermark 90 s: d [44, 68) evicted) e@104 extends e, e@120 starts another session
     [ev("e", 104), ev("e", 120)],
 ]
+
+
+@pytest.fixture(autouse=True)
+def _operator_figures_too(monkeypatch):
+    """Here the figures also include those Spark's session window save sets by mode (in
+    complete mode it leaves numStateStoreInstances at 0)."""
+    monkeypatch.setattr(harness, "STATE_FIGURES", harness.STATE_FIGURES + (
+        "numShufflePartitions", "numStateStoreInstances"))
 
 
 def session_counts(df, gap="10 seconds"):

@@ -202,7 +202,10 @@ case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, ch
     val width = childOutput.size
     val opener = spec.opener(session, childOutput)
 
-    StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
+    // Spark's save in complete mode leaves numStateStoreInstances unset (it sets its operator
+    // metrics in append mode only): the same figure here
+    StateTasks.rdd(this, opener, child.execute(),
+        countsInstances = spec.outputMode != Complete) { (task, rows) =>
       val fromSent = UnsafeProjection.create(childOutput, childOutput)
       val posted = new PostedRows(rows, task.exchange, task.encoder, identity, task.batchSize,
         passInput = false, keepInput = false, (_, _) => Iterator.empty)

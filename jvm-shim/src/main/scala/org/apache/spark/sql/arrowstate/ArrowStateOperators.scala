@@ -144,12 +144,15 @@ object StateTasks {
   /**
    * The RDD of an arrowstate writer, made on the driver: per partition it opens the exchange
    * with the worker and an encoder for the rows sent, lets `body` make the output, counts it,
-   * and commits the new state version once all of it is consumed.
+   * and commits the new state version once all of it is consumed. `countsInstances`: whether
+   * the task counts in numStateStoreInstances (Spark's session window save in complete mode
+   * does not).
    */
   def rdd(
       plan: StateStoreWriter,
       opener: StatePartitionOpener,
-      input: RDD[InternalRow])(
+      input: RDD[InternalRow],
+      countsInstances: Boolean = true)(
       body: (StateTask, Iterator[InternalRow]) => Iterator[InternalRow]): RDD[InternalRow] = {
     val opMetrics = plan.metrics
     val info = opener.info
@@ -167,7 +170,7 @@ object StateTasks {
           .map { r => numOutputRows += 1; r }
         CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
           if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
-          exchange.commit(info.storeVersion + 1, opMetrics, opener.family)
+          exchange.commit(info.storeVersion + 1, opMetrics, opener.family, countsInstances)
           reporter.committed(info.storeVersion + 1)
         })
       })

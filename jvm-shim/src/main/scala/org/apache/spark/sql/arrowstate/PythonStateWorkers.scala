@@ -544,7 +544,8 @@ class StateExchange(
    * meanwhile and its pruning to the maintenance thread, tells the worker it is committed
    * and adds the worker's metrics to the operator's SQL metrics.
    */
-  def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String): Unit = {
+  def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String,
+      countsInstance: Boolean = true): Unit = {
     val (delta, snapshots, pruneBelow) = timed {
       require(readTag() == Contract.Frame.Commit, "arrowstate: the worker did not commit")
       val d = readBytes()
@@ -573,7 +574,7 @@ class StateExchange(
     }
     reported.foreach { case (k, v) => add(k, v) }
     add("commitTimeMs", commitMs)
-    add("numStateStoreInstances", 1)
+    if (countsInstance) add("numStateStoreInstances", 1)
     add("pythonWorkerTimeMs", pythonNanos / 1000000)
     add("arrowBytesToPython", bytesToPython)
     add("arrowBytesFromPython", bytesFromPython)
