@@ -87,43 +87,38 @@ class SessionWindow(FamilyBase):
     # -- the index of each key's sessions ---------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
         rows = state.rows
-        state_keys = list(rows.data)
         stored = rows.take(rows.live_ids())
-        state.objects = {"sessions": {}}
-        self._index(state, stored.columns[self.key_count:], state_keys)
+        by_key = self._by_key(stored.columns[self.key_count:], list(rows.data))
+        state.objects = {"sessions": by_key}
+        if self.indexed:
+            self._add_times(state, [(g, s, t) for g, d in by_key.items()
+                                    for s, (_, t) in d.items()])
 
     def _sessions(self, state: VersionedState) -> dict:
         if "sessions" not in getattr(state, "objects", {}):
             self.rebuild_index(state)
         return state.objects["sessions"]
 
-    def _index(self, state: VersionedState, values: list[pa.Array], state_keys: list,
-               known: dict | None = None) -> tuple[list, list]:
-        """Records stored rows (value columns) in the key index and, in append mode, the time
-        index; returns the keys of the rows and their groups' new session dicts."""
+    def _by_key(self, values: list[pa.Array], state_keys: list,
+                groups: list | None = None) -> dict[Hashable, dict]:
+        """Rows (their value columns) by key: key -> session start -> (state key, event time
+        in append mode, else None)."""
         n = len(state_keys)
-        if n == 0:
-            return [], []
-        groups = keycodec.rows([values[i] for i in self.key_indexes], n)
+        if groups is None:
+            groups = keycodec.rows([values[i] for i in self.key_indexes], n)
         starts = _micros(values[self.session_index].flatten()[0]).tolist()
         if self.indexed:
             times, valid = keycodec.event_time_micros(values[self.event_time_index])
             times_list = [t if ok else None for t, ok in zip(times.tolist(), valid.tolist())]
         else:
             times_list = [None] * n
-        sessions = self._sessions(state)
-        fresh: dict[Hashable, dict] = {} if known is None else known
+        by_key: dict[Hashable, dict] = {}
         for g, s, k, t in zip(groups, starts, state_keys, times_list):
-            d = fresh.get(g)
+            d = by_key.get(g)
             if d is None:
-                d = fresh[g] = {}
+                d = by_key[g] = {}
             d[s] = (k, t)
-        if known is None:
-            sessions.update(fresh)
-            if self.indexed:
-                self._add_times(state, [(g, s, t) for g, d in fresh.items()
-                                        for s, (_, t) in d.items()])
-        return groups, starts
+        return by_key
 
     def _add_times(self, state: VersionedState, entries: list) -> None:
         entries = [(g, s, t) for g, s, t in entries if t is not None]
@@ -279,8 +274,7 @@ class SessionWindow(FamilyBase):
         start_column = rows.column(self.session_index).flatten()[0]
         key_columns = [rows.column(i) for i in self.key_indexes] + [start_column]
         state_keys = keycodec.rows(key_columns, n)
-        fresh: dict[Hashable, dict] = {}
-        self._index(state, rows.columns, state_keys, known=fresh)
+        fresh = self._by_key(rows.columns, state_keys, groups)
         sessions = self._sessions(state)
         removed, times = [], []
         for g, d in fresh.items():
