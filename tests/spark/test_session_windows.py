@@ -170,6 +170,22 @@ def test_several_keys_and_functions_dynamic_gap(spark, tmp_path):
                 output_mode="append", restart_after=[2])
 
 
+def test_event_time_column_other_than_the_session(spark, spark_conf, tmp_path):
+    """Grouped by the watermarked column too, ahead of the session (Spark allows two event
+    time columns only with a single stateful operator, as before 3.4): Spark judges late
+    rows and evicts by the first one; it reaches the restore beside the keys and the
+    session."""
+    spark_conf(**{"spark.sql.streaming.statefulOperator.allowMultiple": "false"})
+    def build(df):
+        return (df.withWatermark("ts", "10 seconds")
+                .groupBy("ts", F.session_window("ts", "10 seconds"), "user")
+                .agg(F.count("*").alias("n"), F.sum("v").alias("s")))
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, SESSIONS + [[ev("a", 30, 5)]], build,
+                          expect_node=SAVE, output_mode="append", restart_after=[2])
+    assert sum(f[0]["numRowsDroppedByWatermark"] for f in ours.figures.values()) > 0
+
+
 def test_sessions_merged_within_the_partition_before_the_shuffle(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition":
                   "true"})
