@@ -108,6 +108,9 @@ class FamilyBase:
     def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         raise RuntimeError(f"arrowstate: the {self.name} family answers no LOOKUP frame")
 
+    def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
+        raise RuntimeError(f"arrowstate: the {self.name} family takes no INITIAL_STATE frame")
+
 
 class _Timed:
     __slots__ = ("_owner", "_field", "_start")

@@ -591,7 +591,7 @@ class TransformWithState(FamilyBase):
         self.pandas = operator["pandas"]
         self.key_indices = operator["keyIndices"]
         self.value_indices = operator["valueIndices"]
-        self.value_names = [input_schema.names[i] for i in self.value_indices]
+        self.initial_key_count = operator.get("initialKeyCount")
         self.max_rows = operator["maxRecordsPerBatch"]
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
@@ -706,23 +706,38 @@ class TransformWithState(FamilyBase):
                 batch.column(self.event_time_index)))
             if late.any():   # EventTime mode: Spark drops rows the watermark has passed
                 batch = batch.filter(pa.array(~late))
+        for group, key_columns, key, items in self._keys_of(
+                batch, self.key_indices, self.value_indices):
+            pending = self._pending
+            if pending is not None and pending[0] == group:
+                pending[2].extend(items)   # the key's rows continue from the last batch
+                continue
+            if pending is not None:
+                self._call(*pending)
+            self._key_rows[group] = key_columns
+            self._pending = (group, key, items)
+
+    def _keys_of(self, batch: pa.RecordBatch, key_indices: list[int],
+                 value_indices: list[int]) -> Iterator[tuple]:
+        """Per key of a batch sorted by key: the key (hashable), where its columns are,
+        the key as the processor gets it, and its rows as the processor gets them (pandas:
+        DataFrames of at most maxRecordsPerBatch rows; Row API: Rows)."""
         n = batch.num_rows
         if n == 0:
             return
-        key_batch = batch.select(self.key_indices)
+        key_batch = batch.select(key_indices)
         groups = keycodec.rows(key_batch.columns, n)
         bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
         if self.pandas:
             series = self.io.to_pandas(batch)
-            frame = self.io._pd.concat([series[i] for i in self.value_indices], axis=1)
+            frame = self.io._pd.concat([series[i] for i in value_indices], axis=1)
             # as pyspark's worker makes them: Python scalars, from pandas
-            keys = [series[i].tolist() for i in self.key_indices]
+            keys = [series[i].tolist() for i in key_indices]
         else:   # Python values once per batch: what as_py() per cell gives pyspark's worker
-            columns = [batch.column(i).to_pylist() for i in self.value_indices]
-            keys = [batch.column(i).to_pylist() for i in self.key_indices]
-            DataRow = self._Row(*self.value_names)
+            columns = [batch.column(i).to_pylist() for i in value_indices]
+            keys = [batch.column(i).to_pylist() for i in key_indices]
+            DataRow = self._Row(*(batch.schema.names[i] for i in value_indices))
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            group = groups[lo]
             if self.pandas:
                 items = []
                 for start in range(lo, hi, self.max_rows):
@@ -731,14 +746,24 @@ class TransformWithState(FamilyBase):
                     items.append(chunk)
             else:
                 items = [DataRow(*(c[i] for c in columns)) for i in range(lo, hi)]
-            pending = self._pending
-            if pending is not None and pending[0] == group:
-                pending[2].extend(items)   # the key's rows continue from the last batch
-                continue
-            if pending is not None:
-                self._call(*pending)
-            self._key_rows[group] = (key_batch, lo)
-            self._pending = (group, tuple(k[lo] for k in keys), items)
+            yield groups[lo], (key_batch, lo), tuple(k[lo] for k in keys), items
+
+    def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
+        """handleInitialState for each key of a batch of the initial state (the query's
+        first batch, before any input rows): per DataFrame (pandas) or per Row."""
+        self._attach(state)
+        start = time.perf_counter_ns()
+        k = self.initial_key_count
+        with self.updating():
+            for group, key_columns, key, items in self._keys_of(
+                    batch, list(range(k)), list(range(k, batch.num_columns))):
+                self._key_rows.setdefault(group, key_columns)
+                self._current = group
+                for item in items:
+                    self.processor.handleInitialState(key, item, self.timer_values)
+                self._current = _NO_KEY
+        self.metrics["initialStateProcessingTimeMs"] += (
+            time.perf_counter_ns() - start) // 1_000_000
 
     def _call(self, group, key, items: list) -> None:
         """handleInputRows once for all of a key's rows, as pyspark's worker calls it."""

@@ -5,6 +5,7 @@ import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
 import scala.jdk.CollectionConverters._
+import scala.reflect.ClassTag
 
 import org.apache.spark.{SparkConf, SparkFiles, TaskContext}
 import org.apache.spark.api.python.PythonFunction
@@ -146,18 +147,18 @@ object StateTasks {
    * with the worker and an encoder for the rows sent, lets `body` make the output, counts it,
    * and commits the new state version once all of it is consumed.
    */
-  def rdd(
+  def rdd[T: ClassTag](
       plan: StateStoreWriter,
       opener: StatePartitionOpener,
-      input: RDD[InternalRow])(
-      body: (StateTask, Iterator[InternalRow]) => Iterator[InternalRow]): RDD[InternalRow] = {
+      input: RDD[T])(
+      body: (StateTask, Iterator[T]) => Iterator[InternalRow]): RDD[InternalRow] = {
     val opMetrics = plan.metrics
     val info = opener.info
     val conf = plan.session.sessionState.conf
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val coordinator = Some(plan.session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
-    new ArrowStateRDD[InternalRow, InternalRow](input, info, coordinator, reportCommits,
+    new ArrowStateRDD[T, InternalRow](input, info, coordinator, reportCommits,
       { (partitionId, rows, reporter) =>
         val exchange = opener.open(partitionId)
         val encoder = new ArrowBatchEncoder(opener.sentSchema, opener.timeZone)
