@@ -37,6 +37,7 @@ import time
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import keys as keycodec
 from ..store import VersionedState
@@ -258,17 +259,54 @@ def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
         var._changed(group)
 
 
+class _Deleted(Exception):
+    """A deleted variable was used (pyspark's client words the error per operation)."""
+
+
+class _DeletedElements(dict):
+    """The elements of a variable deleted by deleteIfExists: any use fails, as Spark's store
+    fails on the removed column family."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def _fail(self, *_args, **_kwargs):
+        raise _Deleted(f"[STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY] the "
+                       f"state variable {self.name} was deleted by deleteIfExists")
+
+    get = pop = setdefault = items = __contains__ = __getitem__ = __setitem__ = _fail
+
+
+def _as_pyspark_error(what: str):
+    """Turns a use of a deleted variable into the error pyspark's client raises for it."""
+    def wrap(method):
+        def call(self, *args):
+            try:
+                return method(self, *args)
+            except _Deleted as e:
+                from pyspark.errors import PySparkRuntimeError
+                raise PySparkRuntimeError(f"Error {what}: {e}") from None
+        call.__name__ = method.__name__
+        return call
+    return wrap
+
+
 class _ValueClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
 
+    @_as_pyspark_error("checking value state exists")
     def exists(self, _name: str) -> bool:
-        return self.get(_name) is not None
+        var = self.var
+        return var.visible(var.data.get(var._key())) is not None
 
+    @_as_pyspark_error("getting value state")
     def get(self, _name: str):
         var = self.var
         return var.visible(var.data.get(var._key()))
 
+    @_as_pyspark_error("updating value state")
     def update(self, _name: str, value) -> None:
         var = self.var
         key = var._key()
@@ -280,6 +318,7 @@ class _ValueClient:
             var.indexed(key)
         var._set(key, element)
 
+    @_as_pyspark_error("clearing value state")
     def clear(self, _name: str) -> None:
         var = self.var
         key = var._key()
@@ -292,12 +331,14 @@ class _ListClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
 
+    @_as_pyspark_error("checking value state exists")
     def exists(self, _name: str) -> bool:
         var = self.var
         if var.ttl is None:
             return var._key() in var.data
         return any(e[1] > var.now for e in var.data.get(var._key(), ()))
 
+    @_as_pyspark_error("getting list state")
     def values(self) -> Iterator[tuple]:
         var = self.var
         elements = var.data.get(var._key(), ())
@@ -315,6 +356,7 @@ class _ListClient:
         var = self.var
         return [var.element(var.codec.stored(v)) for v in values]
 
+    @_as_pyspark_error("updating value state")
     def put(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
@@ -329,6 +371,7 @@ class _ListClient:
     def append_value(self, _name: str, value) -> None:
         self.append_list(_name, [value])
 
+    @_as_pyspark_error("updating value state")
     def append_list(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
@@ -342,6 +385,7 @@ class _ListClient:
         if var.ttl is not None:
             var.indexed(key)
 
+    @_as_pyspark_error("clearing value state")
     def clear(self, _name: str) -> None:
         var = self.var
         key = var._key()
@@ -361,15 +405,19 @@ class _MapClient:
             return entries
         return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
 
+    @_as_pyspark_error("checking map state exists")
     def exists(self, _name: str) -> bool:
         return bool(self._map())
 
+    @_as_pyspark_error("getting value")
     def get_value(self, _name: str, key):
         return self._map().get(self.var.key_codec.stored(key))
 
+    @_as_pyspark_error("checking if map state contains key")
     def contains_key(self, _name: str, key) -> bool:
         return self.var.key_codec.stored(key) in self._map()
 
+    @_as_pyspark_error("updating map state value")
     def update_value(self, _name: str, key, value) -> None:
         var = self.var
         user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
@@ -386,6 +434,7 @@ class _MapClient:
             entries[user_key] = element
             var._changed(group)
 
+    @_as_pyspark_error("removing key from map state")
     def remove_key(self, _name: str, key) -> None:
         var = self.var
         user_key, group = var.key_codec.stored(key), var._key()
@@ -394,6 +443,7 @@ class _MapClient:
             _remove_entry(var, group, entries, user_key)
         var.family.metrics["numRemovedStateRows"] += 1
 
+    @_as_pyspark_error("clearing map state")
     def clear(self, _name: str) -> None:
         var = self.var
         group = var._key()
@@ -401,6 +451,7 @@ class _MapClient:
         var._set(group, None)
         var.family.metrics["numRemovedStateRows"] += removed
 
+    @_as_pyspark_error("getting map state iterator")
     def items(self) -> list:
         return list(self._map().items())
 
@@ -556,9 +607,7 @@ def _handle(family: "TransformWithState"):
             return timers().list()
 
         def deleteIfExists(self, stateName):
-            raise _state_error(
-                f"deleteIfExists({stateName!r}) is not supported by arrowstate yet; run this "
-                "query with spark.arrowstate.transformWithState.enabled=false")
+            family.delete_variable(stateName)
 
     return LocalHandle()
 
@@ -609,7 +658,10 @@ class TransformWithState(FamilyBase):
         # With timers or TTLs a key's state changes in batches without its rows: the key
         # columns of every key with state are kept, key -> (key batch, row)
         self.held_keys: dict = {}
+        self.deleted: list[_Variable] = []   # variables init() deleted (deleteIfExists)
+        self._initialized = False
         self.processor.init(_handle(self))
+        self._initialized = True
         if self.timers is not None:
             self.variables[TIMER_VARIABLE] = self.timers
         self.order = sorted(self.variables)
@@ -629,6 +681,21 @@ class TransformWithState(FamilyBase):
         counted = {VALUE: "numValueState", LIST: "numListState", MAP: "numMapState"}[kind]
         self.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
         return var
+
+    def delete_variable(self, name: str) -> None:
+        """deleteIfExists in init(): the variable's state goes at the batch's start, and
+        any later use of it fails. Spark counts a deleted variable when its column family
+        exists, which a getXState call earlier in init() creates."""
+        if self._initialized:
+            raise _state_error(f"deleteIfExists({name!r}) can only be called in init() "
+                               "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
+                               "INVALID_HANDLE_STATE)")
+        var = self.variables.get(name)
+        if var is None:
+            raise _state_error(f"deleteIfExists({name!r}): arrowstate deletes only a variable "
+                               "init() declares before deleting it")
+        self.deleted.append(var)
+        self.metrics["numDeletedStateVars"] += 1
 
     def current_key(self):
         if self._current is _NO_KEY:
@@ -692,6 +759,20 @@ class TransformWithState(FamilyBase):
             self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
         self.held_keys = held["heldKeys"]
         self.total = held["total"]
+        for var in self.deleted:
+            self._drop_variable(state, var)
+
+    def _drop_variable(self, state: VersionedState, var: _Variable) -> None:
+        """Removes every stored row of a deleted variable (a scan, once: after it there are
+        none) and makes later uses of it fail."""
+        if var.data:
+            rows = state.rows.take(state.rows.live_ids())
+            nk = len(self.key_fields) - 1
+            mine = rows.filter(pc.equal(rows.column(nk), var.name))
+            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
+            self.total -= sum(map(var.entries_of, var.data.values()))
+            var.data.clear()
+        var.data = _DeletedElements(var.name)
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
