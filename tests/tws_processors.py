@@ -222,3 +222,18 @@ class SeededCount(StatefulProcessor):
             yield Row(user=key[0], count=n)
         else:
             yield pd.DataFrame({"user": [key[0]], "count": [n]})
+
+
+class RunningCountWithHistory(RunningCount):
+    """RunningCount plus a list state added later in the query's life: a processor that
+    gained a variable between runs (Spark allows adding state variables)."""
+
+    def init(self, handle):
+        super().init(handle)
+        self.history = handle.getListState("history", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for pdf in super().handleInputRows(key, rows, timerValues):
+            self.history.appendValue((int(pdf["count"][0]),))
+            pdf["count"] = pdf["count"] * 1000 + len(list(self.history.get()))
+            yield pdf

@@ -115,7 +115,8 @@ class Worker:
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
-            state = VersionedState(family.key_fields, family.value_fields)
+            state = VersionedState(family.key_fields, family.value_fields,
+                                   named_columns=family.named_columns)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)

@@ -126,3 +126,19 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
         expect_node=NODE, output_mode="update", restart_after=[1, 3], custom_metrics=ttl)
     assert ours.custom == native.custom
     assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0
+
+
+def test_a_state_variable_added_between_runs(spark, tmp_path):
+    starts = {"true": 0, "false": 0}   # per engine: assert_same runs Spark's, then ours
+
+    def build(df):   # the first run's processor has one variable, later runs two
+        engine = spark.conf.get("spark.arrowstate.enabled")
+        starts[engine] += 1
+        processor = (procs.RunningCount() if starts[engine] == 1
+                     else procs.RunningCountWithHistory())
+        return df.groupBy("user").transformWithStateInPandas(
+            processor, "user string, count long", "Update", "None")
+
+    native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, build, expect_node=NODE,
+                               output_mode="update", restart_after=[1, 3])
+    assert ("a", 4001) in native.outputs[3]   # a's count 4, its history begun after batch 1

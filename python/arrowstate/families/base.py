@@ -56,6 +56,8 @@ class FamilyBase:
     enter the time index (`index_rows`), if it uses one."""
 
     name: ClassVar[str]
+    # whether the set of value columns may grow between runs (see VersionedState)
+    named_columns: ClassVar[bool] = False
 
     def __init__(self, operator: dict[str, Any], metric_names: Sequence[str]) -> None:
         self.late_threshold = micros(operator.get("lateEventsWatermarkMs"))

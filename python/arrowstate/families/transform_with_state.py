@@ -614,6 +614,7 @@ def _handle(family: "TransformWithState"):
 
 class TransformWithState(FamilyBase):
     name = "transformWithState"
+    named_columns = True   # a processor may add state variables between runs, as in Spark
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
