@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import heapq
 import itertools
+import math
 import time
 from typing import Any, Iterator
 
@@ -77,8 +78,9 @@ class _Codec:
     def __init__(self, schema, timezone: str) -> None:
         from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.pandas.types import to_arrow_type
-        from pyspark.sql.streaming.stateful_processor_api_client import (
-            _normalize_state_value)
+        from pyspark.sql.streaming import stateful_processor_api_client as client
+        client._load_numpy()   # pyspark's normaliser knows numpy only once this ran
+        _normalize_state_value = client._normalize_state_value
         self.schema = schema
         self.fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=timezone))
                        for f in schema.fields]
@@ -106,6 +108,19 @@ class _Codec:
         if self.writer.is_exact(value):
             return value
         return self.from_arrow(self.to_arrow([value]))[0]
+
+
+def _as_from_rows(frame):
+    """The dtypes pyspark's worker gives a key's DataFrame, which it builds from row tuples
+    of Python scalars: narrower numpy integers and floats widen to 64 bits."""
+    import numpy as np
+    widened = {}
+    for name, dtype in frame.dtypes.items():
+        if isinstance(dtype, np.dtype) and dtype.kind in "iu" and dtype != np.int64:
+            widened[name] = np.int64
+        elif isinstance(dtype, np.dtype) and dtype.kind == "f" and dtype != np.float64:
+            widened[name] = np.float64
+    return frame.astype(widened) if widened else frame
 
 
 def _offsets(lists: list) -> list[int]:
@@ -642,7 +657,12 @@ class TransformWithState(FamilyBase):
         self.key_indices = operator["keyIndices"]
         self.value_indices = operator["valueIndices"]
         self.initial_key_count = operator.get("initialKeyCount")
-        self.max_rows = operator["maxRecordsPerBatch"]
+        # pyspark's worker: at most this many rows per DataFrame (none when not positive),
+        # and, when a bytes limit is set, rows x average Arrow row size under it
+        records = operator["maxRecordsPerBatch"]
+        self.max_rows = records if records > 0 else 2**31 - 1
+        self.max_bytes = operator.get("maxBytesPerBatch", 2**31 - 1)
+        self._seen_bytes = self._seen_rows = 0
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
         self._attached = False
@@ -793,11 +813,12 @@ class TransformWithState(FamilyBase):
             pending = self._pending
             if pending is not None and pending[0] == group:
                 pending[2].extend(items)   # the key's rows continue from the last batch
+                pending[3] = True
                 continue
             if pending is not None:
                 self._call(*pending)
             self._key_rows[group] = key_columns
-            self._pending = (group, key, items)
+            self._pending = [group, key, items, False]
 
     def _keys_of(self, batch: pa.RecordBatch, key_indices: list[int],
                  value_indices: list[int]) -> Iterator[tuple]:
@@ -812,23 +833,38 @@ class TransformWithState(FamilyBase):
         bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
         if self.pandas:
             series = self.io.to_pandas(batch)
-            frame = self.io._pd.concat([series[i] for i in value_indices], axis=1)
+            frame = _as_from_rows(self.io._pd.concat([series[i] for i in value_indices],
+                                                     axis=1))
             # as pyspark's worker makes them: Python scalars, from pandas
             keys = [series[i].tolist() for i in key_indices]
+            if self.max_bytes != 2**31 - 1:
+                self._seen_bytes += sum(b.size for c in batch.columns for b in c.buffers()
+                                        if b is not None)
+                self._seen_rows += n
         else:   # Python values once per batch: what as_py() per cell gives pyspark's worker
             columns = [batch.column(i).to_pylist() for i in value_indices]
             keys = [batch.column(i).to_pylist() for i in key_indices]
             DataRow = self._Row(*(batch.schema.names[i] for i in value_indices))
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             if self.pandas:
-                items = []
-                for start in range(lo, hi, self.max_rows):
-                    chunk = frame.iloc[start:min(hi, start + self.max_rows)]
-                    chunk.index = self.io._pd.RangeIndex(len(chunk))
-                    items.append(chunk)
+                items = self._chunks(frame, lo, hi)
             else:
                 items = [DataRow(*(c[i] for c in columns)) for i in range(lo, hi)]
             yield groups[lo], (key_batch, lo), tuple(k[lo] for k in keys), items
+
+    def _chunks(self, frame, lo: int, hi: int | None) -> list:
+        """Rows lo..hi of a frame as the DataFrames pyspark's worker hands over."""
+        hi = len(frame) if hi is None else hi
+        size = self.max_rows
+        if self.max_bytes != 2**31 - 1 and self._seen_rows:
+            average = self._seen_bytes / self._seen_rows
+            size = min(size, max(1, math.ceil(self.max_bytes / average)))
+        chunks = []
+        for start in range(lo, hi, size):
+            chunk = frame.iloc[start:min(hi, start + size)]
+            chunk.index = self.io._pd.RangeIndex(len(chunk))
+            chunks.append(chunk)
+        return chunks
 
     def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
         """handleInitialState for each key of a batch of the initial state (the query's
@@ -847,9 +883,12 @@ class TransformWithState(FamilyBase):
         self.metrics["initialStateProcessingTimeMs"] += (
             time.perf_counter_ns() - start) // 1_000_000
 
-    def _call(self, group, key, items: list) -> None:
-        """handleInputRows once for all of a key's rows, as pyspark's worker calls it."""
+    def _call(self, group, key, items: list, spans_batches: bool = False) -> None:
+        """handleInputRows once for all of a key's rows, as pyspark's worker calls it: a key
+        whose rows came in two Arrow batches has them cut into DataFrames anew."""
         self._pending = None
+        if spans_batches and self.pandas:
+            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
         self._current = group
         self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
         self._current = _NO_KEY

@@ -107,7 +107,8 @@ case class ArrowTransformWithStateExec(
         ("keyIndices" -> (0 until grouping).toList) ~
         ("valueIndices" -> (grouping until sent.size).toList) ~
         ("pandas" -> (spark.userFacingDataType == UserFacingDataType.PANDAS)) ~
-        ("maxRecordsPerBatch" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
+        ("maxRecordsPerBatch" -> conf.arrowMaxRecordsPerBatch) ~
+        ("maxBytesPerBatch" -> conf.arrowMaxBytesPerBatch) ~
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(spark.outputAttrs).json) ~
         ("variables" -> ArrowTransformWithState.variableSchemas(info)) ~
