@@ -102,6 +102,8 @@ class _Codec:
         """What Spark makes of a value handed to the state: numpy values made Python (as
         pyspark's client does), then the schema's conversion; exactly-typed plain values
         are already that."""
+        if type(value) is tuple and self.writer.is_exact(value):
+            return value
         if value is None:
             raise _state_error("a state value cannot be null")
         value = tuple(map(self._normalize, value))
@@ -178,6 +180,7 @@ class _Variable:
             self.type = pa.list_(pa.struct([pa.field("key", self.key_codec.type),
                                             pa.field("value", self.store_codec.type)]))
         self.data: dict = {}
+        self.clients: list = []   # the processor's handles on it (deleteIfExists swaps them)
         self.now = family.timer_values.getCurrentProcessingTimeInMs()
         self.expiry = None if ttl_ms is None else self.now + ttl_ms
         self.index: list = []     # TTL: heap of (expiry, sequence, element key)
@@ -274,66 +277,53 @@ def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
         var._changed(group)
 
 
-class _Deleted(Exception):
-    """A deleted variable was used (pyspark's client words the error per operation)."""
-
-
-class _DeletedElements(dict):
-    """The elements of a variable deleted by deleteIfExists: any use fails, as Spark's store
-    fails on the removed column family."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
-
-    def _fail(self, *_args, **_kwargs):
-        raise _Deleted(f"[STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY] the "
-                       f"state variable {self.name} was deleted by deleteIfExists")
-
-    get = pop = setdefault = items = __contains__ = __getitem__ = __setitem__ = _fail
-
-
-def _as_pyspark_error(what: str):
-    """Turns a use of a deleted variable into the error pyspark's client raises for it."""
-    def wrap(method):
-        def call(self, *args):
-            try:
-                return method(self, *args)
-            except _Deleted as e:
-                from pyspark.errors import PySparkRuntimeError
-                raise PySparkRuntimeError(f"Error {what}: {e}") from None
-        call.__name__ = method.__name__
-        return call
-    return wrap
+def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
+    """The class a deleted variable's client takes (deleteIfExists): each operation fails
+    as pyspark's client fails on the column family Spark removed."""
+    def failing(method: str, what: str):
+        def fail(self, *_args):
+            from pyspark.errors import PySparkRuntimeError
+            raise PySparkRuntimeError(
+                f"Error {what}: [STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY] "
+                f"the state variable {self.var.name} was deleted by deleteIfExists")
+        fail.__name__ = method
+        return fail
+    return type(f"Deleted{client_class.__name__}", (client_class,),
+                {m: failing(m, what) for m, what in errors.items()})
 
 
 class _ValueClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
-    @_as_pyspark_error("checking value state exists")
     def exists(self, _name: str) -> bool:
         var = self.var
         return var.visible(var.data.get(var._key())) is not None
 
-    @_as_pyspark_error("getting value state")
     def get(self, _name: str):
         var = self.var
         return var.visible(var.data.get(var._key()))
 
-    @_as_pyspark_error("updating value state")
     def update(self, _name: str, value) -> None:
         var = self.var
         key = var._key()
-        element = var.element(var.codec.stored(value))
-        if var.ttl is None:
-            var.family.metrics["numUpdatedStateRows"] += 1
-        elif var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
+        stored = var.codec.stored(value)
+        family = var.family
+        if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
+            data = var.data
+            if key not in data:
+                family.total += 1
+            data[key] = stored
+            family.dirty[(var.name, key)] = None
+            family.metrics["numUpdatedStateRows"] += 1
+            return
+        element = var.element(stored)
+        if var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
             var.family.metrics["numUpdatedStateRows"] += 1
             var.indexed(key)
         var._set(key, element)
 
-    @_as_pyspark_error("clearing value state")
     def clear(self, _name: str) -> None:
         var = self.var
         key = var._key()
@@ -345,15 +335,14 @@ class _ValueClient:
 class _ListClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
-    @_as_pyspark_error("checking value state exists")
     def exists(self, _name: str) -> bool:
         var = self.var
         if var.ttl is None:
             return var._key() in var.data
         return any(e[1] > var.now for e in var.data.get(var._key(), ()))
 
-    @_as_pyspark_error("getting list state")
     def values(self) -> Iterator[tuple]:
         var = self.var
         elements = var.data.get(var._key(), ())
@@ -371,7 +360,6 @@ class _ListClient:
         var = self.var
         return [var.element(var.codec.stored(v)) for v in values]
 
-    @_as_pyspark_error("updating value state")
     def put(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
@@ -384,9 +372,19 @@ class _ListClient:
             var.indexed(key)
 
     def append_value(self, _name: str, value) -> None:
-        self.append_list(_name, [value])
+        var = self.var
+        element = var.element(var.codec.stored(value))
+        key = var._key()
+        current = var.data.get(key)
+        if current is None:
+            var._set(key, [element])
+        else:
+            current.append(element)
+            var.family.dirty[(var.name, key)] = None
+        var.family.metrics["numUpdatedStateRows"] += 1
+        if var.ttl is not None:
+            var.indexed(key)
 
-    @_as_pyspark_error("updating value state")
     def append_list(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
@@ -400,7 +398,6 @@ class _ListClient:
         if var.ttl is not None:
             var.indexed(key)
 
-    @_as_pyspark_error("clearing value state")
     def clear(self, _name: str) -> None:
         var = self.var
         key = var._key()
@@ -412,6 +409,7 @@ class _ListClient:
 class _MapClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
     def _map(self) -> dict:
         var = self.var
@@ -420,19 +418,15 @@ class _MapClient:
             return entries
         return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
 
-    @_as_pyspark_error("checking map state exists")
     def exists(self, _name: str) -> bool:
         return bool(self._map())
 
-    @_as_pyspark_error("getting value")
     def get_value(self, _name: str, key):
         return self._map().get(self.var.key_codec.stored(key))
 
-    @_as_pyspark_error("checking if map state contains key")
     def contains_key(self, _name: str, key) -> bool:
         return self.var.key_codec.stored(key) in self._map()
 
-    @_as_pyspark_error("updating map state value")
     def update_value(self, _name: str, key, value) -> None:
         var = self.var
         user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
@@ -449,7 +443,6 @@ class _MapClient:
             entries[user_key] = element
             var._changed(group)
 
-    @_as_pyspark_error("removing key from map state")
     def remove_key(self, _name: str, key) -> None:
         var = self.var
         user_key, group = var.key_codec.stored(key), var._key()
@@ -458,7 +451,6 @@ class _MapClient:
             _remove_entry(var, group, entries, user_key)
         var.family.metrics["numRemovedStateRows"] += 1
 
-    @_as_pyspark_error("clearing map state")
     def clear(self, _name: str) -> None:
         var = self.var
         group = var._key()
@@ -466,9 +458,27 @@ class _MapClient:
         var._set(group, None)
         var.family.metrics["numRemovedStateRows"] += removed
 
-    @_as_pyspark_error("getting map state iterator")
     def items(self) -> list:
         return list(self._map().items())
+
+
+# pyspark's client errors, by operation
+_DELETED_CLIENTS = {
+    _ValueClient: _deleted_client(_ValueClient, {
+        "exists": "checking value state exists", "get": "getting value state",
+        "update": "updating value state", "clear": "clearing value state"}),
+    _ListClient: _deleted_client(_ListClient, {
+        "exists": "checking value state exists", "values": "getting list state",
+        "put": "updating value state", "append_value": "updating value state",
+        "append_list": "updating value state",
+        "clear": "clearing value state"}),
+    _MapClient: _deleted_client(_MapClient, {
+        "exists": "checking map state exists", "get_value": "getting value",
+        "contains_key": "checking if map state contains key",
+        "update_value": "updating map state value",
+        "remove_key": "removing key from map state", "clear": "clearing map state",
+        "items": "getting map state iterator"}),
+}
 
 
 class _Timers:
@@ -793,7 +803,8 @@ class TransformWithState(FamilyBase):
             state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
             self.total -= sum(map(var.entries_of, var.data.values()))
             var.data.clear()
-        var.data = _DeletedElements(var.name)
+        for client in var.clients:
+            client.__class__ = _DELETED_CLIENTS[type(client)]
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
