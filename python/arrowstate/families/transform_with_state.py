@@ -19,14 +19,17 @@ eviction watermark (EventTime) expires in timestamp order, handleExpiredTimer is
 with the key as a Row, then the timer is deleted (counted in numDeletedTimers, as Spark
 counts it; Spark's Python path leaves numExpiredTimers at 0). Expiry pops a heap: it costs
 what expires. In EventTime mode rows at or before the late-events watermark are dropped
-and counted, as Spark drops them. No TTL and no initial state yet: those queries stay
-Spark's, with the reason (see the shim's TransformWithStateFamily).
+and counted, as Spark drops them. State variables with a TTL: see _Variable. An initial
+state arrives before the first batch's rows (`initial_state`): handleInitialState per key.
+deleteIfExists in init() removes a variable it declared.
 
 State layout: one row per grouping key and state variable: the grouping key columns and
 `__state` (the variable's name) as key; one typed value column per variable (a struct for
 a value, a list of structs for a list, a list of key/value structs for a map), null in the
 other variables' rows. In memory each variable is a dict from grouping key to Python
-values, kept with the partition's state between batches.
+values, kept with the partition's state between batches. A key's timers are one more such
+variable, `$timers` (its sorted expiry times), in time modes that have timers. The files
+name the value columns, so a processor may add variables between runs.
 """
 from __future__ import annotations
 
