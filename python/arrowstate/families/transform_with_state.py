@@ -688,6 +688,8 @@ class TransformWithState(FamilyBase):
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
+        self._initial_pending = None   # likewise for the initial state's rows
+        self._initial_ns = 0
         self.timers = None if self.time_mode == "None" else _Timers(self)
         # With timers or TTLs a key's state changes in batches without its rows: the key
         # columns of every key with state are kept, key -> (key batch, row)
@@ -813,6 +815,7 @@ class TransformWithState(FamilyBase):
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         self._attach(state)
         with self.updating():
+            self._seed()
             self._process(batch)
         return self._output()
 
@@ -881,21 +884,42 @@ class TransformWithState(FamilyBase):
         return chunks
 
     def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
-        """handleInitialState for each key of a batch of the initial state (the query's
-        first batch, before any input rows): per DataFrame (pandas) or per Row."""
+        """A batch of the initial state (the query's first batch, before any input rows):
+        handleInitialState per key, per DataFrame (pandas) or per Row; a key whose rows go
+        on in the next batch is called once they have all come, as for input rows."""
         self._attach(state)
-        start = time.perf_counter_ns()
+        before, start = self._initial_ns, time.perf_counter_ns()
         k = self.initial_key_count
         with self.updating():
             for group, key_columns, key, items in self._keys_of(
                     batch, list(range(k)), list(range(k, batch.num_columns))):
+                pending = self._initial_pending
+                if pending is not None and pending[0] == group:
+                    pending[2].extend(items)
+                    pending[3] = True
+                    continue
+                self._seed()
                 self._key_rows.setdefault(group, key_columns)
-                self._current = group
-                for item in items:
-                    self.processor.handleInitialState(key, item, self.timer_values)
-                self._current = _NO_KEY
-        self.metrics["initialStateProcessingTimeMs"] += (
-            time.perf_counter_ns() - start) // 1_000_000
+                self._initial_pending = [group, key, items, False]
+        # the keys seeded here are in this time already
+        self._initial_ns = before + time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
+
+    def _seed(self) -> None:
+        """handleInitialState for the last key of the initial state seen so far."""
+        if self._initial_pending is None:
+            return
+        start = time.perf_counter_ns()
+        group, key, items, spans_batches = self._initial_pending
+        self._initial_pending = None
+        if spans_batches and self.pandas:
+            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+        self._current = group
+        for item in items:
+            self.processor.handleInitialState(key, item, self.timer_values)
+        self._current = _NO_KEY
+        self._initial_ns += time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
 
     def _call(self, group, key, items: list, spans_batches: bool = False) -> None:
         """handleInputRows once for all of a key's rows, as pyspark's worker calls it: a key
@@ -1010,6 +1034,7 @@ class TransformWithState(FamilyBase):
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
         with self.updating():
+            self._seed()
             if self._pending is not None:
                 self._call(*self._pending)
             self._expire_timers()

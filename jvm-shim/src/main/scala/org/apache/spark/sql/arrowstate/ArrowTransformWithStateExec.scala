@@ -131,9 +131,10 @@ case class ArrowTransformWithStateExec(
           StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
         }
       case Some(initial) =>
-        // the grouping columns, then every column of the initial state, as pyspark hands
-        // them to handleInitialState
-        val initialSent = spark.initialStateGroupingAttrs ++ initial.output
+        // the grouping columns, then the initial state's own columns (its output begins
+        // with the grouping projection, which handleInitialState does not get, as in Spark)
+        val grouping = spark.initialStateGroupingAttrs
+        val initialSent = grouping ++ initial.output.drop(grouping.size)
         val initialSchema = DataTypeUtils.fromAttributes(initialSent.map(_.withNullability(true)))
         val timeZone = conf.sessionLocalTimeZone
         val initialOutput = initial.output
