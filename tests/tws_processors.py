@@ -197,3 +197,43 @@ class EveryVariableWithTTL(StatefulProcessor):
             self.seen.clear()
             self.last.clear()
         yield pd.DataFrame({"user": [key[0]], "count": [n], "what": [repr((before, after))]})
+
+
+class SeededCount(StatefulProcessor):
+    """RunningCount seeded from an initial state (columns user, n: a key's rows add up);
+    the Row API twin takes one Row per call."""
+
+    def __init__(self, rows_api=False):
+        self.rows_api = rows_api
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInitialState(self, key, initialState, timerValues):
+        seeded = initialState.n if self.rows_api else int(initialState["n"].sum())
+        before = self.count.get()[0] if self.count.exists() else 0
+        self.count.update((before + seeded,))
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = self.count.get()[0] if self.count.exists() else 0
+        n += sum(1 for _ in rows) if self.rows_api else sum(len(pdf) for pdf in rows)
+        self.count.update((n,))
+        if self.rows_api:
+            yield Row(user=key[0], count=n)
+        else:
+            yield pd.DataFrame({"user": [key[0]], "count": [n]})
+
+
+class RunningCountWithHistory(RunningCount):
+    """RunningCount plus a list state added later in the query's life: a processor that
+    gained a variable between runs (Spark allows adding state variables)."""
+
+    def init(self, handle):
+        super().init(handle)
+        self.history = handle.getListState("history", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for pdf in super().handleInputRows(key, rows, timerValues):
+            self.history.appendValue((int(pdf["count"][0]),))
+            pdf["count"] = pdf["count"] * 1000 + len(list(self.history.get()))
+            yield pdf

@@ -115,7 +115,8 @@ class Worker:
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
-            state = VersionedState(family.key_fields, family.value_fields)
+            state = VersionedState(family.key_fields, family.value_fields,
+                                   named_columns=family.named_columns)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)
@@ -125,10 +126,11 @@ class Worker:
         p.write_int(f, p.READY)
         f.flush()
 
-        while (tag := p.read_int(f)) in (p.DATA, p.LOOKUP):
+        while (tag := p.read_int(f)) in (p.DATA, p.LOOKUP, p.INITIAL_STATE):
             batch = p.ipc_to_batch(p.read_bytes(f))
             answer = (family.process(state, batch) if tag == p.DATA
-                      else family.lookup(state, batch))
+                      else family.lookup(state, batch) if tag == p.LOOKUP
+                      else family.initial_state(state, batch))
             if answer is None:
                 p.write_int(f, p.NO_DATA)
             else:

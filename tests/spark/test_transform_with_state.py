@@ -59,20 +59,23 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path, processor, api):
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
 
 
-def test_an_initial_state_stays_spark_with_reason(spark, tmp_path):
-    initial = spark.createDataFrame([("a", 5)], "user string, n long").groupBy("user")
+@pytest.mark.parametrize("api", ["pandas", "rows"])
+def test_an_initial_state_seeds_the_first_batch(spark, tmp_path, api):
+    # a key seeded twice, one seeded and never seen, one seeded with no input in batch 0
+    initial = spark.createDataFrame([("a", 5), ("a", 1), ("z", 7), ("c", 2)],
+                                    "user string, n long").groupBy("user")
 
     def seeded(df):
-        return df.groupBy("user").transformWithStateInPandas(
-            procs.RunningCount(), "user string, count long", "Update", "None",
-            initialState=initial)
+        grouped = df.groupBy("user")
+        run = (grouped.transformWithStateInPandas if api == "pandas"
+               else grouped.transformWithState)
+        return run(procs.SeededCount(rows_api=api == "rows"), "user string, count long",
+                   "Update", "None", initialState=initial)
 
-    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES[:2], seeded, expect_node=None,
-                          output_mode="update")
-    # the first batch for its initial state; later ones because that batch left Spark's
-    # state, which stays Spark's
-    reasons = ("reason: an initial state DataFrame", "reason: the checkpoint holds Spark's")
-    assert all(NODE not in p and any(r in p for r in reasons) for p in ours.plans), ours.plans
+    native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, seeded, expect_node=NODE,
+                               output_mode="update", restart_after=[0, 2])
+    assert ("a", 8) in native.outputs[0], native.outputs   # 5 + 1 seeded, 2 rows
+    assert native.figures[0][0]["numRowsTotal"] == 4        # a, b, and z, c from seeds
 
 
 TIMERS = ["numRegisteredTimers", "numDeletedTimers", "numExpiredTimers"]
@@ -123,3 +126,19 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
         expect_node=NODE, output_mode="update", restart_after=[1, 3], custom_metrics=ttl)
     assert ours.custom == native.custom
     assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0
+
+
+def test_a_state_variable_added_between_runs(spark, tmp_path):
+    starts = {"true": 0, "false": 0}   # per engine: assert_same runs Spark's, then ours
+
+    def build(df):   # the first run's processor has one variable, later runs two
+        engine = spark.conf.get("spark.arrowstate.enabled")
+        starts[engine] += 1
+        processor = (procs.RunningCount() if starts[engine] == 1
+                     else procs.RunningCountWithHistory())
+        return df.groupBy("user").transformWithStateInPandas(
+            processor, "user string, count long", "Update", "None")
+
+    native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, build, expect_node=NODE,
+                               output_mode="update", restart_after=[1, 3])
+    assert ("a", 4001) in native.outputs[3]   # a's count 4, its history begun after batch 1

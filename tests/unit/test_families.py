@@ -25,7 +25,8 @@ def _seconds(*values):
 def _task(family_class, operator, schema):
     """A family and an empty state, as the worker makes them for a task."""
     family = family_class(operator, schema)
-    return family, VersionedState(family.key_fields, family.value_fields)
+    return family, VersionedState(family.key_fields, family.value_fields,
+                                  named_columns=family.named_columns)
 
 
 def _mask(answer):

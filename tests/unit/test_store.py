@@ -160,6 +160,27 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
         _state().load(DictFiles({"1.arrowstate.delta": delta}), 1)
 
 
+def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_changes():
+    from arrowstate.store.files import StateLayoutChanged
+
+    def named(*fields):
+        return VersionedState([pa.field("k", pa.int64())], list(fields), named_columns=True)
+
+    a, b = pa.field("s_a", pa.int64()), pa.field("s_b", pa.string())
+    written = named(a)
+    written.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1]), pa.array([10])],
+                                                     ["k", "s_a"]))
+    files = DictFiles({"1.arrowstate.delta": written.commit_files(1, 100)[0]})
+    grown = named(b, a)   # a column added, and the order changed with it
+    grown.load(files, 1)
+    assert grown.rows.take(grown.rows.live_ids()).to_pydict() == {
+        "k0": [1], "v0": [None], "v1": [10]}
+    with pytest.raises(StateLayoutChanged, match=r"does not declare: \['s_a'\]"):
+        named(b).load(files, 1)
+    with pytest.raises(StateLayoutChanged, match="s_a is int64 in the files but string"):
+        named(pa.field("s_a", pa.string())).load(files, 1)
+
+
 def test_time_index_pops_only_what_expires():
     index = TimeIndex()
     index.add_many(np.array([7], dtype=np.int64), ["b"])

@@ -56,6 +56,8 @@ class FamilyBase:
     enter the time index (`index_rows`), if it uses one."""
 
     name: ClassVar[str]
+    # whether the set of value columns may grow between runs (see VersionedState)
+    named_columns: ClassVar[bool] = False
 
     def __init__(self, operator: dict[str, Any], metric_names: Sequence[str]) -> None:
         self.late_threshold = micros(operator.get("lateEventsWatermarkMs"))
@@ -107,6 +109,9 @@ class FamilyBase:
 
     def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         raise RuntimeError(f"arrowstate: the {self.name} family answers no LOOKUP frame")
+
+    def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
+        raise RuntimeError(f"arrowstate: the {self.name} family takes no INITIAL_STATE frame")
 
 
 class _Timed:

@@ -209,10 +209,16 @@ class StateValueWriter:
     def is_exact(self, value: tuple) -> bool:
         """Whether one value tuple makes the round trip unchanged: exactly the fields' Python
         types, integers within their field's width."""
-        kinds = self.exact_kinds
-        return (kinds is not None and len(value) == len(kinds)
-                and all(type(v) is k for v, k in zip(value, kinds))
-                and all(low <= value[i] < high for i, low, high in self._int_ranges))
+        kinds = self.exact_kinds   # plain loops: this runs on every state write
+        if kinds is None or len(value) != len(kinds):
+            return False
+        for v, k in zip(value, kinds):
+            if type(v) is not k:
+                return False
+        for i, low, high in self._int_ranges:
+            if not low <= value[i] < high:
+                return False
+        return True
 
     def _exact_columns(self, values: list) -> list[pa.Array] | None:
         """The columns in one vectorised step when every value is a tuple of exactly the

@@ -19,24 +19,29 @@ eviction watermark (EventTime) expires in timestamp order, handleExpiredTimer is
 with the key as a Row, then the timer is deleted (counted in numDeletedTimers, as Spark
 counts it; Spark's Python path leaves numExpiredTimers at 0). Expiry pops a heap: it costs
 what expires. In EventTime mode rows at or before the late-events watermark are dropped
-and counted, as Spark drops them. No TTL and no initial state yet: those queries stay
-Spark's, with the reason (see the shim's TransformWithStateFamily).
+and counted, as Spark drops them. State variables with a TTL: see _Variable. An initial
+state arrives before the first batch's rows (`initial_state`): handleInitialState per key.
+deleteIfExists in init() removes a variable it declared.
 
 State layout: one row per grouping key and state variable: the grouping key columns and
 `__state` (the variable's name) as key; one typed value column per variable (a struct for
 a value, a list of structs for a list, a list of key/value structs for a map), null in the
 other variables' rows. In memory each variable is a dict from grouping key to Python
-values, kept with the partition's state between batches.
+values, kept with the partition's state between batches. A key's timers are one more such
+variable, `$timers` (its sorted expiry times), in time modes that have timers. The files
+name the value columns, so a processor may add variables between runs.
 """
 from __future__ import annotations
 
 import base64
 import heapq
 import itertools
+import math
 import time
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import keys as keycodec
 from ..store import VersionedState
@@ -76,8 +81,9 @@ class _Codec:
     def __init__(self, schema, timezone: str) -> None:
         from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.pandas.types import to_arrow_type
-        from pyspark.sql.streaming.stateful_processor_api_client import (
-            _normalize_state_value)
+        from pyspark.sql.streaming import stateful_processor_api_client as client
+        client._load_numpy()   # pyspark's normaliser knows numpy only once this ran
+        _normalize_state_value = client._normalize_state_value
         self.schema = schema
         self.fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=timezone))
                        for f in schema.fields]
@@ -99,12 +105,27 @@ class _Codec:
         """What Spark makes of a value handed to the state: numpy values made Python (as
         pyspark's client does), then the schema's conversion; exactly-typed plain values
         are already that."""
+        if type(value) is tuple and self.writer.is_exact(value):
+            return value
         if value is None:
             raise _state_error("a state value cannot be null")
         value = tuple(map(self._normalize, value))
         if self.writer.is_exact(value):
             return value
         return self.from_arrow(self.to_arrow([value]))[0]
+
+
+def _as_from_rows(frame):
+    """The dtypes pyspark's worker gives a key's DataFrame, which it builds from row tuples
+    of Python scalars: narrower numpy integers and floats widen to 64 bits."""
+    import numpy as np
+    widened = {}
+    for name, dtype in frame.dtypes.items():
+        if isinstance(dtype, np.dtype) and dtype.kind in "iu" and dtype != np.int64:
+            widened[name] = np.int64
+        elif isinstance(dtype, np.dtype) and dtype.kind == "f" and dtype != np.float64:
+            widened[name] = np.float64
+    return frame.astype(widened) if widened else frame
 
 
 def _offsets(lists: list) -> list[int]:
@@ -162,6 +183,7 @@ class _Variable:
             self.type = pa.list_(pa.struct([pa.field("key", self.key_codec.type),
                                             pa.field("value", self.store_codec.type)]))
         self.data: dict = {}
+        self.clients: list = []   # the processor's handles on it (deleteIfExists swaps them)
         self.now = family.timer_values.getCurrentProcessingTimeInMs()
         self.expiry = None if ttl_ms is None else self.now + ttl_ms
         self.index: list = []     # TTL: heap of (expiry, sequence, element key)
@@ -258,12 +280,29 @@ def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
         var._changed(group)
 
 
+def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
+    """The class a deleted variable's client takes (deleteIfExists): each operation fails
+    as pyspark's client fails on the column family Spark removed."""
+    def failing(method: str, what: str):
+        def fail(self, *_args):
+            from pyspark.errors import PySparkRuntimeError
+            raise PySparkRuntimeError(
+                f"Error {what}: [STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY] "
+                f"the state variable {self.var.name} was deleted by deleteIfExists")
+        fail.__name__ = method
+        return fail
+    return type(f"Deleted{client_class.__name__}", (client_class,),
+                {m: failing(m, what) for m, what in errors.items()})
+
+
 class _ValueClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
     def exists(self, _name: str) -> bool:
-        return self.get(_name) is not None
+        var = self.var
+        return var.visible(var.data.get(var._key())) is not None
 
     def get(self, _name: str):
         var = self.var
@@ -272,10 +311,18 @@ class _ValueClient:
     def update(self, _name: str, value) -> None:
         var = self.var
         key = var._key()
-        element = var.element(var.codec.stored(value))
-        if var.ttl is None:
-            var.family.metrics["numUpdatedStateRows"] += 1
-        elif var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
+        stored = var.codec.stored(value)
+        family = var.family
+        if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
+            data = var.data
+            if key not in data:
+                family.total += 1
+            data[key] = stored
+            family.dirty[(var.name, key)] = None
+            family.metrics["numUpdatedStateRows"] += 1
+            return
+        element = var.element(stored)
+        if var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
             var.family.metrics["numUpdatedStateRows"] += 1
             var.indexed(key)
         var._set(key, element)
@@ -291,6 +338,7 @@ class _ValueClient:
 class _ListClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
     def exists(self, _name: str) -> bool:
         var = self.var
@@ -327,7 +375,18 @@ class _ListClient:
             var.indexed(key)
 
     def append_value(self, _name: str, value) -> None:
-        self.append_list(_name, [value])
+        var = self.var
+        element = var.element(var.codec.stored(value))
+        key = var._key()
+        current = var.data.get(key)
+        if current is None:
+            var._set(key, [element])
+        else:
+            current.append(element)
+            var.family.dirty[(var.name, key)] = None
+        var.family.metrics["numUpdatedStateRows"] += 1
+        if var.ttl is not None:
+            var.indexed(key)
 
     def append_list(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
@@ -353,6 +412,7 @@ class _ListClient:
 class _MapClient:
     def __init__(self, var: _Variable) -> None:
         self.var = var
+        var.clients.append(self)
 
     def _map(self) -> dict:
         var = self.var
@@ -403,6 +463,25 @@ class _MapClient:
 
     def items(self) -> list:
         return list(self._map().items())
+
+
+# pyspark's client errors, by operation
+_DELETED_CLIENTS = {
+    _ValueClient: _deleted_client(_ValueClient, {
+        "exists": "checking value state exists", "get": "getting value state",
+        "update": "updating value state", "clear": "clearing value state"}),
+    _ListClient: _deleted_client(_ListClient, {
+        "exists": "checking value state exists", "values": "getting list state",
+        "put": "updating value state", "append_value": "updating value state",
+        "append_list": "updating value state",
+        "clear": "clearing value state"}),
+    _MapClient: _deleted_client(_MapClient, {
+        "exists": "checking map state exists", "get_value": "getting value",
+        "contains_key": "checking if map state contains key",
+        "update_value": "updating map state value",
+        "remove_key": "removing key from map state", "clear": "clearing map state",
+        "items": "getting map state iterator"}),
+}
 
 
 class _Timers:
@@ -556,15 +635,14 @@ def _handle(family: "TransformWithState"):
             return timers().list()
 
         def deleteIfExists(self, stateName):
-            raise _state_error(
-                f"deleteIfExists({stateName!r}) is not supported by arrowstate yet; run this "
-                "query with spark.arrowstate.transformWithState.enabled=false")
+            family.delete_variable(stateName)
 
     return LocalHandle()
 
 
 class TransformWithState(FamilyBase):
     name = "transformWithState"
+    named_columns = True   # a processor may add state variables between runs, as in Spark
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
@@ -591,8 +669,13 @@ class TransformWithState(FamilyBase):
         self.pandas = operator["pandas"]
         self.key_indices = operator["keyIndices"]
         self.value_indices = operator["valueIndices"]
-        self.value_names = [input_schema.names[i] for i in self.value_indices]
-        self.max_rows = operator["maxRecordsPerBatch"]
+        self.initial_key_count = operator.get("initialKeyCount")
+        # pyspark's worker: at most this many rows per DataFrame (none when not positive),
+        # and, when a bytes limit is set, rows x average Arrow row size under it
+        records = operator["maxRecordsPerBatch"]
+        self.max_rows = records if records > 0 else 2**31 - 1
+        self.max_bytes = operator.get("maxBytesPerBatch", 2**31 - 1)
+        self._seen_bytes = self._seen_rows = 0
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
         self._attached = False
@@ -605,11 +688,16 @@ class TransformWithState(FamilyBase):
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
+        self._initial_pending = None   # likewise for the initial state's rows
+        self._initial_ns = 0
         self.timers = None if self.time_mode == "None" else _Timers(self)
         # With timers or TTLs a key's state changes in batches without its rows: the key
         # columns of every key with state are kept, key -> (key batch, row)
         self.held_keys: dict = {}
+        self.deleted: list[_Variable] = []   # variables init() deleted (deleteIfExists)
+        self._initialized = False
         self.processor.init(_handle(self))
+        self._initialized = True
         if self.timers is not None:
             self.variables[TIMER_VARIABLE] = self.timers
         self.order = sorted(self.variables)
@@ -629,6 +717,21 @@ class TransformWithState(FamilyBase):
         counted = {VALUE: "numValueState", LIST: "numListState", MAP: "numMapState"}[kind]
         self.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
         return var
+
+    def delete_variable(self, name: str) -> None:
+        """deleteIfExists in init(): the variable's state goes at the batch's start, and
+        any later use of it fails. Spark counts a deleted variable when its column family
+        exists, which a getXState call earlier in init() creates."""
+        if self._initialized:
+            raise _state_error(f"deleteIfExists({name!r}) can only be called in init() "
+                               "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
+                               "INVALID_HANDLE_STATE)")
+        var = self.variables.get(name)
+        if var is None:
+            raise _state_error(f"deleteIfExists({name!r}): arrowstate deletes only a variable "
+                               "init() declares before deleting it")
+        self.deleted.append(var)
+        self.metrics["numDeletedStateVars"] += 1
 
     def current_key(self):
         if self._current is _NO_KEY:
@@ -692,11 +795,27 @@ class TransformWithState(FamilyBase):
             self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
         self.held_keys = held["heldKeys"]
         self.total = held["total"]
+        for var in self.deleted:
+            self._drop_variable(state, var)
+
+    def _drop_variable(self, state: VersionedState, var: _Variable) -> None:
+        """Removes every stored row of a deleted variable (a scan, once: after it there are
+        none) and makes later uses of it fail."""
+        if var.data:
+            rows = state.rows.take(state.rows.live_ids())
+            nk = len(self.key_fields) - 1
+            mine = rows.filter(pc.equal(rows.column(nk), var.name))
+            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
+            self.total -= sum(map(var.entries_of, var.data.values()))
+            var.data.clear()
+        for client in var.clients:
+            client.__class__ = _DELETED_CLIENTS[type(client)]
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         self._attach(state)
         with self.updating():
+            self._seed()
             self._process(batch)
         return self._output()
 
@@ -706,43 +825,108 @@ class TransformWithState(FamilyBase):
                 batch.column(self.event_time_index)))
             if late.any():   # EventTime mode: Spark drops rows the watermark has passed
                 batch = batch.filter(pa.array(~late))
+        for group, key_columns, key, items in self._keys_of(
+                batch, self.key_indices, self.value_indices):
+            pending = self._pending
+            if pending is not None and pending[0] == group:
+                pending[2].extend(items)   # the key's rows continue from the last batch
+                pending[3] = True
+                continue
+            if pending is not None:
+                self._call(*pending)
+            self._key_rows[group] = key_columns
+            self._pending = [group, key, items, False]
+
+    def _keys_of(self, batch: pa.RecordBatch, key_indices: list[int],
+                 value_indices: list[int]) -> Iterator[tuple]:
+        """Per key of a batch sorted by key: the key (hashable), where its columns are,
+        the key as the processor gets it, and its rows as the processor gets them (pandas:
+        DataFrames of at most maxRecordsPerBatch rows; Row API: Rows)."""
         n = batch.num_rows
         if n == 0:
             return
-        key_batch = batch.select(self.key_indices)
+        key_batch = batch.select(key_indices)
         groups = keycodec.rows(key_batch.columns, n)
         bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
         if self.pandas:
             series = self.io.to_pandas(batch)
-            frame = self.io._pd.concat([series[i] for i in self.value_indices], axis=1)
+            frame = _as_from_rows(self.io._pd.concat([series[i] for i in value_indices],
+                                                     axis=1))
             # as pyspark's worker makes them: Python scalars, from pandas
-            keys = [series[i].tolist() for i in self.key_indices]
+            keys = [series[i].tolist() for i in key_indices]
+            if self.max_bytes != 2**31 - 1:
+                self._seen_bytes += sum(b.size for c in batch.columns for b in c.buffers()
+                                        if b is not None)
+                self._seen_rows += n
         else:   # Python values once per batch: what as_py() per cell gives pyspark's worker
-            columns = [batch.column(i).to_pylist() for i in self.value_indices]
-            keys = [batch.column(i).to_pylist() for i in self.key_indices]
-            DataRow = self._Row(*self.value_names)
+            columns = [batch.column(i).to_pylist() for i in value_indices]
+            keys = [batch.column(i).to_pylist() for i in key_indices]
+            DataRow = self._Row(*(batch.schema.names[i] for i in value_indices))
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            group = groups[lo]
             if self.pandas:
-                items = []
-                for start in range(lo, hi, self.max_rows):
-                    chunk = frame.iloc[start:min(hi, start + self.max_rows)]
-                    chunk.index = self.io._pd.RangeIndex(len(chunk))
-                    items.append(chunk)
+                items = self._chunks(frame, lo, hi)
             else:
                 items = [DataRow(*(c[i] for c in columns)) for i in range(lo, hi)]
-            pending = self._pending
-            if pending is not None and pending[0] == group:
-                pending[2].extend(items)   # the key's rows continue from the last batch
-                continue
-            if pending is not None:
-                self._call(*pending)
-            self._key_rows[group] = (key_batch, lo)
-            self._pending = (group, tuple(k[lo] for k in keys), items)
+            yield groups[lo], (key_batch, lo), tuple(k[lo] for k in keys), items
 
-    def _call(self, group, key, items: list) -> None:
-        """handleInputRows once for all of a key's rows, as pyspark's worker calls it."""
+    def _chunks(self, frame, lo: int, hi: int | None) -> list:
+        """Rows lo..hi of a frame as the DataFrames pyspark's worker hands over."""
+        hi = len(frame) if hi is None else hi
+        size = self.max_rows
+        if self.max_bytes != 2**31 - 1 and self._seen_rows:
+            average = self._seen_bytes / self._seen_rows
+            size = min(size, max(1, math.ceil(self.max_bytes / average)))
+        chunks = []
+        for start in range(lo, hi, size):
+            chunk = frame.iloc[start:min(hi, start + size)]
+            chunk.index = self.io._pd.RangeIndex(len(chunk))
+            chunks.append(chunk)
+        return chunks
+
+    def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
+        """A batch of the initial state (the query's first batch, before any input rows):
+        handleInitialState per key, per DataFrame (pandas) or per Row; a key whose rows go
+        on in the next batch is called once they have all come, as for input rows."""
+        self._attach(state)
+        before, start = self._initial_ns, time.perf_counter_ns()
+        k = self.initial_key_count
+        with self.updating():
+            for group, key_columns, key, items in self._keys_of(
+                    batch, list(range(k)), list(range(k, batch.num_columns))):
+                pending = self._initial_pending
+                if pending is not None and pending[0] == group:
+                    pending[2].extend(items)
+                    pending[3] = True
+                    continue
+                self._seed()
+                self._key_rows.setdefault(group, key_columns)
+                self._initial_pending = [group, key, items, False]
+        # the keys seeded here are in this time already
+        self._initial_ns = before + time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
+
+    def _seed(self) -> None:
+        """handleInitialState for the last key of the initial state seen so far."""
+        if self._initial_pending is None:
+            return
+        start = time.perf_counter_ns()
+        group, key, items, spans_batches = self._initial_pending
+        self._initial_pending = None
+        if spans_batches and self.pandas:
+            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+        self._current = group
+        for item in items:
+            self.processor.handleInitialState(key, item, self.timer_values)
+        self._current = _NO_KEY
+        self._initial_ns += time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
+
+    def _call(self, group, key, items: list, spans_batches: bool = False) -> None:
+        """handleInputRows once for all of a key's rows, as pyspark's worker calls it: a key
+        whose rows came in two Arrow batches has them cut into DataFrames anew."""
         self._pending = None
+        if spans_batches and self.pandas:
+            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
         self._current = group
         self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
         self._current = _NO_KEY
@@ -850,6 +1034,7 @@ class TransformWithState(FamilyBase):
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
         with self.updating():
+            self._seed()
             if self._pending is not None:
                 self._call(*self._pending)
             self._expire_timers()

@@ -57,6 +57,59 @@ class CorruptStateFile(RuntimeError):
             f"state. arrowstate cannot use state file {path} ({context}): {what}")
 
 
+class StateLayoutChanged(RuntimeError):
+    """Intact files whose columns this query cannot take: not damage (no older snapshot is
+    tried instead); the message says what changed."""
+
+    def __init__(self, path: str, context: str, what: str) -> None:
+        super().__init__(f"[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION] arrowstate cannot "
+                         f"load state file {path} ({context}) into this query: {what}")
+
+
+COLUMN_NAME = b"arrowstate.column"   # value field metadata: the family's name of the column
+
+
+def _column_names(fields: list) -> list:
+    return [(f.metadata or {}).get(COLUMN_NAME) for f in fields]
+
+
+def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema) -> list:
+    """For each wanted column, the stored column index that holds it, or its type (a column
+    added since: null); empty when the columns are not named. Keys must be as they were; a
+    stored column must keep its type, and none may be left over."""
+    stored_fields, wanted_fields = list(stored)[:-1], list(wanted)
+    key_count = _column_names(wanted_fields).count(None)
+    stored_names = _column_names(stored_fields[key_count:])
+    if (key_count == len(wanted_fields) or None in stored_names
+            or None in _column_names(wanted_fields[key_count:])):
+        return []
+    if [f.type for f in stored_fields[:key_count]] != [f.type for f in wanted_fields[:key_count]]:
+        raise StateLayoutChanged(path, context, "its key columns differ from this query's")
+    where = {n: key_count + i for i, n in enumerate(stored_names)}
+    plan: list = list(range(key_count))
+    for f in wanted_fields[key_count:]:
+        name = f.metadata[COLUMN_NAME]
+        at = where.pop(name, None)
+        if at is not None and stored_fields[at].type != f.type:
+            raise StateLayoutChanged(path, context, f"column {name.decode()} is "
+                                     f"{stored_fields[at].type} in the files but {f.type} "
+                                     "in this query")
+        plan.append(f.type if at is None else at)
+    if where:
+        raise StateLayoutChanged(path, context, "the files hold columns this query does not "
+                                 f"declare: {sorted(n.decode() for n in where)} (a state "
+                                 "variable removed from the processor: arrowstate cannot "
+                                 "drop one yet; declare it again in init(), unused, and the "
+                                 "query runs on)")
+    return plan
+
+
+def _project(batch: pa.RecordBatch, plan: list) -> pa.RecordBatch:
+    columns = [batch.column(p) if isinstance(p, int) else pa.nulls(batch.num_rows, p)
+               for p in plan] + [batch.column(batch.num_columns - 1)]
+    return pa.RecordBatch.from_arrays(columns, names=[f"c{i}" for i in range(len(columns))])
+
+
 def file_name(kind: str, version: int) -> str:
     return f"{version}{SUFFIX[kind]}"
 
@@ -164,13 +217,17 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema
             raise bad(f"its payload is tagged {meta.get(b'format')!r}, not {FORMAT_2!r}")
         expected = [f.type for f in schema] + [pa.int8()]
         actual = [f.type for f in reader.schema]
-        if actual != expected:
-            raise bad(f"its columns {actual[:-1]} are not this operator's {expected[:-1]}")
+        plan = None
+        if actual != expected:   # named columns: the files may predate added columns
+            plan = _by_name(path, context, reader.schema, schema)
+            if not plan:
+                raise bad(f"its columns {actual[:-1]} are not this operator's "
+                          f"{expected[:-1]}")
         batches = []
         for batch in reader:
             _structural_view(batch).validate(full=True)
             batches.append(batch)
-    except CorruptStateFile:
+    except (CorruptStateFile, StateLayoutChanged):
         raise
     except (pa.ArrowException, ValueError, KeyError, OSError, IndexError) as e:
         if expected_format == FORMAT:
@@ -186,6 +243,8 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema
         if ops.null_count or (len(ops) and (low.as_py() < OP_REMOVE or high.as_py() > OP_PUT)):
             raise bad(f"its {OP_COLUMN} column holds values other than {OP_PUT} and "
                       f"{OP_REMOVE}")
+    if plan is not None:
+        batches = [_project(b, plan) for b in batches]
     return batches, uid
 
 

@@ -22,10 +22,17 @@ from .time_index import TimeIndex
 class VersionedState:
     """Key -> Arrow row mapping with the changes since the last committed version."""
 
-    def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field]):
+    def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
+                 named_columns: bool = False):
+        """With `named_columns` the files name each value column (the family's field name),
+        and a load takes a file's columns by name: columns added since it was written come
+        back null (a family whose set of value columns may grow between runs)."""
         self.key_count = len(key_fields)
         fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
-        fields += [pa.field(f"v{i}", f.type) for i, f in enumerate(value_fields)]
+        fields += [pa.field(f"v{i}", f.type,
+                            metadata={files.COLUMN_NAME: f.name.encode()} if named_columns
+                            else None)
+                   for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
         self.rows = KeyedRows(self.schema)
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)

@@ -141,7 +141,8 @@ private object StateEngineCheck {
   private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
 
   def apply(node: SparkPlan, reasons: Seq[String]): Unit = node match {
-    case s: StatefulOperator if s.stateInfo.isDefined =>
+    // a batch query's stateful operator (transformWithState) has no checkpoint location
+    case s: StatefulOperator if s.stateInfo.exists(_.checkpointLocation.nonEmpty) =>
       val info = s.stateInfo.get
       if (checked.add((info.queryRunId.toString, info.operatorId))) {
         val dir = new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString)

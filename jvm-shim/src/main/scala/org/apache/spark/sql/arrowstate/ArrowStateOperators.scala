@@ -5,6 +5,7 @@ import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
 import scala.jdk.CollectionConverters._
+import scala.reflect.ClassTag
 
 import org.apache.spark.{SparkConf, SparkFiles, TaskContext}
 import org.apache.spark.api.python.PythonFunction
@@ -148,19 +149,19 @@ object StateTasks {
    * the task counts in numStateStoreInstances (Spark's session window save in complete mode
    * does not).
    */
-  def rdd(
+  def rdd[T: ClassTag](
       plan: StateStoreWriter,
       opener: StatePartitionOpener,
-      input: RDD[InternalRow],
+      input: RDD[T],
       countsInstances: Boolean = true)(
-      body: (StateTask, Iterator[InternalRow]) => Iterator[InternalRow]): RDD[InternalRow] = {
+      body: (StateTask, Iterator[T]) => Iterator[InternalRow]): RDD[InternalRow] = {
     val opMetrics = plan.metrics
     val info = opener.info
     val conf = plan.session.sessionState.conf
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val coordinator = Some(plan.session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
-    new ArrowStateRDD[InternalRow, InternalRow](input, info, coordinator, reportCommits,
+    new ArrowStateRDD[T, InternalRow](input, info, coordinator, reportCommits,
       { (partitionId, rows, reporter) =>
         val exchange = opener.open(partitionId)
         val encoder = new ArrowBatchEncoder(opener.sentSchema, opener.timeZone)

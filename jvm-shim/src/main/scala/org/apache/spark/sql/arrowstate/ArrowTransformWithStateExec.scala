@@ -13,11 +13,11 @@ import org.json4s.JsonDSL._
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, PythonUDF, SortOrder, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.TransformWithStateInPySpark.UserFacingDataType
 import org.apache.spark.sql.catalyst.plans.physical.Distribution
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
-import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.python.ArrowPythonRunner
 import org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec
 import org.apache.spark.sql.execution.streaming.operators.stateful._
@@ -31,16 +31,25 @@ import org.apache.spark.sql.types.StructType
  * rows (sorted by grouping key) go to Python, the processor's output comes back, and no
  * state operation crosses the bridge.
  *
- * Spark's own node (`spark`, with this node's child) keeps what is decided on the driver:
+ * In the query's first batch an initial state (a second child, `initialState`) goes to the
+ * worker first: the processor's handleInitialState sees each of its keys before any input.
+ *
+ * Spark's own node (`spark`, with this node's children) keeps what is decided on the driver:
  * the state schema checks and files (schema v3, operator metadata v2), the output
  * watermark and whether another batch runs; so a query's checkpoint metadata is what
  * Spark's operator writes.
  */
-case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, child: SparkPlan)
-  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+case class ArrowTransformWithStateExec(
+    spark: TransformWithStateInPySparkExec,
+    child: SparkPlan,
+    initialState: Option[SparkPlan])
+  extends SparkPlan with StateStoreWriter with WatermarkSupport {
 
   // built once per node: Spark's node makes its encoders when constructed
-  @transient private lazy val native: TransformWithStateInPySparkExec = spark.copy(child = child)
+  @transient private lazy val native: TransformWithStateInPySparkExec =
+    spark.copy(child = child, initialState = initialState.getOrElse(spark.initialState))
+
+  override def children: Seq[SparkPlan] = child +: initialState.toSeq
 
   override def nodeName: String = "ArrowTransformWithState"
   override def simpleString(maxFields: Int): String =
@@ -57,8 +66,9 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
     Contract.customMetrics(TransformWithStateFamily.name)
 
   override def requiredChildDistribution: Seq[Distribution] =
-    native.requiredChildDistribution.take(1)
-  override def requiredChildOrdering: Seq[Seq[SortOrder]] = native.requiredChildOrdering.take(1)
+    native.requiredChildDistribution.take(children.size)
+  override def requiredChildOrdering: Seq[Seq[SortOrder]] =
+    native.requiredChildOrdering.take(children.size)
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     native.shouldRunAnotherBatch(newInputWatermark)
@@ -97,7 +107,8 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
         ("keyIndices" -> (0 until grouping).toList) ~
         ("valueIndices" -> (grouping until sent.size).toList) ~
         ("pandas" -> (spark.userFacingDataType == UserFacingDataType.PANDAS)) ~
-        ("maxRecordsPerBatch" -> math.max(1, conf.arrowMaxRecordsPerBatch)) ~
+        ("maxRecordsPerBatch" -> conf.arrowMaxRecordsPerBatch) ~
+        ("maxBytesPerBatch" -> conf.arrowMaxBytesPerBatch) ~
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(spark.outputAttrs).json) ~
         ("variables" -> ArrowTransformWithState.variableSchemas(info)) ~
@@ -106,20 +117,53 @@ case class ArrowTransformWithStateExec(spark: TransformWithStateInPySparkExec, c
         ("evictionWatermarkMs" -> spark.eventTimeWatermarkForEviction) ~
         // Spark drops late rows in EventTime mode only
         ("lateEventsWatermarkMs" -> spark.eventTimeWatermarkForLateEvents.filter(_ => eventTimeMode)) ~
-        ("eventTimeIndex" -> eventTime.map(et => sent.indexWhere(_.exprId == et.exprId)).getOrElse(-1))
+        ("eventTimeIndex" -> eventTime.map(et => sent.indexWhere(_.exprId == et.exprId)).getOrElse(-1)) ~
+        ("initialKeyCount" -> initialState.map(_ => spark.initialStateGroupingAttrs.size))
     val opener =
       StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
         sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
 
-    StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
-      StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
+    initialState match {
+      case None =>
+        StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
+          StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
+        }
+      case Some(initial) =>
+        // the grouping columns, then the initial state's own columns (its output begins
+        // with the grouping projection, which handleInitialState does not get, as in Spark)
+        val grouping = spark.initialStateGroupingAttrs
+        val initialSent = grouping ++ initial.output.drop(grouping.size)
+        val initialSchema = DataTypeUtils.fromAttributes(initialSent.map(_.withNullability(true)))
+        val timeZone = conf.sessionLocalTimeZone
+        val initialOutput = initial.output
+        val both = child.execute().zipPartitions(initial.execute()) { (rows, initialRows) =>
+          Iterator.single((rows, initialRows))
+        }
+        StateTasks.rdd(this, opener, both) { (task, input) =>
+          val (rows, initialRows) = input.next()
+          val project = UnsafeProjection.create(initialSent, initialOutput)
+          val encoder = new ArrowBatchEncoder(initialSchema, timeZone)
+          try {
+            var pending = 0
+            initialRows.foreach { row =>
+              encoder.append(project(row))
+              pending += 1
+              if (pending == task.batchSize) {
+                task.exchange.initialState(encoder.finishBatch())
+                pending = 0
+              }
+            }
+            if (pending > 0) task.exchange.initialState(encoder.finishBatch())
+          } finally encoder.close()
+          StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
+        }
     }
   }
 
-  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
-    copy(child = newChild)
+  override protected def withNewChildrenInternal(newChildren: IndexedSeq[SparkPlan])
+    : SparkPlan = copy(child = newChildren.head, initialState = newChildren.lift(1))
 }
 
 object ArrowTransformWithState {
@@ -164,7 +208,7 @@ object ArrowTransformWithState {
 }
 
 /** PySpark's `transformWithState` and `transformWithStateInPandas`: the processor runs
- * next to its state. Any time mode and TTL; an initial state stays Spark's. */
+ * next to its state: any time mode, TTLs and an initial state. */
 object TransformWithStateFamily extends ArrowStateFamily {
   override val name = "transformWithState"
 
@@ -174,7 +218,6 @@ object TransformWithStateFamily extends ArrowStateFamily {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
     val udf = p.functionExpr.asInstanceOf[PythonUDF]
     Seq(
-      if (p.hasInitialState) Some("an initial state DataFrame: not supported yet") else None,
       // Spark's state of this operator (column families) is not adopted: the query stays
       // on the engine that began it (an initial state keeps the first batch Spark's)
       if (p.stateInfo.exists(sparkStateIn)) {
@@ -208,6 +251,6 @@ object TransformWithStateFamily extends ArrowStateFamily {
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
-    ArrowTransformWithStateExec(p, p.child)
+    ArrowTransformWithStateExec(p, p.child, if (p.hasInitialState) Some(p.initialState) else None)
   }
 }

@@ -46,6 +46,7 @@ object Contract {
     val Drop: Int = frame("DROP")
     val ReadState: Int = frame("READ_STATE")
     val ImportState: Int = frame("IMPORT_STATE")
+    val InitialState: Int = frame("INITIAL_STATE")
   }
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
@@ -106,7 +107,8 @@ object Contract {
         "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
         "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
         "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop,
-        "READ_STATE" -> Frame.ReadState, "IMPORT_STATE" -> Frame.ImportState).map { case (k, v) =>
+        "READ_STATE" -> Frame.ReadState, "IMPORT_STATE" -> Frame.ImportState,
+        "INITIAL_STATE" -> Frame.InitialState).map { case (k, v) =>
           k -> JInt(v) }),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),

@@ -486,6 +486,15 @@ class StateExchange(
       onAnswer(timed(readAnswer()))
     }
 
+  /** Sends a batch of initial-state rows (before any input); the worker answers none. */
+  def initialState(batchIpc: Array[Byte]): Unit = {
+    settle()
+    write(Contract.Frame.InitialState, batchIpc)
+    timed(readAnswer()).foreach { _ =>
+      throw new IllegalStateException("arrowstate: the worker answered initial state rows")
+    }
+  }
+
   /** Asks what the state (the version being updated) holds for a batch of keys. */
   def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = {
     settle()
