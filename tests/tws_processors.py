@@ -61,20 +61,6 @@ class EveryVariable(StatefulProcessor):
                             "has_seen": [has_seen], "has_two": [has_two]})
 
 
-class EveryVariableRows(EveryVariable):
-    """EveryVariable through the Row API."""
-
-    def handleInputRows(self, key, rows, timerValues):
-        values, stamps = [], []
-        for row in rows:
-            values.append(row.v)
-            stamps.append(row.ts)
-        user, n, listed, entries, has_items, has_seen, has_two = self._update(
-            key[0], values, stamps)
-        yield Row(user=user, count=n, items=listed, entries=entries, has_items=has_items,
-                  has_seen=has_seen, has_two=has_two)
-
-
 EVERY_VARIABLE_OUTPUT = ("user string, count long, items string, entries string, "
                          "has_items boolean, has_seen boolean, has_two boolean")
 

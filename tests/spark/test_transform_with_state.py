@@ -9,7 +9,7 @@ import pytest
 from pyspark import cloudpickle
 
 import tws_processors as procs
-from harness import assert_same, run_query
+from harness import assert_same
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -33,24 +33,14 @@ def rocksdb(spark_conf):
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
 
 
-def test_running_count_in_a_value_state(spark, tmp_path):
-    assert_same(spark, tmp_path, EVENTS, BATCHES,
-                lambda df: df.groupBy("user").transformWithStateInPandas(
-                    procs.RunningCount(), "user string, count long", "Update", "None"),
-                expect_node=NODE, output_mode="update", restart_after=[1])
-
-
-@pytest.mark.parametrize("processor, api", [(procs.EveryVariable, "pandas"),
-                                            (procs.EveryVariableRows, "rows")])
-def test_value_list_and_map_state(spark, spark_conf, tmp_path, processor, api):
+# the Row API's twin runs in test_tws_spark_scenarios.py::test_state_variable_tour[rows]
+def test_value_list_and_map_state(spark, spark_conf, tmp_path):
     # two rows per Arrow batch: keys' rows span batches, and each key is still one call
     spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": 2})
 
     def build(df):
-        grouped = df.groupBy("user")
-        run = (grouped.transformWithStateInPandas if api == "pandas"
-               else grouped.transformWithState)
-        return run(processor(), procs.EVERY_VARIABLE_OUTPUT, "Append", "None")
+        return df.groupBy("user").transformWithStateInPandas(
+            procs.EveryVariable(), procs.EVERY_VARIABLE_OUTPUT, "Append", "None")
 
     native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, build, expect_node=NODE,
                                output_mode="append", restart_after=[1, 3],
@@ -59,7 +49,8 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path, processor, api):
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
 
 
-@pytest.mark.parametrize("api", ["pandas", "rows"])
+# the Row API: test_tws_spark_scenarios_time.py::test_non_contiguous_grouping_with_initial_state
+@pytest.mark.parametrize("api", ["pandas"])
 def test_an_initial_state_seeds_the_first_batch(spark, tmp_path, api):
     # a key seeded twice, one seeded and never seen, one seeded with no input in batch 0
     initial = spark.createDataFrame([("a", 5), ("a", 1), ("z", 7), ("c", 2)],
@@ -85,8 +76,8 @@ TIMED_BATCHES = [[ev("a", 10), ev("b", 12)], [ev("a", 20), ev("c", 30)], [],
                  [ev("b", 40), ev("a", 41)], [ev("a", 5), ev("c", 39)], [ev("d", 60)]]
 
 
-@pytest.mark.parametrize("processor, api", [(procs.SessionTimeout, "pandas"),
-                                            (procs.SessionTimeoutRows, "rows")])
+# the pandas API: test_tws_spark_scenarios_time.py::test_event_time_timers
+@pytest.mark.parametrize("processor, api", [(procs.SessionTimeoutRows, "rows")])
 def test_event_time_timers(spark, tmp_path, processor, api):
     def build(df):
         grouped = df.withWatermark("ts", "2 seconds").groupBy("user")
