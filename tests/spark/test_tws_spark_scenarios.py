@@ -42,8 +42,12 @@ APIS = ["pandas", "rows"]
 
 @pytest.fixture(autouse=True)
 def rocksdb(spark_conf):
+    # one state partition: the scenarios are about the processor, and each partition of a
+    # native transformWithState batch costs a Python worker round (several partitions run
+    # in tests/spark/test_transform_with_state.py)
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
-                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                  "spark.sql.shuffle.partitions": 1})
 
 
 def tws(processor, output, api, output_mode="Update", by=("id",)):

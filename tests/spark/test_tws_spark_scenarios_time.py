@@ -70,7 +70,10 @@ def spark_test_conf(spark_conf):
     transformWithState needs) and no no-data batches."""
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-                  "spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+                  "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+                  # one state partition unless a test says otherwise: see the same setting
+                  # in test_tws_spark_scenarios.py
+                  "spark.sql.shuffle.partitions": 1})
 
 
 def tws(processor, output, api, time_mode, by=("id",), initial=None, output_mode="Update",
