@@ -50,8 +50,6 @@ class _BothApis(StatefulProcessor):
             for record in records:
                 yield Row(**record)
 
-    def close(self):
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,13 +476,11 @@ class ChunkCount(StatefulProcessor):
     OUTPUT = "id string, chunkCount int"
 
     def init(self, handle):
-        pass
+        """No state variables."""
 
     def handleInputRows(self, key, rows, timerValues):
         yield pd.DataFrame({"id": [key[0]], "chunkCount": [sum(1 for _ in rows)]})
 
-    def close(self):
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,8 +498,6 @@ class DecimalFromInt(StatefulProcessor):
         self.count.update((n,))
         yield pd.DataFrame({"id": [key[0]], "decimal_result": [12345]})
 
-    def close(self):
-        pass
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ tws_spark_processors), so workers need not import them.
 import pandas as pd
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
-from tws_spark_processors import _BothApis, _int_field, _ListOperations, _MapOperations
+from tws_spark_processors import (StateVariableTour, _BothApis, _int_field,
+                                  _ListOperations, _MapOperations)
 
 HOUR_MS = 60 * 60 * 1000        # a TTL that never passes within a test
 YEAR_MS = 365 * 24 * HOUR_MS    # Spark's MapStateLargeTTLProcessor's
@@ -123,7 +124,7 @@ class FirstEventTime(_BothApis):
     OUTPUT = "id string, outputTimestamp timestamp"
 
     def init(self, handle):
-        pass
+        """No state variables."""
 
     def handleInputRows(self, key, rows, timerValues):
         if self.pandas:
@@ -196,25 +197,15 @@ TTL_PARTS = [_ListOperationsWithTtl, _ViolationsWithTtl, _MapOperationsWithTtl]
 TTL_TOUR_OUTPUT = ", ".join(["id string"] + [p.columns for p in TTL_PARTS])
 
 
-class TtlTour(_BothApis):
-    """Per key, each TTL part in turn on the key's temperature chunks; one row per key."""
+class TtlTour(StateVariableTour):
+    """StateVariableTour over the TTL parts: each in turn on the key's temperature chunks;
+    one row per key."""
 
     OUTPUT = TTL_TOUR_OUTPUT
 
     def __init__(self, pandas=True):
-        super().__init__(pandas)
+        _BothApis.__init__(self, pandas)
         self.parts = [p() for p in TTL_PARTS]
-
-    def init(self, handle):
-        for part in self.parts:
-            part.init(handle)
-
-    def handleInputRows(self, key, rows, timerValues):
-        chunks = self._chunks(rows, "temperature")
-        record = {"id": key[0]}
-        for part in self.parts:
-            record.update(part.run(key, chunks))
-        yield from self._emit([record])
 
 
 # --------------------------------------------------------------------------------------------

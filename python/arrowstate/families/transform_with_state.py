@@ -869,6 +869,13 @@ class TransformWithState(FamilyBase):
                 items = [DataRow(*(c[i] for c in columns)) for i in range(lo, hi)]
             yield groups[lo], (key_batch, lo), tuple(k[lo] for k in keys), items
 
+    def _whole_key(self, items: list, spans_batches: bool) -> list:
+        """A key's rows as the processor gets them: DataFrames from two Arrow batches are
+        joined and cut anew from the key's start, as pyspark's worker cuts them."""
+        if spans_batches and self.pandas:
+            return self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+        return items
+
     def _chunks(self, frame, lo: int, hi: int | None) -> list:
         """Rows lo..hi of a frame as the DataFrames pyspark's worker hands over."""
         hi = len(frame) if hi is None else hi
@@ -912,8 +919,7 @@ class TransformWithState(FamilyBase):
         start = time.perf_counter_ns()
         group, key, items, spans_batches = self._initial_pending
         self._initial_pending = None
-        if spans_batches and self.pandas:
-            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+        items = self._whole_key(items, spans_batches)
         self._current = group
         for item in items:
             self.processor.handleInitialState(key, item, self.timer_values)
@@ -925,8 +931,7 @@ class TransformWithState(FamilyBase):
         """handleInputRows once for all of a key's rows, as pyspark's worker calls it: a key
         whose rows came in two Arrow batches has them cut into DataFrames anew."""
         self._pending = None
-        if spans_batches and self.pandas:
-            items = self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+        items = self._whole_key(items, spans_batches)
         self._current = group
         self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
         self._current = _NO_KEY
