@@ -131,3 +131,81 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
                     [rows.column(0), value, pa.array([op] * len(value), pa.int8()),
                      pa.array([version] * len(value), pa.int64())],
                     names=["key", "value", "op", "version"])
+
+
+# transformWithState: Spark keeps each state variable in a column family of its own;
+# arrowstate keeps one row per grouping key and variable (see families/transform_with_state)
+TWS_STATE_NAME, TWS_TIMERS = "__state", "$timers"
+TIMER_FAMILIES = ("$procTimers_keyToTimestamp", "$eventTimers_keyToTimestamp")
+
+
+def _renamed(array: pa.StructArray, names: list[str]) -> pa.StructArray:
+    """The struct with Spark's field names (arrowstate's TTL struct names its expiry
+    `expiresAtMs`, Spark's `ttlExpirationMs`); nulls stay nulls."""
+    return pa.StructArray.from_arrays(array.flatten(), names=names, mask=array.is_null())
+
+
+def read_column_family(source: FileSource, version: int, column_family: str,
+                       key_schema_json: str, value_schema_json: str,
+                       snapshot: int | None = None) -> Iterator[pa.RecordBatch]:
+    """A transformWithState variable of `version` as Spark's column family of it holds it:
+    one row per value (value state), per list element (rows of a key one after another),
+    per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
+    expiryTimestampMs>`, for the timer column families)."""
+    key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
+    schema = stored_schema(source, version)
+    if schema is None:
+        return
+    fields = list(schema)
+    key_count = sum(1 for f in fields if not f.metadata)
+    names = [f.name for f in fields[:key_count - 1]]
+    if key_count < 1 or fields[key_count - 1].name != f"k{key_count - 1}" or not any(
+            (f.metadata or {}).get(store_files.COLUMN_NAME) for f in fields[key_count:]):
+        raise ValueError(f"arrowstate: {source.where} ({source.context}) holds no "
+                         f"transformWithState state: it has no column family {column_family}")
+    variable = TWS_TIMERS if column_family in TIMER_FAMILIES else column_family
+    column = next((key_count + i for i, f in enumerate(fields[key_count:])
+                   if f.metadata[store_files.COLUMN_NAME] == f"s_{variable}".encode()), None)
+    if column is None:
+        raise ValueError(f"arrowstate: the transformWithState state in {source.where} "
+                         f"({source.context}) has no state variable {variable!r}; it has "
+                         f"{sorted(f.metadata[store_files.COLUMN_NAME].decode()[2:] for f in fields[key_count:])}")
+    state = VersionedState(fields[:key_count], fields[key_count:])
+    state.load(source, version, snapshot)
+    grouping_names = [f["name"] for f in (
+        key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES
+        or _is_map(fields[column].type) else key_schema)["fields"]]
+    value_names = [f["name"] for f in value_schema["fields"]]
+    for batch in state.rows.frozen().batches(BATCH_ROWS):
+        mine = batch.filter(pc.equal(batch.column(key_count - 1), variable))
+        if mine.num_rows:
+            yield _family_rows(mine, key_count - 1, mine.column(column), column_family,
+                               grouping_names, key_schema, value_names)
+
+
+def _is_map(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) and pa.types.is_struct(t.value_type)
+            and [f.name for f in t.value_type] == ["key", "value"])
+
+
+def _family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,
+                 column_family: str, grouping_names: list[str], key_schema: dict,
+                 value_names: list[str]) -> pa.RecordBatch:
+    grouping = pa.StructArray.from_arrays(batch.columns[:grouping_count], names=grouping_names)
+    if not pa.types.is_list(values.type):   # a value
+        return pa.RecordBatch.from_arrays([grouping, _renamed(values, value_names)],
+                                          names=["key", "value"])
+    owner = pc.list_parent_indices(values)
+    grouping, elements = grouping.take(owner), values.flatten()
+    outer = [f["name"] for f in key_schema["fields"]]
+    if column_family in TIMER_FAMILIES:
+        key = pa.StructArray.from_arrays([grouping, elements], names=outer)
+        value = pa.StructArray.from_arrays(
+            [pa.nulls(len(elements), pa.null()) for _ in value_names], names=value_names)
+    elif _is_map(values.type):
+        user_key, value = elements.flatten()
+        key = pa.StructArray.from_arrays([grouping, user_key], names=outer)
+        value = _renamed(value, value_names)
+    else:
+        key, value = grouping, _renamed(elements, value_names)
+    return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])

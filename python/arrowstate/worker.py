@@ -200,6 +200,10 @@ class Worker:
         if "changesFrom" in request:
             batches = state_data.read_changes(files, request["changesFrom"], request["version"],
                                               request["keySchema"], request["valueSchema"])
+        elif "columnFamily" in request:   # a transformWithState variable
+            batches = state_data.read_column_family(
+                files, request["version"], request["columnFamily"], request["keySchema"],
+                request["valueSchema"], request.get("snapshot"))
         else:
             batches = state_data.read_state(files, request["version"], request["keySchema"],
                                             request["valueSchema"], request.get("snapshot"))

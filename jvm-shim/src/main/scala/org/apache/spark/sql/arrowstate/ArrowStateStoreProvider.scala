@@ -36,7 +36,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
   private var valueSchema: StructType = _
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
-  private var useColumnFamilies: Boolean = false
+  /** transformWithState variables a reader registered (Spark's column families of them). */
+  private val families = mutable.LinkedHashMap[String, ColumnFamily]()
   /** The native provider, for versions whose state is not arrowstate's (made on first use). */
   private var native: Option[StateStoreProvider] = None
   private var makeNative: () => StateStoreProvider = _
@@ -56,7 +57,6 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     this.valueSchema = valueSchema
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
-    this.useColumnFamilies = useColumnFamilies || useMultipleValuesPerKey
     makeNative = () => {
       val provider = StateStoreProvider.create(ArrowStateStoreProvider.nativeClass(storeConfs))
       provider.init(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec,
@@ -71,11 +71,6 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     if (files.sparkOwns(version)) {
       if (native.isEmpty) native = Some(makeNative())
       native
-    } else if (useColumnFamilies) {
-      throw new UnsupportedOperationException(
-        s"arrowstate: the state of $id has column families (transformWithState): Spark's " +
-          "state readers do not read arrowstate's transformWithState state yet; " +
-          "`python -m arrowstate state describe` shows it")
     } else None
 
   private def files: StateFiles = new StateFiles(
@@ -103,7 +98,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     nativeFor(version) match {
       case Some(p) => p.getReadStore(version, uniqueId)
       case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
-        ArrowStateStoreProvider.workerSettings(storeConf))
+        ArrowStateStoreProvider.workerSettings(storeConf), families)
     }
 
   override def upgradeReadStoreToWriteStore(
@@ -146,7 +141,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     case Some(p) => p.replayReadStateFromSnapshot(snapshotVersion, endVersion,
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
-      ArrowStateStoreProvider.workerSettings(storeConf), snapshot = Some(snapshotVersion))
+      ArrowStateStoreProvider.workerSettings(storeConf), families, Some(snapshotVersion))
   }
 
   override def getStateStoreChangeDataReader(
@@ -157,8 +152,11 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     case Some(p) => p.getStateStoreChangeDataReader(startVersion, endVersion,
       colFamilyNameOpt, endVersionStateStoreCkptId)
     case None =>
-      colFamilyNameOpt.foreach(name => require(name == StateStore.DEFAULT_COL_FAMILY_NAME,
-        s"arrowstate: state $id has no column family $name"))
+      colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME).foreach { name =>
+        throw new UnsupportedOperationException(s"arrowstate: the change feed of " +
+          s"transformWithState state ($id, state variable $name) is not readable yet; " +
+          "read the state at each batchId instead")
+      }
       val changes = new WorkerReadStream(id, files,
         ArrowStateStoreProvider.workerSettings(storeConf), keySchema, valueSchema,
         "version" -> endVersion, "changesFrom" -> startVersion)({ (row, key, value) =>
@@ -192,7 +190,16 @@ object ArrowStateStoreProvider {
   }
 }
 
-/** One committed version of one partition, read through a Python state worker. */
+/** A transformWithState variable as Spark's column family of it: its schemas, and whether
+ * a key holds several values (a list). */
+case class ColumnFamily(keySchema: StructType, valueSchema: StructType, multiValued: Boolean)
+
+/**
+ * One committed version of one partition, read through a Python state worker. The default
+ * column family is the operator's rows; transformWithState's variables are the column
+ * families a reader registers (`registerColFamily`, as Spark's `statestore` reader does
+ * before it reads one), each read from the worker in that family's schemas.
+ */
 class ArrowStateReadStore(
     override val id: StateStoreId,
     override val version: Long,
@@ -200,6 +207,7 @@ class ArrowStateReadStore(
     valueSchema: StructType,
     files: StateFiles,
     settings: WorkerSettings,
+    families: mutable.Map[String, ColumnFamily] = mutable.Map.empty,
     snapshot: Option[Long] = None) extends ReadStateStore with Logging {
 
   private lazy val byKey: mutable.HashMap[UnsafeRow, UnsafeRow] = {
@@ -208,17 +216,38 @@ class ArrowStateReadStore(
     m
   }
 
-  private def defaultOnly(colFamilyName: String): Unit =
-    require(colFamilyName == StateStore.DEFAULT_COL_FAMILY_NAME,
-      s"arrowstate: state $id has no column family $colFamilyName")
+  private def isDefault(colFamilyName: String): Boolean =
+    colFamilyName == StateStore.DEFAULT_COL_FAMILY_NAME || {
+      require(families.contains(colFamilyName),
+        s"arrowstate: state $id has no registered column family $colFamilyName")
+      false
+    }
 
-  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
-    defaultOnly(colFamilyName)
-    byKey.get(key).orNull
-  }
+  /** A column family's rows grouped by key (a list's values), read once when first asked. */
+  private val grouped = mutable.HashMap[String, mutable.LinkedHashMap[UnsafeRow,
+    mutable.ArrayBuffer[UnsafeRow]]]()
+
+  private def groupedRows(colFamilyName: String) = grouped.getOrElseUpdate(colFamilyName, {
+    val m = mutable.LinkedHashMap[UnsafeRow, mutable.ArrayBuffer[UnsafeRow]]()
+    familyRows(colFamilyName).foreach { pair =>
+      m.getOrElseUpdate(pair.key, mutable.ArrayBuffer()) += pair.value
+    }
+    m
+  })
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow =
+    if (isDefault(colFamilyName)) byKey.get(key).orNull
+    else groupedRows(colFamilyName).get(key).map(_.head).orNull
 
   override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
-    Option(get(key, colFamilyName)).iterator
+    if (isDefault(colFamilyName)) Option(get(key, colFamilyName)).iterator
+    else groupedRows(colFamilyName).get(key).map(_.iterator).getOrElse(Iterator.empty)
+
+  override def registerColFamily(
+      colFamilyName: String, keySchema: StructType, valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec, useMultipleValuesPerKey: Boolean,
+      isInternal: Boolean): Unit =
+    families(colFamilyName) = ColumnFamily(keySchema, valueSchema, useMultipleValuesPerKey)
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
     : StateStoreIterator[UnsafeRowPair] =
@@ -228,19 +257,35 @@ class ArrowStateReadStore(
     : StateStoreIterator[UnsafeRowPair] = prefixScan(prefixKey, colFamilyName)
 
   override def iteratorWithMultiValues(colFamilyName: String)
-    : StateStoreIterator[UnsafeRowPair] = iterator(colFamilyName)
+    : StateStoreIterator[UnsafeRowPair] =
+    if (isDefault(colFamilyName)) iterator(colFamilyName) else familyRows(colFamilyName)
 
-  override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+  override def allColumnFamilyNames: Set[String] =
+    families.keySet.toSet + StateStore.DEFAULT_COL_FAMILY_NAME
 
   override def abort(): Unit = ()
 
   override def release(): Unit = ()
 
-  /** Every row of the version, streamed batch by batch from the worker. */
-  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
-    defaultOnly(colFamilyName)
-    val request = ("version" -> version) ~ ("snapshot" -> snapshot)
-    val rows = new WorkerReadStream(id, files, settings, keySchema, valueSchema,
+  /** Every row of the version, streamed batch by batch from the worker; of a list, each
+   * key once (with its first value: `valuesIterator` gives them all), as Spark's stores. */
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    if (isDefault(colFamilyName)) {
+      val request = ("version" -> version) ~ ("snapshot" -> snapshot)
+      val rows = new WorkerReadStream(id, files, settings, keySchema, valueSchema,
+        request.obj: _*)((_, key, value) => new UnsafeRowPair(key, value))
+      new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
+    } else if (families(colFamilyName).multiValued) {
+      new StateStoreIterator[UnsafeRowPair](groupedRows(colFamilyName).iterator.map {
+        case (key, values) => new UnsafeRowPair(key, values.head)
+      })
+    } else familyRows(colFamilyName)
+
+  private def familyRows(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    val family = families(colFamilyName)
+    val request = ("version" -> version) ~ ("snapshot" -> snapshot) ~
+      ("columnFamily" -> colFamilyName)
+    val rows = new WorkerReadStream(id, files, settings, family.keySchema, family.valueSchema,
       request.obj: _*)((_, key, value) => new UnsafeRowPair(key, value))
     new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
   }
