@@ -131,3 +131,49 @@ def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
         assert all(expect_node in plan for plan in ours.plans), ours.plans
         assert not any(expect_node in plan for plan in spark_run.plans)
     return spark_run, ours
+
+
+def assert_state_reads_same(spark, native: Run, ours: Run, batches, variables,
+                            timers: bool = False, masked=lambda row: row) -> list:
+    """Spark's `statestore` reader gives the same rows for each state variable (flattened
+    and not) and timer, at each of the batches, from the arrowstate checkpoint as from the
+    native one;
+    `masked` hides what differs between two runs (TTL expiries follow the clock)."""
+    reads = [dict(stateVarName=v, flattenCollectionTypes=flat)
+             for v in variables for flat in ("true", "false")]
+    if timers:
+        reads.append(dict(readRegisteredTimers="true"))
+    for options in reads:
+        for batch in batches:
+            got = []
+            for checkpoint in (native.checkpoint, ours.checkpoint):
+                reader = spark.read.format("statestore").option("batchId", batch)
+                for k, v in options.items():
+                    reader = reader.option(k, v)
+                got.append(sorted(str(_in_order(masked(r.asDict(True))))
+                              for r in reader.load(checkpoint).collect()))
+            assert got[1] == got[0], (options, batch)
+    return got
+
+
+def _in_order(value):
+    """A map's entries in one order (the stores keep them in different ones)."""
+    if isinstance(value, dict):
+        items = [(k, _in_order(v)) for k, v in value.items()]
+        return dict(items) if all(isinstance(k, str) for k, _ in items) else sorted(items)
+    return [_in_order(v) for v in value] if isinstance(value, list) else value
+
+
+def ttl_masked(row):
+    """A state reader's row with each TTL expiry (the batch's clock time plus the TTL)
+    checked to be a time of this run and then hidden."""
+    def mask(value):
+        if isinstance(value, dict):
+            if "ttlExpirationMs" in value:
+                assert value["ttlExpirationMs"] > 1_700_000_000_000, value
+                return {**value, "ttlExpirationMs": "<ttl>"}
+            return {k: mask(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mask(v) for v in value]
+        return value
+    return mask(row)

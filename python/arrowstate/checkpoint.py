@@ -15,7 +15,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass, field
 
-from .store import VersionedState
+from . import tws_state
 from .store import files as store_files
 
 ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
@@ -23,7 +23,9 @@ _ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
 # Spark's operator names (operator metadata) and the arrowstate family that runs them
 FAMILIES = {"dedupe": "deduplicate", "dedupeWithinWatermark": "deduplicate",
             "stateStoreSave": "aggregate", "sessionWindowStateStoreSaveExec": "sessionWindow",
-            "applyInPandasWithState": "flatMapGroupsWithState"}
+            "applyInPandasWithState": "flatMapGroupsWithState",
+            "transformWithStateInPandasExec": "transformWithState",
+            "transformWithStateInPySparkExec": "transformWithState"}
 
 
 class CheckpointError(ValueError):
@@ -154,15 +156,11 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
                        active: int | None) -> Operator:
     op_dir = os.path.join(checkpoint, "state", str(op))
     name, stores, declared = "unknown", ["default"], None
-    meta = os.path.join(op_dir, "_metadata", "metadata")
-    if os.path.exists(meta):
-        with open(meta) as f:
-            lines = f.read().splitlines()
-        if lines and lines[0] == "v1" and len(lines) > 1:
-            info = json.loads(lines[1])
-            name = info["operatorInfo"]["operatorName"]
-            stores = [s["storeName"] for s in info["stateStoreInfo"]]
-            declared = max((s["numPartitions"] for s in info["stateStoreInfo"]), default=None)
+    info = _operator_metadata(op_dir)
+    if info is not None:
+        name = info["operatorInfo"]["operatorName"]
+        stores = [s["storeName"] for s in info["stateStoreInfo"]]
+        declared = max((s["numPartitions"] for s in info["stateStoreInfo"]), default=None)
     parts = sorted(int(n) for n in os.listdir(op_dir) if n.isdigit())
     if active is not None:   # directories beyond are left from an earlier partitioning
         parts = [p for p in parts if p < active]
@@ -179,6 +177,12 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
     if os.path.exists(schema_file):
         key, value = read_schema_file(schema_file)
         key_schema, value_schema = _simple(key), _simple(value)
+    elif info is not None and "operatorPropertiesJson" in info:   # column families
+        variables = [v for v in json.loads(info["operatorPropertiesJson"]).get(
+            "stateVariables", []) if v["stateVariableType"] != "TimerState"]
+        value_schema = "state variables: " + (", ".join(
+            f"{v['stateName']} ({v['stateVariableType']}{', TTL' if v['ttlEnabled'] else ''})"
+            for v in variables) or "none")
     version = None if last is None else last + 1
     rows, note = None, None
     if engine == ARROWSTATE and version is not None:
@@ -191,14 +195,29 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
                     newest, rows, _size(op_dir), key_schema, value_schema, stores, note)
 
 
+def _operator_metadata(op_dir: str) -> dict | None:
+    """The operator's metadata: v1 (`_metadata/metadata`), or the newest v2 entry
+    (`_metadata/v2/<batch>`, which transformWithState writes)."""
+    paths = [os.path.join(op_dir, "_metadata", "metadata")]
+    v2 = os.path.join(op_dir, "_metadata", "v2")
+    if os.path.isdir(v2):
+        paths += [os.path.join(v2, str(b)) for b in
+                  sorted((int(n) for n in os.listdir(v2) if n.isdigit()), reverse=True)[:1]]
+    for path in paths:
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = f.read().splitlines()
+            if len(lines) > 1 and lines[0] in ("v1", "v2"):
+                return json.loads(lines[1])
+    return None
+
+
 def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
-    from .state_data import stored_schema
+    from .state_data import stored_state
     source = LocalFiles(where, f"operator {op}, partition {partition}, version {version}")
     if not any(store_files.parse_name(n) for n in source.names()):
         return 0
-    fields = list(stored_schema(source, version))
-    key_count = sum(1 for f in fields if f.name.startswith("k"))   # k0.. then v0..
-    state = VersionedState(fields[:key_count], fields[key_count:])
+    state = stored_state(source, version)
     state.load(source, version)
     return len(state)
 
@@ -245,14 +264,20 @@ def _refuse_running(checkpoint: str, last: int | None) -> None:
             "Stop the query; if it had stopped mid-batch, run it to the end of a batch first.")
 
 
-def _refuse_column_families(checkpoint: str, o: dict) -> None:
-    """State without a v1/v2 schema file (transformWithState's column families) is not
-    converted or repartitioned yet."""
-    if o["key_schema"] is None:
+def _is_tws(o: dict) -> bool:
+    return o["family"] == "transformWithState"
+
+
+def _refuse_column_families(checkpoint: str, o: dict, exporting: bool = False) -> None:
+    """State in column families is converted for transformWithState (export: not yet) and
+    for nothing else."""
+    if (o["key_schema"] is None and not _is_tws(o)) or (exporting and _is_tws(o)):
         raise CheckpointError(
             f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps its state in "
-            "column families (transformWithState), which these commands do not convert or "
-            "repartition yet; nothing was changed")
+            "column families, which this command does not "
+            f"{'export' if exporting else 'convert'} yet; nothing was changed"
+            + (" (`state import` and `state repartition` handle transformWithState state; "
+               "Spark's own state readers read it)" if exporting else ""))
 
 
 def _local_spark(app: str, conf: dict):
@@ -302,7 +327,7 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is converted")
-        _refuse_column_families(checkpoint, o)
+        _refuse_column_families(checkpoint, o, exporting=direction == "exported")
     version = last + 1
     spark = _local_spark(f"arrowstate state {direction}", session_conf(conf))
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
@@ -310,10 +335,11 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
     try:
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
         for o in chosen:
-            key, value = read_schema_file(
-                os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
-            rows = call(conversion, spark, state_root, o, json.dumps(key), json.dumps(value),
-                        version, conf)
+            key = value = None   # transformWithState: per state variable, read by `call`
+            if not _is_tws(o):
+                key, value = map(json.dumps, read_schema_file(os.path.join(
+                    state_root, str(o["operator_id"]), "0", "_metadata", "schema")))
+            rows = call(conversion, spark, state_root, o, key, value, version, conf)
             converted.append({"operator_id": o["operator_id"], "version": version,
                               "rows": sum(rows)})
     finally:
@@ -379,6 +405,9 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
 
     def call(conversion, spark, state_root, o, key, value, version, conf):
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
+        if _is_tws(o):
+            return tws_state.convert_operator(spark, checkpoint, o["operator_id"], version - 1,
+                                              version, o["partitions"], zone, repartition=False)
         provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
         return conversion.importOperator(spark._jsparkSession, state_root, o["operator_id"],
                                          o["partitions"], version, key, value, provider, zone)
@@ -386,7 +415,8 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
     return _convert(checkpoint, "imported", choose, lambda conf, last: None,
                     _store_settings, call,
                     "spark-state-imported",
-                    lambda name: bool(store_files.spark_store_files([name])))
+                    # RocksDB's SST files too: left behind, they read as Spark's state
+                    lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])))
 
 
 def _write_log_entry(path: str, text: str) -> None:
@@ -455,6 +485,12 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
         for o in stateful:
+            if _is_tws(o):
+                counts = tws_state.convert_operator(spark, checkpoint, o["operator_id"], last,
+                                                    version, partitions, zone, repartition=True)
+                done.append({"operator_id": o["operator_id"], "version": version,
+                             "rows": counts})
+                continue
             schemas = read_schema_file(
                 os.path.join(state_root, str(o["operator_id"]), "0", "_metadata", "schema"))
             rows = (spark.read.format("statestore").option("batchId", last)

@@ -68,20 +68,39 @@ def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
 
 
 def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
-    """The state columns of the files that load `version` (None at version 0)."""
+    """The state columns of the files that load `version` (None at version 0): the newest
+    file's (a family that names its columns may have added some since the oldest)."""
     if version == 0:
         return None
     plans, _ = load_plans(source.names(), version, source.where, source.context)
     chain = plans[0][0]
-    payload = source.read(chain[0])
+    payload = source.read(chain[-1])
     if store_files.unique_id(payload) is not None:
         payload = payload[:-store_files.TRAILER.size]
     try:
         schema = pa.ipc.open_stream(pa.py_buffer(payload)).schema
     except pa.ArrowException as e:
-        raise store_files.CorruptStateFile(f"{source.where}/{chain[0]}", source.context,
+        raise store_files.CorruptStateFile(f"{source.where}/{chain[-1]}", source.context,
                                            f"its Arrow data is invalid: {e}") from e
     return pa.schema(list(schema)[:-1])
+
+
+def stored_state(source: FileSource, version: int) -> VersionedState | None:
+    """An empty state in the columns of the files that load `version` (None at version 0):
+    the key columns (`k0..`), then the value columns (`v0..`), by name when the files name
+    them."""
+    schema = stored_schema(source, version)
+    if schema is None:
+        return None
+    fields = list(schema)
+    names = [(f.metadata or {}).get(store_files.COLUMN_NAME) for f in fields]
+    if any(names):
+        key_count = names.index(next(n for n in names if n))
+        values = [pa.field(n.decode(), f.type) for n, f in zip(names[key_count:],
+                                                                fields[key_count:])]
+        return VersionedState(fields[:key_count], values, named_columns=True)
+    key_count = sum(1 for f in fields if f.name.startswith("k"))
+    return VersionedState(fields[:key_count], fields[key_count:])
 
 
 def read_state(source: FileSource, version: int, key_schema_json: str,
@@ -90,11 +109,9 @@ def read_state(source: FileSource, version: int, key_schema_json: str,
     """Every live row of `version`, in Spark's key and value layout, verified as a task's
     load verifies it; with `snapshot`, loaded from that snapshot and the deltas after it."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    schema = stored_schema(source, version)
-    if schema is None:
+    state = stored_state(source, version)
+    if state is None:
         return
-    key_count = len(key_schema["fields"])
-    state = VersionedState(list(schema)[:key_count], list(schema)[key_count:])
     state.load(source, version, snapshot)
     for batch in state.rows.frozen().batches(BATCH_ROWS):
         yield spark_rows(batch, key_schema, value_schema)
@@ -153,24 +170,21 @@ def read_column_family(source: FileSource, version: int, column_family: str,
     per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
     expiryTimestampMs>`, for the timer column families)."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    schema = stored_schema(source, version)
-    if schema is None:
+    state = stored_state(source, version)
+    if state is None:
         return
-    fields = list(schema)
-    key_count = sum(1 for f in fields if not f.metadata)
-    names = [f.name for f in fields[:key_count - 1]]
-    if key_count < 1 or fields[key_count - 1].name != f"k{key_count - 1}" or not any(
-            (f.metadata or {}).get(store_files.COLUMN_NAME) for f in fields[key_count:]):
+    key_count, fields = state.key_count, list(state.schema)
+    named = [(f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
+             for f in fields[key_count:]]
+    if not all(named):
         raise ValueError(f"arrowstate: {source.where} ({source.context}) holds no "
                          f"transformWithState state: it has no column family {column_family}")
     variable = TWS_TIMERS if column_family in TIMER_FAMILIES else column_family
-    column = next((key_count + i for i, f in enumerate(fields[key_count:])
-                   if f.metadata[store_files.COLUMN_NAME] == f"s_{variable}".encode()), None)
-    if column is None:
+    if f"s_{variable}" not in named:
         raise ValueError(f"arrowstate: the transformWithState state in {source.where} "
                          f"({source.context}) has no state variable {variable!r}; it has "
-                         f"{sorted(f.metadata[store_files.COLUMN_NAME].decode()[2:] for f in fields[key_count:])}")
-    state = VersionedState(fields[:key_count], fields[key_count:])
+                         f"{sorted(n[2:] for n in named)}")
+    column = key_count + named.index(f"s_{variable}")
     state.load(source, version, snapshot)
     grouping_names = [f["name"] for f in (
         key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES

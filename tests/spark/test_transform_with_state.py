@@ -9,7 +9,7 @@ import pytest
 from pyspark import cloudpickle
 
 import tws_processors as procs
-from harness import assert_same
+from harness import assert_same, assert_state_reads_same, ttl_masked
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -17,36 +17,6 @@ EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
                     ("v", pa.int64())])
 NODE = "ArrowTransformWithState"
 VARS = ["numValueStateVars", "numListStateVars", "numMapStateVars", "numDeletedStateVars"]
-
-
-def assert_state_reads_same(spark, native, ours, last_batch, variables, timers=False,
-                            masked=lambda row: row):
-    """Spark's `statestore` reader gives the same rows for each state variable (flattened
-    and not), at every batch, from the arrowstate checkpoint as from the native one;
-    `masked` hides what differs between two runs (TTL expiries follow the clock)."""
-    reads = [dict(stateVarName=v, flattenCollectionTypes=flat)
-             for v in variables for flat in ("true", "false")]
-    if timers:
-        reads.append(dict(readRegisteredTimers="true"))
-    for options in reads:
-        for batch in range(last_batch + 1):
-            got = []
-            for checkpoint in (native.checkpoint, ours.checkpoint):
-                reader = spark.read.format("statestore").option("batchId", batch)
-                for k, v in options.items():
-                    reader = reader.option(k, v)
-                got.append(sorted(str(_in_order(masked(r.asDict(True))))
-                              for r in reader.load(checkpoint).collect()))
-            assert got[1] == got[0], (options, batch)
-    return got
-
-
-def _in_order(value):
-    """A map's entries in one order (the stores keep them in different ones)."""
-    if isinstance(value, dict):
-        items = [(k, _in_order(v)) for k, v in value.items()]
-        return dict(items) if all(isinstance(k, str) for k, _ in items) else sorted(items)
-    return [_in_order(v) for v in value] if isinstance(value, list) else value
 
 
 def ev(user, second, v=1):
@@ -77,7 +47,7 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path):
                                custom_metrics=VARS)
     assert ours.custom == native.custom
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
-    assert assert_state_reads_same(spark, native, ours, max(ours.outputs),
+    assert assert_state_reads_same(spark, native, ours, sorted(ours.outputs),
                                    ["count", "items", "seen"])
 
 
@@ -121,7 +91,7 @@ def test_event_time_timers(spark, tmp_path, processor, api):
                                expect_node=NODE, output_mode="append", restart_after=[1, 3],
                                custom_metrics=TIMERS)
     assert ours.custom == native.custom
-    assert assert_state_reads_same(spark, native, ours, max(ours.outputs), ["count"],
+    assert assert_state_reads_same(spark, native, ours, sorted(ours.outputs), ["count"],
                                    timers=True)
     fired = [r for rows in ours.outputs.values() for r in rows if "expired" in r[2]]
     assert {r[0] for r in fired} == {"a", "b", "c", "d"}, fired
@@ -151,23 +121,8 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
         expect_node=NODE, output_mode="update", restart_after=[1, 3], custom_metrics=ttl)
     assert ours.custom == native.custom
     assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0
-    assert_state_reads_same(spark, native, ours, max(ours.outputs),
-                            ["count", "last", "items", "seen"], masked=_ttl_masked)
-
-
-def _ttl_masked(row):
-    """A state reader's row with each TTL expiry (the batch's clock time plus the TTL)
-    checked to be a time of this run and then hidden."""
-    def mask(value):
-        if isinstance(value, dict):
-            if "ttlExpirationMs" in value:
-                assert value["ttlExpirationMs"] > 1_700_000_000_000, value
-                return {**value, "ttlExpirationMs": "<ttl>"}
-            return {k: mask(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [mask(v) for v in value]
-        return value
-    return mask(row)
+    assert_state_reads_same(spark, native, ours, sorted(ours.outputs),
+                            ["count", "last", "items", "seen"], masked=ttl_masked)
 
 
 def test_a_state_variable_added_between_runs(spark, tmp_path):

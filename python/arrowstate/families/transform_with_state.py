@@ -653,7 +653,9 @@ class TransformWithState(FamilyBase):
         from pyspark.sql.types import Row
 
         self._Row, self._ExpiredTimerInfo = Row, ExpiredTimerInfo
-        self.time_mode = operator.get("timeMode", "None")
+        # Spark's name of time mode None is NoTime
+        mode = operator.get("timeMode", "None")
+        self.time_mode = "None" if mode == "NoTime" else mode
         batch_ms, watermark_ms = operator.get("batchTimestampMs"), operator.get(
             "evictionWatermarkMs")
         # what pyspark's worker hands the processor: -1 for what a time mode leaves unknown

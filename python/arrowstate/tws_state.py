@@ -1,0 +1,209 @@
+"""transformWithState state, offline (`state import`, `state repartition`): Spark keeps each
+state variable of the processor in column families of its own (the variable's, and
+internal ones for TTLs, list sizes and the two timer indexes); arrowstate keeps one row per
+grouping key and variable (families/transform_with_state.py). Both engines' state reads
+the same through Spark's `statestore` reader, one variable at a time, so that reader is
+the source here: each variable's rows (and the registered timers) of the newest committed
+batch become arrowstate snapshots, one per partition: the partition the rows were read
+from (import), or the one Spark's hash partitioning of the grouping key gives (repartition).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .state_data import TWS_STATE_NAME, TWS_TIMERS
+from .store import VersionedState
+from .store import files as store_files
+
+TIMER_FIELD = "expiration_timestamp_ms"
+
+
+def is_transform_with_state(operator_name: str) -> bool:
+    return operator_name.startswith("transformWithState")
+
+
+def operator_properties(op_dir: str, batch: int) -> dict:
+    """The operator's properties (time mode, state variables) from the newest operator
+    metadata v2 entry at or before `batch`."""
+    meta = os.path.join(op_dir, "_metadata", "v2")
+    written = sorted(int(n) for n in os.listdir(meta) if n.isdigit() and int(n) <= batch) \
+        if os.path.isdir(meta) else []
+    if not written:
+        raise ValueError(f"{meta}: no operator metadata (v2) for batch {batch}; "
+                         "transformWithState state cannot be converted without it")
+    with open(os.path.join(meta, str(written[-1]))) as f:
+        lines = f.read().splitlines()
+    return json.loads(json.loads(lines[1])["operatorPropertiesJson"])
+
+
+def _user_variables(props: dict) -> list[dict]:
+    """The processor's state variables (the timers are listed among them too)."""
+    return [v for v in props["stateVariables"] if v["stateVariableType"] != "TimerState"]
+
+
+def _reader(spark, checkpoint: str, operator: int, batch: int, **options):
+    reader = (spark.read.format("statestore").option("batchId", batch)
+              .option("operatorId", operator))
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load(checkpoint)
+
+
+def _partitioned(df, partitions: int | None):
+    """With `partitions`, the rows' partition_id is the one the query's hash partitioning
+    of the grouping key gives for that many partitions (Spark's pmod(murmur3 hash))."""
+    if partitions is None:
+        return df
+    from pyspark.sql import functions as F
+    key_fields = df.schema["key"].dataType.names
+    return df.withColumn("partition_id", F.pmod(
+        F.hash(*[F.col("key").getField(n) for n in key_fields]), F.lit(partitions)))
+
+
+class _Builder:
+    """Arrow columns in the types the family keeps, from the state reader's columns."""
+
+    def __init__(self, time_zone: str) -> None:
+        from pyspark.sql.pandas.types import to_arrow_type
+        self.time_zone = time_zone
+        self._arrow = to_arrow_type
+
+    def struct(self, spark_type) -> pa.DataType:
+        return pa.struct([pa.field(f.name, self._arrow(f.dataType, timezone=self.time_zone))
+                          for f in spark_type.fields])
+
+    def element(self, spark_type, ttl: bool) -> pa.DataType:
+        """A stored element: the value, or with a TTL struct<value, expiresAtMs>."""
+        if not ttl:
+            return self.struct(spark_type)
+        value = self.struct(spark_type["value"].dataType)
+        return pa.struct([pa.field("value", value), pa.field("expiresAtMs", pa.int64())])
+
+    def elements(self, array: pa.Array, element_type: pa.DataType, ttl: bool) -> pa.Array:
+        if not ttl:
+            return array.cast(element_type)
+        value, expiry = array.flatten()
+        return pa.StructArray.from_arrays([value.cast(element_type.field(0).type),
+                                           expiry.cast(pa.int64())],
+                                          fields=list(element_type))
+
+
+def _variable_column(builder: _Builder, kind: str, ttl: bool, df, table: pa.Table
+                     ) -> tuple[pa.DataType, pa.Array]:
+    """The variable's type in arrowstate's layout and its column for the table's rows."""
+    if kind == "ValueState":
+        t = builder.element(df.schema["value"].dataType, ttl)
+        return t, builder.elements(table.column("value").combine_chunks(), t, ttl)
+    if kind == "ListState":
+        element = builder.element(df.schema["list_value"].dataType.elementType, ttl)
+        lists = table.column("list_value").combine_chunks()
+        t = pa.list_(element)
+        return t, pa.ListArray.from_arrays(lists.offsets, builder.elements(
+            lists.flatten(), element, ttl), type=t)
+    if kind == "MapState":
+        map_type = df.schema["map_value"].dataType
+        user_key = builder.struct(map_type.keyType)
+        value = builder.element(map_type.valueType, ttl)
+        t = pa.list_(pa.struct([pa.field("key", user_key), pa.field("value", value)]))
+        maps = table.column("map_value").combine_chunks()
+        entries = pa.StructArray.from_arrays(
+            [maps.keys.cast(user_key), builder.elements(maps.items, value, ttl)],
+            fields=list(t.value_type))
+        return t, pa.ListArray.from_arrays(maps.offsets, entries, type=t)
+    raise ValueError(f"arrowstate: state variable type {kind} is not one arrowstate keeps")
+
+
+def _timers_column(table: pa.Table) -> tuple[pa.Table, pa.Array]:
+    """One row per grouping key with its timers' expiry times, sorted."""
+    keys = table.column("key").combine_chunks()
+    flat = pa.table(list(keys.flatten()) + [table.column(TIMER_FIELD),
+                                            table.column("partition_id")],
+                    names=[f"g{i}" for i in range(keys.type.num_fields)] +
+                    [TIMER_FIELD, "partition_id"])
+    names = [f"g{i}" for i in range(keys.type.num_fields)]
+    flat = flat.sort_by([(n, "ascending") for n in names] + [(TIMER_FIELD, "ascending")])
+    grouped = flat.group_by(names + ["partition_id"], use_threads=False).aggregate(
+        [(TIMER_FIELD, "list")])
+    key = pa.StructArray.from_arrays([grouped.column(n).combine_chunks() for n in names],
+                                     fields=list(keys.type))
+    rows = pa.table({"key": key, "partition_id": grouped.column("partition_id")})
+    times = grouped.column(f"{TIMER_FIELD}_list").combine_chunks()
+    return rows, pa.ListArray.from_arrays(times.offsets, times.flatten().cast(pa.int64()))
+
+
+def convert_operator(spark, checkpoint: str, operator: int, batch: int, version: int,
+                     partitions: int, time_zone: str, repartition: bool) -> list[int]:
+    """Writes `version` of every partition of one transformWithState operator as arrowstate
+    snapshots of the state at `batch` (`partitions` of them; with `repartition`, rows go to
+    the partition of their grouping key); the rows per partition."""
+    op_dir = os.path.join(checkpoint, "state", str(operator))
+    props = operator_properties(op_dir, batch)
+    builder = _Builder(time_zone)
+    to = partitions if repartition else None
+    parts: list[tuple[str, pa.Table, pa.DataType, pa.Array]] = []
+    for var in _user_variables(props):
+        name, kind, ttl = var["stateName"], var["stateVariableType"], var["ttlEnabled"]
+        df = _partitioned(_reader(spark, checkpoint, operator, batch, stateVarName=name,
+                                  flattenCollectionTypes="false"), to)
+        table = df.toArrow()
+        t, column = _variable_column(builder, kind, ttl, df, table)
+        parts.append((name, table.select(["key", "partition_id"]), t, column))
+    if props.get("timeMode", "NoTime") != "NoTime":
+        df = _partitioned(_reader(spark, checkpoint, operator, batch,
+                                  readRegisteredTimers="true"), to)
+        rows, column = _timers_column(df.toArrow())
+        parts.append((TWS_TIMERS, rows, column.type, column))
+    parts.sort(key=lambda p: p[0])   # the family's column order: its variables, sorted
+    key_type = builder.struct(_grouping_type(spark, checkpoint, operator, batch, props))
+    key_fields = list(key_type) + [pa.field(TWS_STATE_NAME, pa.string())]
+    schema = VersionedState(key_fields, [pa.field(f"s_{n}", t) for n, _, t, _ in parts],
+                            named_columns=True).schema
+    counts = []
+    for partition in range(partitions):
+        batches = []
+        for i, (name, rows, _, column) in enumerate(parts):
+            mine = pc.equal(rows.column("partition_id"), partition)
+            n = pc.sum(mine).as_py() or 0
+            if not n:
+                continue
+            keys = rows.column("key").combine_chunks().filter(mine.combine_chunks())
+            values = [column.filter(mine.combine_chunks()) if j == i
+                      else pa.nulls(n, schema.field(len(key_fields) + j).type)
+                      for j in range(len(parts))]
+            key_columns = [c.cast(f.type) for c, f in zip(keys.flatten(), key_type)]
+            batches.append(pa.RecordBatch.from_arrays(
+                key_columns + [pa.array([name] * n, pa.string())] + values, schema=schema))
+        counts.append(sum(b.num_rows for b in batches))
+        if not batches:
+            batches.append(pa.RecordBatch.from_pylist([], schema=schema))
+        data, _ = store_files.encode(schema, store_files.SNAPSHOT, version, (
+            store_files.with_op(b, store_files.OP_PUT) for b in batches))
+        _write(os.path.join(op_dir, str(partition)),
+               store_files.file_name(store_files.SNAPSHOT, version), data)
+    return counts
+
+
+def _grouping_type(spark, checkpoint: str, operator: int, batch: int, props: dict):
+    """The grouping key's Spark type: the key of any state variable's (or timer) rows."""
+    variables = _user_variables(props)
+    if variables:
+        df = _reader(spark, checkpoint, operator, batch, stateVarName=variables[0]["stateName"],
+                     flattenCollectionTypes="false")
+    else:
+        df = _reader(spark, checkpoint, operator, batch, readRegisteredTimers="true")
+    return df.schema["key"].dataType
+
+
+def _write(directory: str, name: str, data: bytes) -> None:
+    """The file whole or not at all."""
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}.arrowstate-tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(directory, name))

@@ -1,0 +1,94 @@
+"""The state commands on transformWithState state: `state import` adopts the state Spark's
+operator wrote (RocksDB column families) and `state repartition` spreads arrowstate's over
+another number of partitions; against Spark's own run of the same query, repartitioned by
+Spark's own offline repartition, the batches after give the same rows and state figures,
+and Spark's `statestore` reader reads the same state from both checkpoints."""
+import datetime as dt
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+
+import tws_processors as procs
+from harness import assert_state_reads_same, run_query, ttl_masked
+
+cloudpickle.register_pickle_by_value(procs)
+
+EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64())])
+
+
+def ev(user, second, v=1):
+    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
+
+
+BATCHES = [[ev("a", 10, 1), ev("b", 12, 2), ev("a", 13, 1)], [ev("a", 20, 3), ev("c", 30)],
+           [ev("b", 40, 2), ev("a", 41)], [ev("a", 42), ev("b", 43), ev(None, 44, 2)],
+           [ev("b", 60, 2), ev("c", 61, 2)]]
+PARTITIONS = 2   # the query's (one state partition each in the tests' session: 3)
+
+CASES = {   # query, output mode, state variables, timers, what hides clock times
+    "value_list_map": (lambda df: df.groupBy("user").transformWithStateInPandas(
+        procs.EveryVariable(), procs.EVERY_VARIABLE_OUTPUT, "Append", "None"),
+        "append", ["count", "items", "seen"], False, lambda row: row),
+    "event_time_timers": (lambda df: df.withWatermark("ts", "2 seconds").groupBy("user")
+                          .transformWithState(procs.SessionTimeoutRows(),
+                                              procs.SESSION_OUTPUT, "Append", "EventTime"),
+                          "append", ["count"], True, lambda row: row),
+    "ttl": (lambda df: df.groupBy("user").transformWithStateInPandas(
+        procs.EveryVariableWithTTL(), procs.SESSION_OUTPUT, "Update", "ProcessingTime"),
+        "update", ["count", "last", "items", "seen"], True, ttl_masked),
+}
+
+
+def _state_command(command, checkpoint, *args):
+    zone = ["--time-zone", "UTC"] if command in ("import", "repartition") else []
+    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command, *zone,
+                           checkpoint, *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_import_then_repartition_continue_as_spark(spark, spark_conf, tmp_path, name):
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                  "spark.sql.shuffle.partitions": PARTITIONS,
+                  # ProcessingTime queries run another batch when there is no data otherwise
+                  "spark.sql.streaming.noDataMicroBatches.enabled": "false"})
+    build, mode, variables, timers, masked = CASES[name]
+
+    def sparks(i, checkpoint):   # after batch 3: Spark's own repartition, to 3
+        if i == 3:
+            spark._streamingCheckpointManager.repartition(checkpoint, 3)
+        return False
+
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                       output_mode=mode, restart_after=[1, 3], on_restart=sparks)
+    said = {}
+
+    def ours(i, checkpoint):   # after batch 1 Spark's state is imported; after 3, ours
+        if i == 1:            # is repartitioned
+            said.update(_state_command("import", checkpoint))
+            spark.conf.set("spark.arrowstate.enabled", "true")
+        else:
+            said.update(_state_command("repartition", checkpoint, "3"))
+        return False
+
+    run = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                    output_mode=mode, restart_after=[1, 3], on_restart=ours)
+    [imported], [repartitioned] = said["imported"], said["repartitioned"]
+    assert imported["rows"] > 0 and len(repartitioned["rows"]) == 3
+    assert run.outputs == native.outputs
+    assert run.figures == native.figures
+    assert "Arrow" not in run.plans[0] and all("Arrow" in p for p in run.plans[1:]), run.plans
+    last = max(run.outputs)
+    assert assert_state_reads_same(spark, native, run, [last - 1, last], variables,
+                                   timers=timers, masked=masked) or name == "ttl"
+    described = _state_command("describe", run.checkpoint, "--json")["operators"][0]
+    assert described["family"] == "transformWithState" and described["engine"] == "arrowstate"
+    assert described["partitions"] == 3
