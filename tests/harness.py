@@ -165,14 +165,14 @@ def _in_order(value):
 
 
 def ttl_masked(row):
-    """A state reader's row with each TTL expiry (the batch's clock time plus the TTL)
-    checked to be a time of this run and then hidden."""
+    """A state reader's row with each TTL expiry and processing-time timer (the batch's
+    clock time plus a duration) checked to be a time of this run and then hidden."""
     def mask(value):
         if isinstance(value, dict):
-            if "ttlExpirationMs" in value:
-                assert value["ttlExpirationMs"] > 1_700_000_000_000, value
-                return {**value, "ttlExpirationMs": "<ttl>"}
-            return {k: mask(v) for k, v in value.items()}
+            clock = {"ttlExpirationMs", "expiration_timestamp_ms"} & set(value)
+            for name in clock:
+                assert value[name] > 1_700_000_000_000, value
+            return {k: "<clock>" if k in clock else mask(v) for k, v in value.items()}
         if isinstance(value, list):
             return [mask(v) for v in value]
         return value

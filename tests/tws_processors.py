@@ -128,6 +128,33 @@ class SessionTimeoutRows(SessionTimeout):
 SESSION_OUTPUT = "user string, count long, what string"
 
 
+class TimersWithTTL(StatefulProcessor):
+    """ProcessingTime, Row API: per key a count, a list and a map kept an hour (TTL), and a
+    timer an hour after each batch of the key's rows (none fires in a test): state with
+    timers and TTLs together, for the state tools. Reports counts only (the clock's times
+    differ between runs)."""
+
+    def init(self, handle):
+        hour = 3_600_000
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long", hour)
+        self.recent = handle.getListState("recent", "n long", hour)
+        self.by_size = handle.getMapState("by_size", "n long", "total long", hour)
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = len(list(rows))
+        total = (self.count.get()[0] if self.count.exists() else 0) + n
+        self.count.update((total,))
+        self.recent.appendValue((n,))
+        self.by_size.updateValue((n,), (total,))
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 3_600_000)
+        yield Row(user=key[0], count=total,
+                  what=f"{len(list(self.handle.listTimers()))} timers")
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(user=key[0], count=-1, what="timer fired")
+
+
 class ProcessingTimeTimers(StatefulProcessor):
     """ProcessingTime: each key's rows register a timer due now (it fires after the batch's
     rows) and one 1 ms from now (it fires in the key's next batch); what is reported does
