@@ -188,7 +188,7 @@ def read_column_family(source: FileSource, version: int, column_family: str,
     state.load(source, version, snapshot)
     grouping_names = [f["name"] for f in (
         key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES
-        or _is_map(fields[column].type) else key_schema)["fields"]]
+        or is_map_type(fields[column].type) else key_schema)["fields"]]
     value_names = [f["name"] for f in value_schema["fields"]]
     for batch in state.rows.frozen().batches(BATCH_ROWS):
         mine = batch.filter(pc.equal(batch.column(key_count - 1), variable))
@@ -197,7 +197,8 @@ def read_column_family(source: FileSource, version: int, column_family: str,
                                grouping_names, key_schema, value_names)
 
 
-def _is_map(t: pa.DataType) -> bool:
+def is_map_type(t: pa.DataType) -> bool:
+    """A transformWithState map variable's column: a list of key/value structs."""
     return (pa.types.is_list(t) and pa.types.is_struct(t.value_type)
             and [f.name for f in t.value_type] == ["key", "value"])
 
@@ -216,7 +217,7 @@ def _family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,
         key = pa.StructArray.from_arrays([grouping, elements], names=outer)
         value = pa.StructArray.from_arrays(
             [pa.nulls(len(elements), pa.null()) for _ in value_names], names=value_names)
-    elif _is_map(values.type):
+    elif is_map_type(values.type):
         user_key, value = elements.flatten()
         key = pa.StructArray.from_arrays([grouping, user_key], names=outer)
         value = _renamed(value, value_names)

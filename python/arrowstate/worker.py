@@ -112,9 +112,15 @@ class Worker:
         if (state is not None and state.version == version and state.run_id == run_id
                 and committed_here(state, files)):
             metrics["stateCacheHits"] = 1
+            family.keep_columns(state.schema)
         else:
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
+            if family.named_columns and version > 0:
+                try:
+                    family.keep_columns(state_data.stored_schema(files, version))
+                except store_files.CorruptStateFile:
+                    pass   # damage is the load's to handle (it may load older files)
             state = VersionedState(family.key_fields, family.value_fields,
                                    named_columns=family.named_columns)
             state.run_id = run_id

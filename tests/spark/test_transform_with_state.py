@@ -125,14 +125,14 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
                             ["count", "last", "items", "seen"], masked=ttl_masked)
 
 
-def test_a_state_variable_added_between_runs(spark, tmp_path):
+def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):
     starts = {"true": 0, "false": 0}   # per engine: assert_same runs Spark's, then ours
 
-    def build(df):   # the first run's processor has one variable, later runs two
+    def build(df):   # the second run's processor adds a variable, the third drops it again
         engine = spark.conf.get("spark.arrowstate.enabled")
         starts[engine] += 1
-        processor = (procs.RunningCount() if starts[engine] == 1
-                     else procs.RunningCountWithHistory())
+        processor = (procs.RunningCountWithHistory() if starts[engine] == 2
+                     else procs.RunningCount())
         return df.groupBy("user").transformWithStateInPandas(
             processor, "user string, count long", "Update", "None")
 

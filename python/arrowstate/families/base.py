@@ -81,6 +81,11 @@ class FamilyBase:
         if "allRemovalsTimeMs" in self.metrics:
             self.metrics["allRemovalsTimeMs"] = self._removal_ns // 1_000_000
 
+    def keep_columns(self, stored: pa.Schema) -> None:
+        """Called before a load (with the files' columns) or on cached state (with its own),
+        for families with named columns: a family that keeps value columns it does not
+        declare adds them to its value fields here."""
+
     # -- time index -------------------------------------------------------------------------
     def index_rows(self, state: VersionedState, keys: list[Hashable],
                    rows: pa.RecordBatch) -> None:

@@ -44,7 +44,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import keys as keycodec
+from .. import state_data
 from ..store import VersionedState
+from ..store import files as store_files
 from .base import FamilyBase, gather_rows
 from .group_state_values import StateValueWriter
 from .pandas_io import PandasIO
@@ -706,6 +708,7 @@ class TransformWithState(FamilyBase):
         self.holds_keys = self.timers is not None or any(
             v.ttl is not None for v in self.variables.values())
         self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
+        self.orphans: list[str] = []   # variables the files hold and init() does not declare
 
     def register(self, name: str, kind: str, schema, key_schema=None,
                  ttl_ms: int | None = None) -> _Variable:
@@ -734,6 +737,32 @@ class TransformWithState(FamilyBase):
                                "init() declares before deleting it")
         self.deleted.append(var)
         self.metrics["numDeletedStateVars"] += 1
+
+    def keep_columns(self, stored: pa.Schema) -> None:
+        """A variable the files hold and this run's init() no longer declares stays, as in
+        Spark (its column family stays): its rows are kept as they are and counted in
+        numTotalStateRows, and its column comes after the declared ones."""
+        have = {f.name for f in self.value_fields}
+        for f in stored:
+            name = (f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
+            if name and name not in have:
+                self.value_fields.append(pa.field(name, f.type))
+                self.orphans.append(name[2:])
+                have.add(name)
+
+    def _orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
+        """Rows Spark counts of the variables kept without a declaration: a value or a list
+        one, a map its entries (the column's type tells a map: a list of key/value structs),
+        timers none."""
+        nk, total = len(self.key_fields) - 1, 0
+        for j, name in enumerate(self.orphans, start=len(self.order)):
+            picked = [i for i, n in enumerate(names) if n == name]
+            if not picked or name == TIMER_VARIABLE:
+                continue
+            column = rows.column(nk + 1 + j).take(pa.array(picked))
+            total += (pc.sum(pc.list_value_length(column)).as_py() or 0
+                      if state_data.is_map_type(column.type) else len(picked))
+        return total
 
     def current_key(self):
         if self._current is _NO_KEY:
@@ -769,11 +798,12 @@ class TransformWithState(FamilyBase):
                            for a, b in zip(offsets[:-1], offsets[1:])]
             for i, value in zip(picked, decoded):
                 data[name][groups[i]] = value
-        unknown = set(names) - set(self.order)
+        unknown = set(names) - set(self.order) - set(self.orphans)
         if unknown:
             raise _state_error(f"the stored state holds variables {sorted(unknown)} that "
                                "the processor does not define")
         total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
+        total += self._orphan_entries(rows, names)
         key_batch = rows.select(range(nk))
         held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
                      else {})

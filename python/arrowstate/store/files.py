@@ -97,10 +97,7 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema) -> l
         plan.append(f.type if at is None else at)
     if where:
         raise StateLayoutChanged(path, context, "the files hold columns this query does not "
-                                 f"declare: {sorted(n.decode() for n in where)} (a state "
-                                 "variable removed from the processor: arrowstate cannot "
-                                 "drop one yet; declare it again in init(), unused, and the "
-                                 "query runs on)")
+                                 f"declare: {sorted(n.decode() for n in where)}")
     return plan
 
 
