@@ -129,10 +129,10 @@ SESSION_OUTPUT = "user string, count long, what string"
 
 
 class TimersWithTTL(StatefulProcessor):
-    """ProcessingTime, Row API: per key a count, a list and a map kept an hour (TTL), and a
-    timer an hour after each batch of the key's rows (none fires in a test): state with
-    timers and TTLs together, for the state tools. Reports counts only (the clock's times
-    differ between runs)."""
+    """ProcessingTime, Row API: per key a count, a list and a map kept an hour (TTL), a list
+    and a map without TTL, and a timer an hour after each batch of the key's rows (none
+    fires in a test): every kind of state together, for the state tools. Reports counts
+    only (the clock's times differ between runs)."""
 
     def init(self, handle):
         hour = 3_600_000
@@ -140,13 +140,23 @@ class TimersWithTTL(StatefulProcessor):
         self.count = handle.getValueState("count", "n long", hour)
         self.recent = handle.getListState("recent", "n long", hour)
         self.by_size = handle.getMapState("by_size", "n long", "total long", hour)
+        self.sizes = handle.getListState("sizes", "n long, at timestamp")
+        self.seen = handle.getMapState("seen", "v long", "c long, last double")
 
     def handleInputRows(self, key, rows, timerValues):
-        n = len(list(rows))
+        rows = list(rows)
+        n = len(rows)
         total = (self.count.get()[0] if self.count.exists() else 0) + n
         self.count.update((total,))
         self.recent.appendValue((n,))
         self.by_size.updateValue((n,), (total,))
+        self.sizes.appendValue((n, max(row.ts for row in rows)))
+        for row in rows:
+            c = self.seen.getValue((row.v,))
+            self.seen.updateValue((row.v,), ((c[0] if c else 0) + 1, row.v / 2))
+        if total >= 5:   # removals and a list cut short, as the state tools must carry them
+            self.seen.removeKey((1,))
+            self.sizes.put([(total, None)])
         self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 3_600_000)
         yield Row(user=key[0], count=total,
                   what=f"{len(list(self.handle.listTimers()))} timers")

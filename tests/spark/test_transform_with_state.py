@@ -47,7 +47,7 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path):
                                custom_metrics=VARS)
     assert ours.custom == native.custom
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
-    assert assert_state_reads_same(spark, native, ours, sorted(ours.outputs),
+    assert assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)],
                                    ["count", "items", "seen"])
 
 
@@ -91,7 +91,7 @@ def test_event_time_timers(spark, tmp_path, processor, api):
                                expect_node=NODE, output_mode="append", restart_after=[1, 3],
                                custom_metrics=TIMERS)
     assert ours.custom == native.custom
-    assert assert_state_reads_same(spark, native, ours, sorted(ours.outputs), ["count"],
+    assert assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)], ["count"],
                                    timers=True)
     fired = [r for rows in ours.outputs.values() for r in rows if "expired" in r[2]]
     assert {r[0] for r in fired} == {"a", "b", "c", "d"}, fired
@@ -121,7 +121,7 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
         expect_node=NODE, output_mode="update", restart_after=[1, 3], custom_metrics=ttl)
     assert ours.custom == native.custom
     assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0
-    assert_state_reads_same(spark, native, ours, sorted(ours.outputs),
+    assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)],
                             ["count", "last", "items", "seen"], masked=ttl_masked)
 
 
