@@ -18,6 +18,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .families.transform_with_state import TIMER_VARIABLE, is_map_type
 from .store import VersionedState
 from .store import files as store_files
 from .store.lifecycle import FileSource, load_plans
@@ -152,7 +153,6 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
 
 # transformWithState: Spark keeps each state variable in a column family of its own;
 # arrowstate keeps one row per grouping key and variable (see families/transform_with_state)
-TWS_STATE_NAME, TWS_TIMERS = "__state", "$timers"
 TIMER_FAMILIES = ("$procTimers_keyToTimestamp", "$eventTimers_keyToTimestamp")
 
 
@@ -179,7 +179,7 @@ def read_column_family(source: FileSource, version: int, column_family: str,
     if not all(named):
         raise ValueError(f"arrowstate: {source.where} ({source.context}) holds no "
                          f"transformWithState state: it has no column family {column_family}")
-    variable = TWS_TIMERS if column_family in TIMER_FAMILIES else column_family
+    variable = TIMER_VARIABLE if column_family in TIMER_FAMILIES else column_family
     if f"s_{variable}" not in named:
         raise ValueError(f"arrowstate: the transformWithState state in {source.where} "
                          f"({source.context}) has no state variable {variable!r}; it has "
@@ -195,12 +195,6 @@ def read_column_family(source: FileSource, version: int, column_family: str,
         if mine.num_rows:
             yield _family_rows(mine, key_count - 1, mine.column(column), column_family,
                                grouping_names, key_schema, value_names)
-
-
-def is_map_type(t: pa.DataType) -> bool:
-    """A transformWithState map variable's column: a list of key/value structs."""
-    return (pa.types.is_list(t) and pa.types.is_struct(t.value_type)
-            and [f.name for f in t.value_type] == ["key", "value"])
 
 
 def _family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,

@@ -15,15 +15,11 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .state_data import TWS_STATE_NAME, TWS_TIMERS
+from .families.transform_with_state import STATE_NAME, TIMER_VARIABLE
 from .store import VersionedState
 from .store import files as store_files
 
 TIMER_FIELD = "expiration_timestamp_ms"
-
-
-def is_transform_with_state(operator_name: str) -> bool:
-    return operator_name.startswith("transformWithState")
 
 
 def operator_properties(op_dir: str, batch: int) -> dict:
@@ -120,11 +116,10 @@ def _variable_column(builder: _Builder, kind: str, ttl: bool, df, table: pa.Tabl
 def _timers_column(table: pa.Table) -> tuple[pa.Table, pa.Array]:
     """One row per grouping key with its timers' expiry times, sorted."""
     keys = table.column("key").combine_chunks()
+    names = [f"g{i}" for i in range(keys.type.num_fields)]
     flat = pa.table(list(keys.flatten()) + [table.column(TIMER_FIELD),
                                             table.column("partition_id")],
-                    names=[f"g{i}" for i in range(keys.type.num_fields)] +
-                    [TIMER_FIELD, "partition_id"])
-    names = [f"g{i}" for i in range(keys.type.num_fields)]
+                    names=names + [TIMER_FIELD, "partition_id"])
     flat = flat.sort_by([(n, "ascending") for n in names] + [(TIMER_FIELD, "ascending")])
     grouped = flat.group_by(names + ["partition_id"], use_threads=False).aggregate(
         [(TIMER_FIELD, "list")])
@@ -145,6 +140,7 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
     builder = _Builder(time_zone)
     to = partitions if repartition else None
     parts: list[tuple[str, pa.Table, pa.DataType, pa.Array]] = []
+    grouping = None   # the grouping key's Spark type: every read's `key`
     for var in _user_variables(props):
         name, kind, ttl = var["stateName"], var["stateVariableType"], var["ttlEnabled"]
         df = _partitioned(_reader(spark, checkpoint, operator, batch, stateVarName=name,
@@ -152,26 +148,28 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
         table = df.toArrow()
         t, column = _variable_column(builder, kind, ttl, df, table)
         parts.append((name, table.select(["key", "partition_id"]), t, column))
+        grouping = df.schema["key"].dataType
     if props.get("timeMode", "NoTime") != "NoTime":
         df = _partitioned(_reader(spark, checkpoint, operator, batch,
                                   readRegisteredTimers="true"), to)
         rows, column = _timers_column(df.toArrow())
-        parts.append((TWS_TIMERS, rows, column.type, column))
+        parts.append((TIMER_VARIABLE, rows, column.type, column))
+        grouping = df.schema["key"].dataType
     parts.sort(key=lambda p: p[0])   # the family's column order: its variables, sorted
-    key_type = builder.struct(_grouping_type(spark, checkpoint, operator, batch, props))
-    key_fields = list(key_type) + [pa.field(TWS_STATE_NAME, pa.string())]
+    key_type = builder.struct(grouping)
+    key_fields = list(key_type) + [pa.field(STATE_NAME, pa.string())]
     schema = VersionedState(key_fields, [pa.field(f"s_{n}", t) for n, _, t, _ in parts],
                             named_columns=True).schema
     counts = []
     for partition in range(partitions):
         batches = []
         for i, (name, rows, _, column) in enumerate(parts):
-            mine = pc.equal(rows.column("partition_id"), partition)
+            mine = pc.equal(rows.column("partition_id").combine_chunks(), partition)
             n = pc.sum(mine).as_py() or 0
             if not n:
                 continue
-            keys = rows.column("key").combine_chunks().filter(mine.combine_chunks())
-            values = [column.filter(mine.combine_chunks()) if j == i
+            keys = rows.column("key").combine_chunks().filter(mine)
+            values = [column.filter(mine) if j == i
                       else pa.nulls(n, schema.field(len(key_fields) + j).type)
                       for j in range(len(parts))]
             key_columns = [c.cast(f.type) for c, f in zip(keys.flatten(), key_type)]
@@ -185,17 +183,6 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
         _write(os.path.join(op_dir, str(partition)),
                store_files.file_name(store_files.SNAPSHOT, version), data)
     return counts
-
-
-def _grouping_type(spark, checkpoint: str, operator: int, batch: int, props: dict):
-    """The grouping key's Spark type: the key of any state variable's (or timer) rows."""
-    variables = _user_variables(props)
-    if variables:
-        df = _reader(spark, checkpoint, operator, batch, stateVarName=variables[0]["stateName"],
-                     flattenCollectionTypes="false")
-    else:
-        df = _reader(spark, checkpoint, operator, batch, readRegisteredTimers="true")
-    return df.schema["key"].dataType
 
 
 def _write(directory: str, name: str, data: bytes) -> None:

@@ -44,7 +44,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import keys as keycodec
-from .. import state_data
 from ..store import VersionedState
 from ..store import files as store_files
 from .base import FamilyBase, gather_rows
@@ -61,6 +60,12 @@ _COUNTED = ("numValueStateVars", "numListStateVars", "numMapStateVars",
             "numMapStateWithTTLVars", "numRegisteredTimers", "numDeletedTimers",
             "numExpiredTimers", "numValuesRemovedDueToTTLExpiry", "timerProcessingTimeMs",
             "initialStateProcessingTimeMs")
+
+
+def is_map_type(t: pa.DataType) -> bool:
+    """A map variable's column: a list of key/value structs."""
+    return (pa.types.is_list(t) and pa.types.is_struct(t.value_type)
+            and [f.name for f in t.value_type] == ["key", "value"])
 
 
 def _struct_schema(schema, parsed: str | None):
@@ -761,7 +766,7 @@ class TransformWithState(FamilyBase):
                 continue
             column = rows.column(nk + 1 + j).take(pa.array(picked))
             total += (pc.sum(pc.list_value_length(column)).as_py() or 0
-                      if state_data.is_map_type(column.type) else len(picked))
+                      if is_map_type(column.type) else len(picked))
         return total
 
     def current_key(self):

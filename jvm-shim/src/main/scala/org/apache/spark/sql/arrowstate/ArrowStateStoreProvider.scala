@@ -270,12 +270,8 @@ class ArrowStateReadStore(
   /** Every row of the version, streamed batch by batch from the worker; of a list, each
    * key once (with its first value: `valuesIterator` gives them all), as Spark's stores. */
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
-    if (isDefault(colFamilyName)) {
-      val request = ("version" -> version) ~ ("snapshot" -> snapshot)
-      val rows = new WorkerReadStream(id, files, settings, keySchema, valueSchema,
-        request.obj: _*)((_, key, value) => new UnsafeRowPair(key, value))
-      new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
-    } else if (families(colFamilyName).multiValued) {
+    if (isDefault(colFamilyName)) pairs(keySchema, valueSchema)
+    else if (families(colFamilyName).multiValued) {
       new StateStoreIterator[UnsafeRowPair](groupedRows(colFamilyName).iterator.map {
         case (key, values) => new UnsafeRowPair(key, values.head)
       })
@@ -283,10 +279,15 @@ class ArrowStateReadStore(
 
   private def familyRows(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
     val family = families(colFamilyName)
-    val request = ("version" -> version) ~ ("snapshot" -> snapshot) ~
-      ("columnFamily" -> colFamilyName)
-    val rows = new WorkerReadStream(id, files, settings, family.keySchema, family.valueSchema,
-      request.obj: _*)((_, key, value) => new UnsafeRowPair(key, value))
+    pairs(family.keySchema, family.valueSchema, "columnFamily" -> colFamilyName)
+  }
+
+  /** The version's rows from a worker, in these schemas (`more`: the request's extras). */
+  private def pairs(keys: StructType, values: StructType, more: (String, JValue)*)
+    : StateStoreIterator[UnsafeRowPair] = {
+    val request = (("version" -> version) ~ ("snapshot" -> snapshot)).obj ++ more
+    val rows = new WorkerReadStream(id, files, settings, keys, values, request: _*)(
+      (_, key, value) => new UnsafeRowPair(key, value))
     new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
   }
 }
