@@ -41,7 +41,8 @@ def spark(test_jar):
                # local[N, F]: a failed task is retried, as on a cluster
                .master("local[2,3]")
                .appName("arrowstate-tests")
-               .config("spark.sql.shuffle.partitions", "3")
+               # two: on two cores each stateful stage runs in one wave of tasks
+               .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.streaming.noDataProgressEventInterval", "600000")
                .config("spark.sql.session.timeZone", "UTC")

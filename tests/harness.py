@@ -9,7 +9,10 @@ batches included, which Spark runs when the watermark moves).
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -32,6 +35,7 @@ class Run:
     custom: dict[int, list[dict]] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
     checkpoint: str = ""
+    build: Callable | None = None   # a shared native run's query function (native_run)
 
 
 def _sortable(row) -> str:
@@ -114,13 +118,43 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     return result
 
 
+_native_runs: dict[str, Run] = {}
+_CALLBACKS = ("between_batches", "on_restart", "recover")
+
+
+def native_run(spark: SparkSession, workdir, schema: pa.Schema,
+               batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
+               **kwargs) -> Run:
+    """Spark's own run (the oracle) of a query: run once per test session for the same
+    query function, input, options and session settings, so that tests differing only in
+    what befalls the arrowstate run share it. Callers only read the Run and its checkpoint.
+    A run with callbacks (they may act on the native run too) is never shared."""
+    if any(kwargs.get(name) is not None for name in _CALLBACKS):
+        return run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
+                         **kwargs)
+    settings = sorted((k, v) for k, v in spark.conf.getAll.items()
+                      if k != "spark.arrowstate.enabled")
+    key = repr((id(build), str(schema), batches, sorted(kwargs.items()), settings))
+    if key not in _native_runs:
+        # the function stays referenced by the run's key, so its id is never reused
+        run = run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
+                        **kwargs)
+        _native_runs[key] = run
+        run.build = build
+    return _native_runs[key]
+
+
 def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
                 batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
                 *, expect_node: str | None, **kwargs) -> tuple[Run, Run]:
     """Runs off and on and asserts equal outputs and state figures per batch."""
-    spark_run = run_query(spark, str(tmp_path), schema, batches, build,
-                          arrowstate=False, **kwargs)
+    spark_run = native_run(spark, tmp_path, schema, batches, build, **kwargs)
     ours = run_query(spark, str(tmp_path), schema, batches, build, arrowstate=True, **kwargs)
+    assert_runs_same(spark_run, ours, expect_node)
+    return spark_run, ours
+
+
+def assert_runs_same(spark_run: Run, ours: Run, expect_node: str | None) -> None:
     # compared as text so that NaN equals NaN, as it does for Spark
     assert _as_text(ours.outputs) == _as_text(spark_run.outputs)
     assert ([(b, [_sortable(r) for r in rows]) for b, rows in ours.history]
@@ -130,7 +164,6 @@ def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
     if expect_node is not None:
         assert all(expect_node in plan for plan in ours.plans), ours.plans
         assert not any(expect_node in plan for plan in spark_run.plans)
-    return spark_run, ours
 
 
 def assert_state_reads_same(spark, native: Run, ours: Run, batches, variables,
@@ -177,3 +210,22 @@ def ttl_masked(row):
             return [mask(v) for v in value]
         return value
     return mask(row)
+
+
+def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) -> dict:
+    """`python -m arrowstate state <command>`'s JSON result: with `cli`, run as users run it,
+    in a process of its own (which starts its own Spark); else through the command's Python
+    function in this process, which converts in a new session of the tests' Spark. Times
+    are in UTC, the tests' session time zone."""
+    if cli:
+        zone = ["--time-zone", "UTC"] if command in ("import", "repartition") else []
+        done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command, *zone,
+                               checkpoint, *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        return json.loads(done.stdout)
+    from arrowstate import checkpoint as api
+    result = {"describe": lambda: api.describe(checkpoint),
+              "export": lambda: api.export_to_spark(checkpoint),
+              "import": lambda: api.import_from_spark(checkpoint, "UTC"),
+              "repartition": lambda: api.repartition(checkpoint, int(args[0]), "UTC")}[command]()
+    return json.loads(json.dumps(result))

@@ -96,8 +96,11 @@ def main() -> None:
     seen["memory_limits_arrowstate"] = limits(spark, workdir, True)
 
     # 2. No worker outlives its SparkContext; a new one in the same process gets a fresh pool.
+    #    (A spare worker still starting when the env stops ends once it has started.)
     spark.stop()
-    time.sleep(1)
+    deadline = time.time() + 15
+    while own_state_worker_pids() and time.time() < deadline:
+        time.sleep(0.2)
     seen["workers_after_spark_stop"] = len(own_state_worker_pids())
     spark = session()
     again = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)

@@ -10,6 +10,7 @@ engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`, Spark's HDFS-backe
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -280,15 +281,37 @@ def _refuse_column_families(checkpoint: str, o: dict, exporting: bool = False) -
                "Spark's own state readers read it)" if exporting else ""))
 
 
-def _local_spark(app: str, conf: dict):
+@contextlib.contextmanager
+def _conversion_session(app: str, conf: dict):
+    """The Spark session a conversion reads and writes state with. Called from a process
+    whose active session runs arrowstate (a notebook, an application): a new session of its
+    SparkContext, so no second Spark starts, with the checkpoint's store settings as its
+    own. Else (the command line) a local Spark, started for it and stopped after."""
     from pyspark.sql import SparkSession
 
-    from . import configure
+    from . import EXTENSION_CLASS, configure
+    active = SparkSession.getActiveSession()
+    if (getattr(active, "_jsparkSession", None) is not None
+            and EXTENSION_CLASS in active.conf.get("spark.sql.extensions", "")):
+        session = active.newSession()
+        for k, v in conf.items():
+            session.conf.set(k, v)
+        jvm_session = session._jvm.org.apache.spark.sql.SparkSession
+        jvm_session.setActiveSession(session._jsparkSession)   # what SQLConf.get reads
+        try:
+            yield session
+        finally:
+            jvm_session.setActiveSession(active._jsparkSession)
+        return
     builder = (SparkSession.builder.master("local[2]").appName(app)
                .config("spark.ui.enabled", "false"))
     for k, v in conf.items():
         builder = builder.config(k, v)
-    return configure(builder).getOrCreate()
+    spark = configure(builder).getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) -> None:
@@ -310,8 +333,8 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
              backup_prefix: str, is_moved) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check`, given the offset log's settings), write the other engine's
-    snapshot of the newest committed version per operator through `call` in a local Spark
-    (`call(conversion, session, state_root, operator, key_json, value_json, version, conf)`
+    snapshot of the newest committed version per operator through `call` in a Spark session
+    (`_conversion_session`; `call(conversion, session, state_root, operator, key_json, value_json, version, conf)`
     gives the rows per partition), and only then move the old engine's files aside."""
     described = describe(checkpoint)
     last = described["lastCommittedBatch"]
@@ -329,10 +352,9 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
                                   f"{o['stores']}; only the default store is converted")
         _refuse_column_families(checkpoint, o, exporting=direction == "exported")
     version = last + 1
-    spark = _local_spark(f"arrowstate state {direction}", session_conf(conf))
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
-    try:
+    with _conversion_session(f"arrowstate state {direction}", session_conf(conf)) as spark:
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
         for o in chosen:
             key = value = None   # transformWithState: per state variable, read by `call`
@@ -342,8 +364,6 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
             rows = call(conversion, spark, state_root, o, key, value, version, conf)
             converted.append({"operator_id": o["operator_id"], "version": version,
                               "rows": sum(rows)})
-    finally:
-        spark.stop()
     backup = os.path.join(checkpoint, f"{backup_prefix}-{version}")
     _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
     return {"checkpoint": described["checkpoint"], direction: converted,
@@ -478,10 +498,9 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         lines[1] = json.dumps(meta, separators=(",", ":"))
         _write_log_entry(os.path.join(checkpoint, "offsets", str(last + 1)), "\n".join(lines))
     version = last + 2
-    spark = _local_spark("arrowstate state repartition", {})
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     done = []
-    try:
+    with _conversion_session("arrowstate state repartition", {}) as spark:
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
         for o in stateful:
@@ -500,8 +519,6 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
                 version, json.dumps(schemas[0]), json.dumps(schemas[1]), zone)
             done.append({"operator_id": o["operator_id"], "version": version,
                          "rows": list(counts)})
-    finally:
-        spark.stop()
     with open(os.path.join(checkpoint, "commits", str(last))) as f:
         commit = f.read()
     _write_log_entry(os.path.join(checkpoint, "commits", str(last + 1)), commit)

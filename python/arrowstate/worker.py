@@ -290,6 +290,18 @@ def exit_with_parent(interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="arrowstate-parent-watch", daemon=True).start()
 
 
+def import_what_functions_need() -> None:
+    """A user function's worker imports pandas and pyspark's streaming modules before its
+    first request: started ahead of a query run (a spare), it is then ready at once."""
+    import pandas  # noqa: F401
+    from pyspark.sql import conversion  # noqa: F401
+    from pyspark.sql.pandas import types  # noqa: F401
+    from pyspark.sql.streaming import (state, stateful_processor,  # noqa: F401
+                                       stateful_processor_api_client)
+
+    from .families import flatmap, pandas_io, transform_with_state  # noqa: F401
+
+
 def main() -> None:
     from pyspark.util import local_connect_and_auth
 
@@ -304,6 +316,8 @@ def main() -> None:
     sock_file.flush()
     environment.limit_memory()
     exit_with_parent()
+    if os.environ.get("ARROWSTATE_FUNCTION_WORKER") == "1":
+        import_what_functions_need()
     try:
         Worker().serve(sock_file)
     except BaseException:

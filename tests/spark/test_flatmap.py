@@ -124,7 +124,7 @@ def test_failing_function_fails_the_query_with_its_traceback_and_commits_nothing
     # Spark's stores, they are overwritten when the batch runs again)
     partitions = list(tmp_path.glob("run*-on/ck/state/0/[0-9]*"))
     failed = [p for p in partitions if not (p / "2.arrowstate.delta").exists()]
-    assert len(partitions) == 3 and failed, partitions
+    assert len(partitions) == 2 and failed, partitions
 
 
 def test_state_values_come_back_in_pysparks_form(spark, tmp_path):

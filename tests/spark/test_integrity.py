@@ -15,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from arrowstate.store import files
-from harness import assert_same, run_query
+from harness import assert_runs_same, assert_same, native_run, run_query
 from procinfo import kill_own_state_workers
 
 NODE = "ArrowStreamingDeduplicate"
@@ -82,14 +82,18 @@ def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, inject
     pattern = f".*/state/0/1/3\\.arrowstate\\.{kind}" if kind else ".*\\.arrowstate\\..*"
 
     def arm_before_third(i, _checkpoint):
-        if i == 2 and not spark.conf.get("spark.arrowstate.enabled") == "false":
+        if i == 2:
             injection.arm(op, pattern, times)
         if i == 4:   # the files the failures touched are loaded again
             await_maintenance(spark)
             kill_own_state_workers()
 
-    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
-                          between_batches=arm_before_third, recover=injection.disarm)
+    # failures are injected into arrowstate's run only: Spark's, the same for each case,
+    # runs once
+    native = native_run(spark, tmp_path, EVENTS, BATCHES, dedup)
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, dedup, arrowstate=True,
+                     between_batches=arm_before_third, recover=injection.disarm)
+    assert_runs_same(native, ours, NODE)
     assert injection.failures(op) > 0, "the failure was never injected"
     await_maintenance(spark)
     assert_every_file_verifies(str(tmp_path / "run*-on" / "ck"))

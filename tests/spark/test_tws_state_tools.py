@@ -4,15 +4,12 @@ another number of partitions; against Spark's own run of the same query, reparti
 Spark's own offline repartition, the batches after give the same rows and state figures,
 and Spark's `statestore` reader reads the same state from both checkpoints."""
 import datetime as dt
-import json
-import subprocess
-import sys
 
 import pyarrow as pa
 from pyspark import cloudpickle
 
 import tws_processors as procs
-from harness import assert_state_reads_same, run_query, ttl_masked
+from harness import assert_state_reads_same, run_query, state_command, ttl_masked
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -35,15 +32,6 @@ QUERY = (lambda df: df.groupBy("user").transformWithState(
 VARIABLES = ["count", "recent", "by_size", "sizes", "seen"]
 
 
-def _state_command(command, checkpoint, *args):
-    zone = ["--time-zone", "UTC"] if command in ("import", "repartition") else []
-    done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command, *zone,
-                           checkpoint, *args],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads(done.stdout)
-
-
 def test_import_then_repartition_continue_as_spark(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -62,10 +50,10 @@ def test_import_then_repartition_continue_as_spark(spark, spark_conf, tmp_path):
 
     def ours(i, checkpoint):   # after batch 1 Spark's state is imported; after 3, ours
         if i == 1:            # is repartitioned
-            said.update(_state_command("import", checkpoint))
+            said.update(state_command("import", checkpoint))
             spark.conf.set("spark.arrowstate.enabled", "true")
         else:
-            said.update(_state_command("repartition", checkpoint, "3"))
+            said.update(state_command("repartition", checkpoint, "3"))
         return False
 
     run = run_query(spark, str(tmp_path), EVENTS, BATCHES, QUERY, arrowstate=False,
@@ -78,6 +66,6 @@ def test_import_then_repartition_continue_as_spark(spark, spark_conf, tmp_path):
     last = max(run.outputs)
     assert assert_state_reads_same(spark, native, run, [last - 1, last], VARIABLES,
                                    timers=True, masked=ttl_masked)
-    described = _state_command("describe", run.checkpoint, "--json")["operators"][0]
+    described = state_command("describe", run.checkpoint)["operators"][0]
     assert described["family"] == "transformWithState" and described["engine"] == "arrowstate"
     assert described["partitions"] == 3

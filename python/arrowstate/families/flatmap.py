@@ -195,8 +195,12 @@ class FlatMapGroupsWithState(FamilyBase):
         boundaries = [0] + [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]] + [n]
         series = self.io.to_pandas(batch)
         # One conversion per batch; each group's rows are a slice of it, re-indexed from 0
-        # as PySpark's own per-group frames are.
+        # as PySpark's own per-group frames are. PySpark converts each group's slice on its
+        # own, so a column with nulls (whose pandas dtype depends on whether the group's own
+        # rows hold one: int64 or float64) is converted per group.
         frame = pd.concat(series[: self.value_count], axis=1)
+        with_nulls = [i for i in range(self.value_count) if batch.column(i).null_count]
+        nullable = batch.select(with_nulls) if with_nulls else None
         key_arrays = [series[i].array for i in self.key_indices]
         ids = state.rows.lookup([hkeys[i] for i in boundaries[:-1]])
         found = np.flatnonzero(ids >= 0)
@@ -206,6 +210,10 @@ class FlatMapGroupsWithState(FamilyBase):
         for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             chunk = frame.iloc[lo:hi]
             chunk.index = pd.RangeIndex(hi - lo)
+            if nullable is not None:
+                chunk = chunk.copy()
+                for i, column in zip(with_nulls, self.io.to_pandas(nullable.slice(lo, hi - lo))):
+                    chunk.isetitem(i, column)
             pending = self._pending
             if pending is not None and pending.hkey == hkeys[lo]:
                 pending.chunks.append(chunk)

@@ -85,7 +85,8 @@ class ArrowStatePythonException(message: String) extends RuntimeException(messag
 /** One Python process that holds the state of any number of operator partitions. */
 class PythonStateWorker(
     val handle: PythonWorker, process: Option[PythonWorkerHandle], val id: Int,
-    val owner: Option[String], val pythonExec: String, val envVars: Map[String, String]) {
+    @volatile var owner: Option[String], val pythonExec: String,
+    val envVars: Map[String, String]) {
   private val channel = handle.channel
   if (!channel.isBlocking) {
     // Spark's factory hands out a channel registered with a selector; we use plain streams.
@@ -102,6 +103,12 @@ class PythonStateWorker(
   @volatile var idleSince: Long = System.currentTimeMillis()
 
   def isAlive: Boolean = channel.isOpen && process.forall(_.isAlive)
+
+  /** Ends the process without its factory (closing the socket ends its serve loop too). */
+  def kill(): Unit = {
+    try channel.close() catch { case _: Exception => }
+    process.foreach(_.destroy())
+  }
 
   def writeBytes(b: Array[Byte]): Unit = {
     out.writeInt(b.length)
@@ -183,6 +190,9 @@ object PythonStateWorkers extends Logging {
     val all = mutable.LinkedHashSet[PythonStateWorker]()
     val holderOf = mutable.HashMap[String, PythonStateWorker]()
     val providerOf = mutable.HashMap[String, StateStoreProviderId]()
+    /** Function workers started ahead (their imports done), owned by no query run yet. */
+    val spares = mutable.HashMap[FunctionEnvironment, List[PythonStateWorker]]()
+    val sparesStarting = mutable.HashMap[FunctionEnvironment, Int]()
     var nextId = 0
     var settings = WorkerSettings(10000L, 60000L, 60000L)
     def idleFor(owner: Option[String]): Iterable[PythonStateWorker] = idle.filter(_.owner == owner)
@@ -194,6 +204,16 @@ object PythonStateWorkers extends Logging {
   private val scheduler = java.util.concurrent.Executors.newSingleThreadScheduledExecutor(
     (r: Runnable) => {
       val t = new Thread(r, "arrowstate-worker-maintenance")
+      t.setDaemon(true)
+      t
+    })
+
+  /** Spare function workers per environment: one query run's concurrent tasks on a
+   * small executor. */
+  private val MaxSpares = 2
+  private val spareStarter = java.util.concurrent.Executors.newSingleThreadExecutor(
+    (r: Runnable) => {
+      val t = new Thread(r, "arrowstate-spare-worker-starter")
       t.setDaemon(true)
       t
     })
@@ -247,9 +267,13 @@ object PythonStateWorkers extends Logging {
         .filter(w => p.idle.contains(w) && w.owner == settings.owner)
       val w = preferred.orElse(p.idleFor(settings.owner).headOption)
       w.foreach(p.idle -= _)
-      w
+      w.map(_ -> false)
+        .orElse(settings.function.flatMap(f => takeSpare(p, f, settings.owner)).map(_ -> true))
     }
-    val worker = chosen.getOrElse(create(settings.owner, settings.function))
+    val worker = chosen.map(_._1).getOrElse(create(settings.owner, settings.function))
+    // a user function's worker that is new to its query run: another starts ahead for the
+    // next run with this environment, so that a restart does not wait for Python's imports
+    if (!chosen.exists(!_._2)) settings.function.foreach(startSpare)
     synchronized {
       val p = pool
       p.holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
@@ -273,6 +297,57 @@ object PythonStateWorkers extends Logging {
       w
     }
     chosen.getOrElse(create(None, None))
+  }
+
+  /** A live spare for this environment, now the owner's only. Callers hold the lock. */
+  private def takeSpare(p: Pool, function: FunctionEnvironment, owner: Option[String])
+    : Option[PythonStateWorker] = {
+    val (alive, dead) = p.spares.getOrElse(function, Nil).partition(_.isAlive)
+    dead.foreach(forget(p, _))
+    p.spares(function) = alive.drop(1)
+    alive.headOption.map { w =>
+      w.owner = owner
+      logInfo(s"arrowstate: Python state worker ${w.id} (started ahead) now serves query run " +
+        owner.getOrElse(""))
+      w
+    }
+  }
+
+  /** Starts one spare worker for `function` in the background, up to `MaxSpares` of them. */
+  private def startSpare(function: FunctionEnvironment): Unit = {
+    val p = synchronized {
+      val p = pool
+      val have = p.spares.getOrElse(function, Nil).size + p.sparesStarting.getOrElse(function, 0)
+      if (have >= MaxSpares) None
+      else {
+        p.sparesStarting(function) = p.sparesStarting.getOrElse(function, 0) + 1
+        Some(p)
+      }
+    }
+    p.foreach { p =>
+      spareStarter.execute { () =>
+        try {
+          if (SparkEnv.get eq p.env) {
+            val w = create(None, Some(function), spare = true)
+            val kept = synchronized {
+              val live = current.exists(_ eq p) && !p.env.isStopped
+              if (live) p.spares(function) = p.spares.getOrElse(function, Nil) :+ w
+              else p.all -= w
+              live
+            }
+            // its SparkEnv stopped while it started, perhaps after the env's worker factory
+            // stopped the workers it knew: it must not outlive the env
+            if (!kept) w.kill()
+          }
+        } catch {
+          case e: Exception => logWarning("arrowstate: could not start a spare Python worker", e)
+        } finally {
+          synchronized {
+            p.sparesStarting(function) = p.sparesStarting.getOrElse(function, 1) - 1
+          }
+        }
+      }
+    }
   }
 
   private def discardDead(p: Pool): Unit =
@@ -310,18 +385,21 @@ object PythonStateWorkers extends Logging {
   }
 
   private def forget(p: Pool, worker: PythonStateWorker): Unit = {
+    p.spares.mapValuesInPlace((_, ws) => ws.filterNot(_ eq worker))
     p.idle -= worker
     p.all -= worker
     p.holderOf.filterInPlace((_, w) => w ne worker)
   }
 
-  private def create(owner: Option[String], function: Option[FunctionEnvironment])
-    : PythonStateWorker = {
+  private def create(owner: Option[String], function: Option[FunctionEnvironment],
+      spare: Boolean = false): PythonStateWorker = {
     val env = SparkEnv.get
     // a user function's worker starts as Spark would start its own: its interpreter and
-    // environment (spark.executorEnv.*, the memory limit); ours as Spark's default
+    // environment (spark.executorEnv.*, the memory limit); ours as Spark's default. It
+    // imports what functions need before its first request.
     val exec = function.map(_.pythonExec).getOrElse(defaultPythonExec(env))
-    val envVars = function.map(_.envVars).getOrElse(Map.empty) ++ OwnEnvVars
+    val envVars = function.map(_.envVars).getOrElse(Map.empty) ++ OwnEnvVars ++
+      function.map(_ => "ARROWSTATE_FUNCTION_WORKER" -> "1")
     val (handle, process) = env.createPythonWorker(exec, WorkerModule, DaemonModule, envVars,
       false)
     val worker = synchronized {
@@ -332,7 +410,8 @@ object PythonStateWorkers extends Logging {
       w
     }
     logInfo(s"arrowstate: started Python state worker ${worker.id} ($exec)" +
-      owner.map(o => s" for query run $o only").getOrElse(""))
+      owner.map(o => s" for query run $o only").getOrElse("") +
+      (if (spare) " ahead, for a query run's function" else ""))
     worker
   }
 
@@ -386,7 +465,9 @@ object PythonStateWorkers extends Logging {
       val gone = p.idle.filter(w => !holding.contains(w) &&
         now - w.idleSince >= p.settings.idleTimeoutMs).toSeq
       gone.foreach(p.idle -= _)
-      gone
+      val spares = p.spares.values.flatten.filter(now - _.idleSince >= p.settings.idleTimeoutMs)
+      p.spares.mapValuesInPlace((_, ws) => ws.filterNot(spares.toSet))
+      gone ++ spares
     }
     expired.foreach { w =>
       logInfo(s"arrowstate: stopping Python state worker ${w.id}: idle and holding no state")
