@@ -35,7 +35,6 @@ class Run:
     custom: dict[int, list[dict]] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
     checkpoint: str = ""
-    build: Callable | None = None   # a shared native run's query function (native_run)
 
 
 def _sortable(row) -> str:
@@ -118,7 +117,7 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     return result
 
 
-_native_runs: dict[str, Run] = {}
+_native_runs: dict[tuple[Callable, str], Run] = {}
 _CALLBACKS = ("between_batches", "on_restart", "recover")
 
 
@@ -134,13 +133,10 @@ def native_run(spark: SparkSession, workdir, schema: pa.Schema,
                          **kwargs)
     settings = sorted((k, v) for k, v in spark.conf.getAll.items()
                       if k != "spark.arrowstate.enabled")
-    key = repr((id(build), str(schema), batches, sorted(kwargs.items()), settings))
+    key = (build, repr((str(schema), batches, sorted(kwargs.items()), settings)))
     if key not in _native_runs:
-        # the function stays referenced by the run's key, so its id is never reused
-        run = run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
-                        **kwargs)
-        _native_runs[key] = run
-        run.build = build
+        _native_runs[key] = run_query(spark, str(workdir), schema, batches, build,
+                                      arrowstate=False, **kwargs)
     return _native_runs[key]
 
 
@@ -223,9 +219,6 @@ def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) 
                                checkpoint, *args], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         return json.loads(done.stdout)
-    from arrowstate import checkpoint as api
-    result = {"describe": lambda: api.describe(checkpoint),
-              "export": lambda: api.export_to_spark(checkpoint),
-              "import": lambda: api.import_from_spark(checkpoint, "UTC"),
-              "repartition": lambda: api.repartition(checkpoint, int(args[0]), "UTC")}[command]()
+    from arrowstate.checkpoint import state_command as run
+    result = run(command, checkpoint, int(args[0]) if args else None, "UTC")
     return json.loads(json.dumps(result))

@@ -43,22 +43,14 @@ def main(argv: list[str] | None = None) -> int:
 
         from . import checkpoint
         try:
-            if args.state_command != "describe":
-                result = {
-                    "export": lambda: checkpoint.export_to_spark(args.checkpoint),
-                    "import": lambda: checkpoint.import_from_spark(args.checkpoint,
-                                                                   args.time_zone),
-                    "repartition": lambda: checkpoint.repartition(
-                        args.checkpoint, args.partitions, args.time_zone),
-                }[args.state_command]()
-                print(json.dumps(result, indent=2))
-                return 0
-            described = checkpoint.describe(args.checkpoint)
+            result = checkpoint.state_command(args.state_command, args.checkpoint,
+                                              getattr(args, "partitions", None),
+                                              getattr(args, "time_zone", None))
         except checkpoint.CheckpointError as e:
             print(f"arrowstate: {e}", file=sys.stderr)
             return 2
-        print(json.dumps(described, indent=2) if args.json else
-              checkpoint.format_text(described))
+        text = args.state_command == "describe" and not args.json
+        print(checkpoint.format_text(result) if text else json.dumps(result, indent=2))
         return 0
 
     from . import __version__

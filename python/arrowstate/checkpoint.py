@@ -333,9 +333,10 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
              backup_prefix: str, is_moved) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check`, given the offset log's settings), write the other engine's
-    snapshot of the newest committed version per operator through `call` in a Spark session
-    (`_conversion_session`; `call(conversion, session, state_root, operator, key_json, value_json, version, conf)`
-    gives the rows per partition), and only then move the old engine's files aside."""
+    snapshot of the newest committed version per operator through `call` in the session of
+    `_conversion_session` (`call(conversion, session, state_root, operator, key_json,
+    value_json, version, conf)` gives the rows per partition), and only then move the old
+    engine's files aside."""
     described = describe(checkpoint)
     last = described["lastCommittedBatch"]
     chosen = [o for o in described["operators"] if choose(o)]
@@ -437,6 +438,15 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
                     "spark-state-imported",
                     # RocksDB's SST files too: left behind, they read as Spark's state
                     lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])))
+
+
+def state_command(command: str, checkpoint: str, partitions: int | None = None,
+                  time_zone: str | None = None) -> dict:
+    """What `python -m arrowstate state <command>` prints as JSON (describe's --json)."""
+    return {"describe": lambda: describe(checkpoint),
+            "export": lambda: export_to_spark(checkpoint),
+            "import": lambda: import_from_spark(checkpoint, time_zone),
+            "repartition": lambda: repartition(checkpoint, partitions, time_zone)}[command]()
 
 
 def _write_log_entry(path: str, text: str) -> None:

@@ -299,8 +299,6 @@ def import_what_functions_need() -> None:
     from pyspark.sql.streaming import (state, stateful_processor,  # noqa: F401
                                        stateful_processor_api_client)
 
-    from .families import flatmap, pandas_io, transform_with_state  # noqa: F401
-
 
 def main() -> None:
     from pyspark.util import local_connect_and_auth

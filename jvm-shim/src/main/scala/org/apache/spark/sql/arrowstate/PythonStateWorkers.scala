@@ -267,13 +267,16 @@ object PythonStateWorkers extends Logging {
         .filter(w => p.idle.contains(w) && w.owner == settings.owner)
       val w = preferred.orElse(p.idleFor(settings.owner).headOption)
       w.foreach(p.idle -= _)
-      w.map(_ -> false)
-        .orElse(settings.function.flatMap(f => takeSpare(p, f, settings.owner)).map(_ -> true))
+      w
     }
-    val worker = chosen.map(_._1).getOrElse(create(settings.owner, settings.function))
-    // a user function's worker that is new to its query run: another starts ahead for the
-    // next run with this environment, so that a restart does not wait for Python's imports
-    if (!chosen.exists(!_._2)) settings.function.foreach(startSpare)
+    // a user function's worker new to its query run (a spare, else started now): another
+    // starts ahead for the next run with this environment, so that a restart does not wait
+    // for Python's imports
+    val worker = chosen.getOrElse {
+      val spare = settings.function.flatMap(f => synchronized(takeSpare(pool, f, settings.owner)))
+      settings.function.foreach(startSpare)
+      spare.getOrElse(create(settings.owner, settings.function))
+    }
     synchronized {
       val p = pool
       p.holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
@@ -466,7 +469,7 @@ object PythonStateWorkers extends Logging {
         now - w.idleSince >= p.settings.idleTimeoutMs).toSeq
       gone.foreach(p.idle -= _)
       val spares = p.spares.values.flatten.filter(now - _.idleSince >= p.settings.idleTimeoutMs)
-      p.spares.mapValuesInPlace((_, ws) => ws.filterNot(spares.toSet))
+      spares.foreach(forget(p, _))   // under the lock: no run takes one being stopped
       gone ++ spares
     }
     expired.foreach { w =>
