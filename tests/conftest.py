@@ -36,8 +36,14 @@ def spark(test_jar):
 
     import arrowstate
 
+    testing = "org.apache.spark.sql.arrowstate.testing"
     builder = (SparkSession.builder
-               .config("spark.jars", test_jar)
+               # on the JVM's class path: Hadoop loads the filesystem below before jars
+               .config("spark.driver.extraClassPath", test_jar)
+               # Hadoop's local filesystem without a child process per file written
+               # (tests/jvm/NoForkLocalFileSystem.scala: about half of a small batch)
+               .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
+               .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs")
                # local[N, F]: a failed task is retried, as on a cluster
                .master("local[2,3]")
                .appName("arrowstate-tests")
