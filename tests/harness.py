@@ -174,15 +174,20 @@ def assert_state_reads_same(spark, native: Run, ours: Run, batches, variables,
         reads.append(dict(readRegisteredTimers="true"))
     for options in reads:
         for batch in batches:
-            got = []
-            for checkpoint in (native.checkpoint, ours.checkpoint):
-                reader = spark.read.format("statestore").option("batchId", batch)
-                for k, v in options.items():
-                    reader = reader.option(k, v)
-                got.append(sorted(str(_in_order(masked(r.asDict(True))))
-                              for r in reader.load(checkpoint).collect()))
+            got = [read_state(spark, checkpoint, batch, options, masked)
+                   for checkpoint in (native.checkpoint, ours.checkpoint)]
             assert got[1] == got[0], (options, batch)
     return got
+
+
+def read_state(spark, checkpoint: str, batch: int, options: dict,
+               masked=lambda row: row) -> list[str]:
+    """The rows Spark's `statestore` reader gives with `options` at `batch`, in one order."""
+    reader = spark.read.format("statestore").option("batchId", batch)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return sorted(str(_in_order(masked(r.asDict(True))))
+                  for r in reader.load(checkpoint).collect())
 
 
 def _in_order(value):

@@ -269,16 +269,12 @@ def _is_tws(o: dict) -> bool:
     return o["family"] == "transformWithState"
 
 
-def _refuse_column_families(checkpoint: str, o: dict, exporting: bool = False) -> None:
-    """State in column families is converted for transformWithState (export: not yet) and
-    for nothing else."""
-    if (o["key_schema"] is None and not _is_tws(o)) or (exporting and _is_tws(o)):
+def _refuse_column_families(checkpoint: str, o: dict) -> None:
+    """State in column families is converted for transformWithState and for nothing else."""
+    if o["key_schema"] is None and not _is_tws(o):
         raise CheckpointError(
             f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps its state in "
-            "column families, which this command does not "
-            f"{'export' if exporting else 'convert'} yet; nothing was changed"
-            + (" (`state import` and `state repartition` handle transformWithState state; "
-               "Spark's own state readers read it)" if exporting else ""))
+            "column families, which this command does not convert yet; nothing was changed")
 
 
 @contextlib.contextmanager
@@ -329,8 +325,8 @@ def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) ->
                     os.replace(os.path.join(src, name), os.path.join(dst, name))
 
 
-def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict, call,
-             backup_prefix: str, is_moved) -> dict:
+def _convert(checkpoint: str, direction: str, choose, check, check_operator, session_conf,
+             call, backup_prefix: str, is_moved) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check`, given the offset log's settings), write the other engine's
     snapshot of the newest committed version per operator through `call` in the session of
@@ -351,7 +347,8 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf: dict,
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is converted")
-        _refuse_column_families(checkpoint, o, exporting=direction == "exported")
+        _refuse_column_families(checkpoint, o)
+        check_operator(o, conf, last)
     version = last + 1
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
@@ -380,8 +377,9 @@ def _store_settings(conf: dict) -> dict:
 def export_to_spark(checkpoint: str) -> dict:
     """Converts every arrowstate operator's state to the format of the Spark state store
     the checkpoint records (the newest committed version: HDFS-backed, `<v>.snapshot` per
-    partition; RocksDB, a snapshot of that version written through its provider), so that
-    the query continues on Spark's own operators. arrowstate's files are moved, once every
+    partition; RocksDB, a snapshot of that version written through its provider, and for
+    transformWithState through Spark's own state variable implementations), so that the
+    query continues on Spark's own operators. arrowstate's files are moved, once every
     partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
     nothing."""
     def check(conf, last):
@@ -396,13 +394,32 @@ def export_to_spark(checkpoint: str) -> dict:
                                   "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
                                   "export does not write them")
 
+    def check_operator(o, conf, last):
+        provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
+        if _is_tws(o) and provider != ROCKSDB_PROVIDER:
+            raise CheckpointError(
+                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) runs with the state "
+                f"store provider {provider} (offsets/{last}); Spark runs transformWithState "
+                f"on {ROCKSDB_PROVIDER} only, so its state cannot continue on Spark's "
+                "operator; nothing was changed")
+        encoding = conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow")
+        if _is_tws(o) and encoding != "unsaferow":
+            raise CheckpointError(
+                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) records the state "
+                f"encoding {encoding} (spark.sql.streaming.stateStore.encodingFormat, "
+                f"offsets/{last}); export writes transformWithState state as unsaferow only; "
+                "nothing was changed")
+
     def call(conversion, spark, state_root, o, key, value, version, conf):
+        if _is_tws(o):
+            return tws_state.export_operator(spark, checkpoint, o["operator_id"], version - 1,
+                                             version, o["partitions"])
         return conversion.exportOperator(spark._jsparkSession, state_root, o["operator_id"],
                                          o["partitions"], version, key, value,
                                          conf.get(PROVIDER_SETTING, HDFS_PROVIDER))
 
     return _convert(checkpoint, "exported",
-                    lambda o: ARROWSTATE in o["engine"].split("+"), check,
+                    lambda o: ARROWSTATE in o["engine"].split("+"), check, check_operator,
                     _store_settings, call,
                     "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
 
@@ -434,7 +451,7 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
                                          o["partitions"], version, key, value, provider, zone)
 
     return _convert(checkpoint, "imported", choose, lambda conf, last: None,
-                    _store_settings, call,
+                    lambda o, conf, last: None, _store_settings, call,
                     "spark-state-imported",
                     # RocksDB's SST files too: left behind, they read as Spark's state
                     lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])))

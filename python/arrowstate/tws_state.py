@@ -1,4 +1,4 @@
-"""transformWithState state, offline (`state import`, `state repartition`): Spark keeps each
+"""transformWithState state, offline (`state import`, `export`, `repartition`): Spark keeps each
 state variable of the processor in column families of its own (the variable's, and
 internal ones for TTLs, list sizes and the two timer indexes); arrowstate keeps one row per
 grouping key and variable (families/transform_with_state.py). Both engines' state reads
@@ -194,3 +194,29 @@ def _write(directory: str, name: str, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, name))
+
+
+def export_operator(spark, checkpoint: str, operator: int, batch: int, version: int,
+                    partitions: int) -> list[int]:
+    """Writes `version` of every partition of one transformWithState operator into Spark's
+    RocksDB store from arrowstate's state at `batch`; the rows (values, list elements, map
+    entries, timers) per partition."""
+    props = operator_properties(os.path.join(checkpoint, "state", str(operator)), batch)
+    names, kinds, ttls, frames = [], [], [], []
+    for var in _user_variables(props):
+        names.append(var["stateName"])
+        kinds.append(var["stateVariableType"])
+        ttls.append(bool(var["ttlEnabled"]))
+        frames.append(_reader(spark, checkpoint, operator, batch, stateVarName=var["stateName"],
+                              flattenCollectionTypes="true")._jdf)
+    time_mode = props.get("timeMode", "NoTime")
+    if time_mode != "NoTime":
+        names.append(TIMER_VARIABLE)
+        kinds.append("Timers")
+        ttls.append(False)
+        frames.append(_reader(spark, checkpoint, operator, batch,
+                              readRegisteredTimers="true")._jdf)
+    export = spark._jvm.org.apache.spark.sql.arrowstate.TransformWithStateExport
+    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    return list(export.exportOperator(spark._jsparkSession, state_root, operator, partitions,
+                                      version, names, kinds, ttls, frames, time_mode))

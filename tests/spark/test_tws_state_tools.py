@@ -1,15 +1,19 @@
 """The state commands on transformWithState state: `state import` adopts the state Spark's
-operator wrote (RocksDB column families) and `state repartition` spreads arrowstate's over
-another number of partitions; against Spark's own run of the same query, repartitioned by
-Spark's own offline repartition, the batches after give the same rows and state figures,
-and Spark's `statestore` reader reads the same state from both checkpoints."""
+operator wrote (RocksDB column families), `state repartition` spreads arrowstate's over
+another number of partitions and `state export` gives it back to Spark's operator; against
+Spark's own run of the same query, repartitioned by Spark's own offline repartition, the
+batches after give the same rows and state figures, and Spark's `statestore` reader reads
+the same state from both checkpoints."""
 import datetime as dt
+import os
 
 import pyarrow as pa
+import pytest
 from pyspark import cloudpickle
 
 import tws_processors as procs
-from harness import assert_state_reads_same, run_query, state_command, ttl_masked
+from harness import (assert_state_reads_same, read_state, run_query, state_command,
+                     ttl_masked)
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -32,40 +36,73 @@ QUERY = (lambda df: df.groupBy("user").transformWithState(
 VARIABLES = ["count", "recent", "by_size", "sizes", "seen"]
 
 
-def test_import_then_repartition_continue_as_spark(spark, spark_conf, tmp_path):
+def _state_at(spark, checkpoint, batch):
+    """Every variable's rows and the timers at `batch`, as Spark's reader gives them."""
+    return [read_state(spark, checkpoint, batch, options)
+            for options in [{"stateVarName": v} for v in VARIABLES]
+            + [{"readRegisteredTimers": "true"}]]
+
+
+def test_import_repartition_and_export_continue_as_spark(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
                   "spark.sql.shuffle.partitions": PARTITIONS,
                   # ProcessingTime queries run a batch on every trigger otherwise
                   "spark.sql.streaming.noDataMicroBatches.enabled": "false"})
 
-    def sparks(i, checkpoint):   # after batch 3: Spark's own repartition, to 3
-        if i == 3:
+    def sparks(i, checkpoint):   # after batch 2: Spark's own repartition, to 3
+        if i == 2:
             spark._streamingCheckpointManager.repartition(checkpoint, 3)
         return False
 
     native = run_query(spark, str(tmp_path), EVENTS, BATCHES, QUERY, arrowstate=False,
-                       output_mode="update", restart_after=[1, 3], on_restart=sparks)
+                       output_mode="update", restart_after=[1, 2, 3], on_restart=sparks)
     said = {}
 
-    def ours(i, checkpoint):   # after batch 1 Spark's state is imported; after 3, ours
-        if i == 1:            # is repartitioned
+    def ours(i, checkpoint):   # after batch 1 Spark's state is imported; after 2, ours is
+        if i == 1:            # repartitioned; after 3, exported back to Spark's
             said.update(state_command("import", checkpoint))
             spark.conf.set("spark.arrowstate.enabled", "true")
-        else:
+        elif i == 2:
             said.update(state_command("repartition", checkpoint, "3"))
+        else:
+            said["exported_batch"] = max(int(n) for n in os.listdir(f"{checkpoint}/commits")
+                                         if n.isdigit())
+            said["before_export"] = _state_at(spark, checkpoint, said["exported_batch"])
+            said.update(state_command("export", checkpoint))
+            spark.conf.set("spark.arrowstate.enabled", "false")
         return False
 
     run = run_query(spark, str(tmp_path), EVENTS, BATCHES, QUERY, arrowstate=False,
-                    output_mode="update", restart_after=[1, 3], on_restart=ours)
+                    output_mode="update", restart_after=[1, 2, 3], on_restart=ours)
     [imported], [repartitioned] = said["imported"], said["repartitioned"]
-    assert imported["rows"] > 0 and len(repartitioned["rows"]) == 3
+    [exported] = said["exported"]
+    assert imported["rows"] > 0 and len(repartitioned["rows"]) == 3 and exported["rows"] > 0
+    # exported as it was: every value, list element, map entry, TTL expiry and timer
+    assert _state_at(spark, run.checkpoint, said["exported_batch"]) == said["before_export"]
     assert run.outputs == native.outputs
     assert run.figures == native.figures
-    assert "Arrow" not in run.plans[0] and all("Arrow" in p for p in run.plans[1:]), run.plans
+    assert ["Arrow" in p for p in run.plans] == [False, True, True, False], run.plans
     last = max(run.outputs)
     assert assert_state_reads_same(spark, native, run, [last - 1, last], VARIABLES,
                                    timers=True, masked=ttl_masked)
     described = state_command("describe", run.checkpoint)["operators"][0]
-    assert described["family"] == "transformWithState" and described["engine"] == "arrowstate"
+    assert described["family"] == "transformWithState" and described["engine"] == "spark-rocksdb"
     assert described["partitions"] == 3
+
+
+def test_export_refuses_state_spark_could_not_run(spark, tmp_path):
+    """transformWithState state of a query that records the HDFS-backed provider (arrowstate
+    runs it; Spark runs transformWithState on RocksDB only): export refuses, naming the
+    setting, and changes nothing."""
+    from arrowstate.checkpoint import CheckpointError
+
+    run = run_query(spark, str(tmp_path), EVENTS, BATCHES[:1],
+                    lambda df: df.groupBy("user").transformWithStateInPandas(
+                        procs.RunningCount(), "user string, count long", "Update", "None"),
+                    arrowstate=True, output_mode="update")
+    assert all("Arrow" in p for p in run.plans)
+    before = sorted(p.name for p in tmp_path.glob("run*/ck/state/0/*/*"))
+    with pytest.raises(CheckpointError, match="HDFSBackedStateStoreProvider .*RocksDB"):
+        state_command("export", run.checkpoint)
+    assert sorted(p.name for p in tmp_path.glob("run*/ck/state/0/*/*")) == before
