@@ -260,3 +260,12 @@ class RunningCountWithHistory(RunningCount):
             self.history.appendValue((int(pdf["count"][0]),))
             pdf["count"] = pdf["count"] * 1000 + len(list(self.history.get()))
             yield pdf
+
+
+class RunningCountDroppingHistory(RunningCount):
+    """RunningCount that deletes, in init(), the list state an earlier run declared
+    (RunningCountWithHistory's) without declaring it: Spark removes its column family."""
+
+    def init(self, handle):
+        super().init(handle)
+        handle.deleteIfExists("history")

@@ -122,7 +122,8 @@ class Worker:
                 except store_files.CorruptStateFile:
                     pass   # damage is the load's to handle (it may load older files)
             state = VersionedState(family.key_fields, family.value_fields,
-                                   named_columns=family.named_columns)
+                                   named_columns=family.named_columns,
+                                   dropped_columns=family.dropped_columns)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)

@@ -126,16 +126,24 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
 
 
 def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):
+    """The second run's processor adds a variable; the third no longer declares it (its
+    rows stay, counted); the fourth deletes it with deleteIfExists without declaring it."""
     starts = {"true": 0, "false": 0}   # per engine: assert_same runs Spark's, then ours
+    runs = [procs.RunningCount, procs.RunningCountWithHistory, procs.RunningCount,
+            procs.RunningCountDroppingHistory]
 
-    def build(df):   # the second run's processor adds a variable, the third drops it again
+    def build(df):
         engine = spark.conf.get("spark.arrowstate.enabled")
         starts[engine] += 1
-        processor = (procs.RunningCountWithHistory() if starts[engine] == 2
-                     else procs.RunningCount())
         return df.groupBy("user").transformWithStateInPandas(
-            processor, "user string, count long", "Update", "None")
+            runs[starts[engine] - 1](), "user string, count long", "Update", "None")
 
-    native, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, build, expect_node=NODE,
-                               output_mode="update", restart_after=[1, 3])
+    batches = BATCHES + [[ev("a", 11), ev("c", 12)], [ev("b", 13)]]
+    native, ours = assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=NODE,
+                               output_mode="update", restart_after=[1, 3, 4],
+                               custom_metrics=VARS)
     assert ("a", 4001) in native.outputs[3]   # a's count 4, its history begun after batch 1
+    # the history went in batch 5's partitions (each had its column family), then no more
+    deleted = {b: sum(p["numDeletedStateVars"] for p in c) for b, c in native.custom.items()}
+    assert deleted[5] > 0 and deleted[6] == 0, deleted
+    assert ours.custom == native.custom

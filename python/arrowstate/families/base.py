@@ -84,7 +84,10 @@ class FamilyBase:
     def keep_columns(self, stored: pa.Schema) -> None:
         """Called before a load (with the files' columns) or on cached state (with its own),
         for families with named columns: a family that keeps value columns it does not
-        declare adds them to its value fields here."""
+        declare adds them to its value fields here; one that drops some on purpose names
+        them in `dropped_columns`, which the load then leaves out of the files it reads."""
+
+    dropped_columns: tuple[str, ...] = ()
 
     # -- time index -------------------------------------------------------------------------
     def index_rows(self, state: VersionedState, keys: list[Hashable],

@@ -21,7 +21,8 @@ counts it; Spark's Python path leaves numExpiredTimers at 0). Expiry pops a heap
 what expires. In EventTime mode rows at or before the late-events watermark are dropped
 and counted, as Spark drops them. State variables with a TTL: see _Variable. An initial
 state arrives before the first batch's rows (`initial_state`): handleInitialState per key.
-deleteIfExists in init() removes a variable it declared.
+deleteIfExists in init() removes a variable it declared, or one only an earlier run declared
+(its column goes from the files, as Spark removes its column family).
 
 State layout: one row per grouping key and state variable: the grouping key columns and
 `__state` (the variable's name) as key; one typed value column per variable (a struct for
@@ -704,6 +705,8 @@ class TransformWithState(FamilyBase):
         # columns of every key with state are kept, key -> (key batch, row)
         self.held_keys: dict = {}
         self.deleted: list[_Variable] = []   # variables init() deleted (deleteIfExists)
+        self.deleted_undeclared: list[str] = []   # deleted without a declaration this run
+        self.dropped: list[str] = []   # of those, the ones the files held: dropped on load
         self._initialized = False
         self.processor.init(_handle(self))
         self._initialized = True
@@ -737,23 +740,30 @@ class TransformWithState(FamilyBase):
                                "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
                                "INVALID_HANDLE_STATE)")
         var = self.variables.get(name)
-        if var is None:
-            raise _state_error(f"deleteIfExists({name!r}): arrowstate deletes only a variable "
-                               "init() declares before deleting it")
+        if var is None:   # a variable of an earlier run, if the files hold it: keep_columns
+            self.deleted_undeclared.append(name)
+            return
         self.deleted.append(var)
         self.metrics["numDeletedStateVars"] += 1
 
     def keep_columns(self, stored: pa.Schema) -> None:
         """A variable the files hold and this run's init() no longer declares stays, as in
         Spark (its column family stays): its rows are kept as they are and counted in
-        numTotalStateRows, and its column comes after the declared ones."""
+        numTotalStateRows, and its column comes after the declared ones. Unless init()
+        deleted it (deleteIfExists): then its column goes, as Spark removes its column
+        family, and its rows with it once loaded (`_attach`)."""
         have = {f.name for f in self.value_fields}
         for f in stored:
             name = (f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
-            if name and name not in have:
+            if not name or name in have:
+                continue
+            have.add(name)
+            if name[2:] in self.deleted_undeclared:
+                self.dropped.append(name[2:])
+                self.metrics["numDeletedStateVars"] += 1
+            else:
                 self.value_fields.append(pa.field(name, f.type))
                 self.orphans.append(name[2:])
-                have.add(name)
 
     def _orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
         """Rows Spark counts of the variables kept without a declaration: a value or a list
@@ -803,7 +813,7 @@ class TransformWithState(FamilyBase):
                            for a, b in zip(offsets[:-1], offsets[1:])]
             for i, value in zip(picked, decoded):
                 data[name][groups[i]] = value
-        unknown = set(names) - set(self.order) - set(self.orphans)
+        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
         if unknown:
             raise _state_error(f"the stored state holds variables {sorted(unknown)} that "
                                "the processor does not define")
@@ -834,15 +844,26 @@ class TransformWithState(FamilyBase):
         self.total = held["total"]
         for var in self.deleted:
             self._drop_variable(state, var)
+        if self.dropped:
+            self._drop_rows(state, self.dropped)
+
+    @property
+    def dropped_columns(self) -> tuple[str, ...]:
+        return tuple(f"s_{n}" for n in self.dropped)
+
+    def _drop_rows(self, state: VersionedState, names: list[str]) -> None:
+        """Removes the stored rows of variables whose columns went (a scan, once)."""
+        rows = state.rows.take(state.rows.live_ids())
+        nk = len(self.key_fields) - 1
+        mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
+        if mine.num_rows:
+            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
 
     def _drop_variable(self, state: VersionedState, var: _Variable) -> None:
         """Removes every stored row of a deleted variable (a scan, once: after it there are
         none) and makes later uses of it fail."""
         if var.data:
-            rows = state.rows.take(state.rows.live_ids())
-            nk = len(self.key_fields) - 1
-            mine = rows.filter(pc.equal(rows.column(nk), var.name))
-            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
+            self._drop_rows(state, [var.name])
             self.total -= sum(map(var.entries_of, var.data.values()))
             var.data.clear()
         for client in var.clients:

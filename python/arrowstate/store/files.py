@@ -73,10 +73,11 @@ def _column_names(fields: list) -> list:
     return [(f.metadata or {}).get(COLUMN_NAME) for f in fields]
 
 
-def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema) -> list:
+def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
+             dropped: frozenset = frozenset()) -> list:
     """For each wanted column, the stored column index that holds it, or its type (a column
     added since: null); empty when the columns are not named. Keys must be as they were; a
-    stored column must keep its type, and none may be left over."""
+    stored column must keep its type, and none may be left over but the `dropped` ones."""
     stored_fields, wanted_fields = list(stored)[:-1], list(wanted)
     key_count = _column_names(wanted_fields).count(None)
     stored_names = _column_names(stored_fields[key_count:])
@@ -95,9 +96,9 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema) -> l
                                      f"{stored_fields[at].type} in the files but {f.type} "
                                      "in this query")
         plan.append(f.type if at is None else at)
-    if where:
+    if set(where) - dropped:
         raise StateLayoutChanged(path, context, "the files hold columns this query does not "
-                                 f"declare: {sorted(n.decode() for n in where)}")
+                                 f"declare: {sorted(n.decode() for n in set(where) - dropped)}")
     return plan
 
 
@@ -168,8 +169,8 @@ def unique_id(payload: bytes) -> bytes | None:
     return TRAILER.unpack(payload[-TRAILER.size:])[8]
 
 
-def decode(path: str, context: str, payload: bytes, schema: pa.Schema
-           ) -> tuple[list[pa.RecordBatch], bytes | None]:
+def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
+           dropped: frozenset = frozenset()) -> tuple[list[pa.RecordBatch], bytes | None]:
     """Every batch of one file (state columns plus the op column), all verified, and the
     file's unique id (None for format 1). Any damage is a CorruptStateFile naming `path`."""
     parsed = parse_name(path.rsplit("/", 1)[-1])
@@ -216,7 +217,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema
         actual = [f.type for f in reader.schema]
         plan = None
         if actual != expected:   # named columns: the files may predate added columns
-            plan = _by_name(path, context, reader.schema, schema)
+            plan = _by_name(path, context, reader.schema, schema, dropped)
             if not plan:
                 raise bad(f"its columns {actual[:-1]} are not this operator's "
                           f"{expected[:-1]}")

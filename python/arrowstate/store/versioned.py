@@ -23,10 +23,12 @@ class VersionedState:
     """Key -> Arrow row mapping with the changes since the last committed version."""
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
-                 named_columns: bool = False):
+                 named_columns: bool = False, dropped_columns: Sequence[str] = ()):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
-        back null (a family whose set of value columns may grow between runs)."""
+        back null (a family whose set of value columns may grow between runs), and those
+        named in `dropped_columns` (dropped on purpose) are left out."""
+        self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
         fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
         fields += [pa.field(f"v{i}", f.type,
@@ -97,7 +99,7 @@ class VersionedState:
 
         def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
             return files.decode(f"{source.where}/{name}", source.context, source.read(name),
-                                self.schema)
+                                self.schema, self.dropped_columns)
 
         for chain, base in plans:
             try:
