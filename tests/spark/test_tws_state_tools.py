@@ -36,10 +36,10 @@ QUERY = (lambda df: df.groupBy("user").transformWithState(
 VARIABLES = ["count", "recent", "by_size", "sizes", "seen"]
 
 
-def _state_at(spark, checkpoint, batch):
+def _state_at(spark, checkpoint, batch, variables=VARIABLES):
     """Every variable's rows and the timers at `batch`, as Spark's reader gives them."""
     return [read_state(spark, checkpoint, batch, options)
-            for options in [{"stateVarName": v} for v in VARIABLES]
+            for options in [{"stateVarName": v} for v in variables]
             + [{"readRegisteredTimers": "true"}]]
 
 
@@ -106,3 +106,37 @@ def test_export_refuses_state_spark_could_not_run(spark, tmp_path):
     with pytest.raises(CheckpointError, match="HDFSBackedStateStoreProvider .*RocksDB"):
         state_command("export", run.checkpoint)
     assert sorted(p.name for p in tmp_path.glob("run*/ck/state/0/*/*")) == before
+
+
+def test_export_of_event_time_timers_continues_as_spark(spark, spark_conf, tmp_path):
+    """Event-time timers (another pair of Spark's column families) and the Row API: exported
+    after batch 2, the query goes on on Spark's operator as Spark's own run does, and the
+    exported state reads as arrowstate's did."""
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+    batches = [[ev("a", 10), ev("b", 12)], [ev("a", 20), ev("c", 30)], [],
+               [ev("b", 40), ev("a", 41)], [ev("d", 60)]]
+
+    def query(df):
+        return df.withWatermark("ts", "2 seconds").groupBy("user").transformWithState(
+            procs.SessionTimeoutRows(), procs.SESSION_OUTPUT, "Append", "EventTime")
+
+    native = run_query(spark, str(tmp_path), EVENTS, batches, query, arrowstate=False,
+                       restart_after=[2])
+    said = {}
+
+    def export(i, checkpoint):
+        said["batch"] = max(int(n) for n in os.listdir(f"{checkpoint}/commits") if n.isdigit())
+        said["before"] = _state_at(spark, checkpoint, said["batch"], ["count"])
+        said.update(state_command("export", checkpoint))
+        spark.conf.set("spark.arrowstate.enabled", "false")
+        return False
+
+    run = run_query(spark, str(tmp_path), EVENTS, batches, query, arrowstate=True,
+                    restart_after=[2], on_restart=export)
+    assert said["exported"][0]["rows"] > 0
+    assert any("timers [" in r[2] for rows in native.outputs.values() for r in rows)
+    assert run.outputs == native.outputs
+    assert run.figures == native.figures
+    assert "Arrow" in run.plans[0] and "Arrow" not in run.plans[-1], run.plans
+    assert _state_at(spark, run.checkpoint, said["batch"], ["count"]) == said["before"]
