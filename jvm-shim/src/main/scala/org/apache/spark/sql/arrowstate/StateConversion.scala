@@ -16,7 +16,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
-import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, OperatorStateMetadataV1Reader, PrefixKeyScanStateEncoderSpec, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
+import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, OperatorStateMetadataV1Reader, PrefixKeyScanStateEncoderSpec, StateStore, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
@@ -95,19 +95,29 @@ object StateConversion {
   private def writeThroughProvider(id: StateStoreId, version: Long, keySchema: StructType,
       valueSchema: StructType, rows: Iterator[UnsafeRowPair], storeConf: StateStoreConf,
       conf: Configuration): Long = {
-    val provider = sparkProvider(id, keySchema, valueSchema, storeConf, conf)
-    try {
-      // empty at version - 1, so that the commit is `version`, snapshot included
-      val store = provider.getStore(version - 1, None, forceSnapshotOnCommit = true,
-        loadEmpty = true)
-      try {
+    writeFreshVersion(sparkProvider(id, keySchema, valueSchema, storeConf, conf), version) {
+      store =>
         var count = 0L
         rows.foreach { pair =>
           store.put(pair.key, pair.value)
           count += 1
         }
-        store.commit()
         count
+    }
+  }
+
+  /** A fresh store of `provider`, empty at `version` - 1, filled by `fill` and committed as
+   * `version`, snapshot included (nothing is committed if `fill` fails); what `fill` gives.
+   * The provider is closed after. */
+  def writeFreshVersion(provider: StateStoreProvider, version: Long)(
+      fill: StateStore => Long): Long = {
+    try {
+      val store = provider.getStore(version - 1, None, forceSnapshotOnCommit = true,
+        loadEmpty = true)
+      try {
+        val written = fill(store)
+        store.commit()
+        written
       } finally if (!store.hasCommitted) store.abort()
     } finally provider.close()
   }

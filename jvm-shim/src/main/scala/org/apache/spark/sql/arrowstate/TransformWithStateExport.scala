@@ -15,7 +15,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.transformwith
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.timers.TimerStateImpl
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.ttl.{ListStateImplWithTTL, MapStateImplWithTTL, ValueStateImplWithTTL}
 import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSpec, StateStore, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId}
-import org.apache.spark.sql.streaming.{TimeMode, TTLConfig}
+import org.apache.spark.sql.streaming.{ListState, MapState, TimeMode, TTLConfig, ValueState}
 import org.apache.spark.sql.types.{BinaryType, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
@@ -107,24 +107,18 @@ object TransformWithStateExport {
     val provider = StateStoreProvider.createAndInit(StateStoreProviderId(id, UUID.randomUUID()),
       keySchema, new StructType().add("value", BinaryType), NoPrefixKeyStateEncoderSpec(keySchema),
       true, storeConf, conf, true, None)
-    try {
-      // empty at version - 1, so that the commit is `version`, snapshot included
-      val store = provider.getStore(version - 1, None, forceSnapshotOnCommit = true,
-        loadEmpty = true)
-      try {
-        var clock = 0L
-        val writers = variables.map(v => writer(store, v, timeMode, () => clock))
-        var count = 0L
-        rows.foreach { case (i, row) =>
-          ImplicitGroupingKeyTracker.setImplicitKey(row.getStruct(row.fieldIndex("key")))
-          try writers(i)(row, expiry => clock = expiry - 1)
-          finally ImplicitGroupingKeyTracker.removeImplicitKey()
-          count += 1
-        }
-        store.commit()
-        count
-      } finally if (!store.hasCommitted) store.abort()
-    } finally provider.close()
+    StateConversion.writeFreshVersion(provider, version) { store =>
+      var clock = 0L
+      val writers = variables.map(v => writer(store, v, timeMode, () => clock))
+      var count = 0L
+      rows.foreach { case (i, row) =>
+        ImplicitGroupingKeyTracker.setImplicitKey(row.getStruct(row.fieldIndex("key")))
+        try writers(i)(row, expiry => clock = expiry - 1)
+        finally ImplicitGroupingKeyTracker.removeImplicitKey()
+        count += 1
+      }
+      count
+    }
   }
 
   /** Puts one reader row of `v` through Spark's implementation of it; with a TTL the value's
@@ -141,23 +135,21 @@ object TransformWithStateExport {
       }
     }
     (v.kind, v.ttl) match {
-      case ("ValueState", false) =>
-        val state = new ValueStateImpl[Any](store, v.name, key, value, Map.empty)
+      case ("ValueState", ttl) =>
+        val state: ValueState[Any] =
+          if (ttl) new ValueStateImplWithTTL[Any](store, v.name, key, value, OneMs, clock, None,
+            Map.empty)
+          else new ValueStateImpl[Any](store, v.name, key, value, Map.empty)
         (row, set) => state.update(payload(row, "value", set))
-      case ("ValueState", true) =>
-        val state = new ValueStateImplWithTTL[Any](store, v.name, key, value, OneMs, clock,
-          None, Map.empty)
-        (row, set) => state.update(payload(row, "value", set))
-      case ("ListState", false) =>
-        val state = new ListStateImpl[Any](store, v.name, key, value, Map.empty)
-        (row, set) => state.appendValue(payload(row, "list_element", set))
-      case ("ListState", true) =>
-        val state = new ListStateImplWithTTL[Any](store, v.name, key, value, OneMs, clock,
-          None, Map.empty)
+      case ("ListState", ttl) =>
+        val state: ListState[Any] =
+          if (ttl) new ListStateImplWithTTL[Any](store, v.name, key, value, OneMs, clock, None,
+            Map.empty)
+          else new ListStateImpl[Any](store, v.name, key, value, Map.empty)
         (row, set) => state.appendValue(payload(row, "list_element", set))
       case ("MapState", ttl) =>
         val userKey = encoder(v.userKeySchema)
-        val state =
+        val state: MapState[Any, Any] =
           if (ttl) new MapStateImplWithTTL[Any, Any](store, v.name, key, userKey, value, OneMs,
             clock, None, Map.empty)
           else new MapStateImpl[Any, Any](store, v.name, key, userKey, value, Map.empty)
