@@ -328,11 +328,14 @@ def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) ->
 def _convert(checkpoint: str, direction: str, choose, check, check_operator, session_conf,
              call, backup_prefix: str, is_moved) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
-    cannot be converted (`check`, given the offset log's settings), write the other engine's
+    cannot be converted (`check(conf, last, chosen, operators)`, given the offset log's
+    settings; it returns the settings the conversion changes there, if any), write the other
+    engine's
     snapshot of the newest committed version per operator through `call` in the session of
     `_conversion_session` (`call(conversion, session, state_root, operator, key_json,
-    value_json, version, conf)` gives the rows per partition), and only then move the old
-    engine's files aside."""
+    value_json, version, conf)` gives the rows per partition), then record the changed
+    settings in the offset log's newest entry, and only then move the old engine's files
+    aside."""
     described = describe(checkpoint)
     last = described["lastCommittedBatch"]
     chosen = [o for o in described["operators"] if choose(o)]
@@ -342,7 +345,8 @@ def _convert(checkpoint: str, direction: str, choose, check, check_operator, ses
                            "nothing to do"}
     _refuse_running(checkpoint, last)
     conf = offset_conf(checkpoint, last)
-    check(conf, last)
+    changed = check(conf, last, chosen, described["operators"])
+    conf = {**conf, **changed}
     for o in chosen:
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
@@ -362,10 +366,19 @@ def _convert(checkpoint: str, direction: str, choose, check, check_operator, ses
             rows = call(conversion, spark, state_root, o, key, value, version, conf)
             converted.append({"operator_id": o["operator_id"], "version": version,
                               "rows": sum(rows)})
+    message = ""
+    if changed:   # before the move: a failure in between leaves a run of this to redo
+        offsets = os.path.join(checkpoint, "offsets")
+        text = _offsets_with_conf(checkpoint, last, changed)
+        with contextlib.suppress(FileNotFoundError):   # Hadoop's checksum of the old text
+            os.remove(os.path.join(offsets, f".{last}.crc"))
+        _write_log_entry(os.path.join(offsets, str(last)), text)
+        message = "; offsets/{} now records {}".format(
+            last, ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
     backup = os.path.join(checkpoint, f"{backup_prefix}-{version}")
     _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
     return {"checkpoint": described["checkpoint"], direction: converted,
-            "message": f"the old engine's files were moved to {backup}"}
+            "message": f"the old engine's files were moved to {backup}{message}"}
 
 
 def _store_settings(conf: dict) -> dict:
@@ -382,7 +395,7 @@ def export_to_spark(checkpoint: str) -> dict:
     query continues on Spark's own operators. arrowstate's files are moved, once every
     partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
     nothing."""
-    def check(conf, last):
+    def check(conf, last, chosen, operators):
         provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
         if provider not in (HDFS_PROVIDER, ROCKSDB_PROVIDER):
             raise CheckpointError(
@@ -393,15 +406,21 @@ def export_to_spark(checkpoint: str) -> dict:
             raise CheckpointError(f"{checkpoint}: the query stores row checksums "
                                   "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
                                   "export does not write them")
+        if provider == ROCKSDB_PROVIDER or not any(map(_is_tws, chosen)):
+            return {}
+        # Spark runs transformWithState on RocksDB only: arrowstate ran it on the recorded
+        # HDFS-backed provider, so every operator's state is written for RocksDB and the
+        # offset log records it, which needs all the query's state to be arrowstate's
+        theirs = [o for o in operators if o["engine"] != "none" and o not in chosen]
+        if theirs:
+            raise CheckpointError(
+                f"{checkpoint}: operator {theirs[0]['operator_id']} ({theirs[0]['name']}) "
+                f"holds {theirs[0]['engine']} state of {HDFS_PROVIDER}; Spark runs "
+                f"transformWithState on {ROCKSDB_PROVIDER} only, and export moves only "
+                "arrowstate's state to it; nothing was changed")
+        return {PROVIDER_SETTING: ROCKSDB_PROVIDER}
 
     def check_operator(o, conf, last):
-        provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
-        if _is_tws(o) and provider != ROCKSDB_PROVIDER:
-            raise CheckpointError(
-                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) runs with the state "
-                f"store provider {provider} (offsets/{last}); Spark runs transformWithState "
-                f"on {ROCKSDB_PROVIDER} only, so its state cannot continue on Spark's "
-                "operator; nothing was changed")
         encoding = conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow")
         if _is_tws(o) and encoding != "unsaferow":
             raise CheckpointError(
@@ -450,7 +469,7 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
         return conversion.importOperator(spark._jsparkSession, state_root, o["operator_id"],
                                          o["partitions"], version, key, value, provider, zone)
 
-    return _convert(checkpoint, "imported", choose, lambda conf, last: None,
+    return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
                     lambda o, conf, last: None, _store_settings, call,
                     "spark-state-imported",
                     # RocksDB's SST files too: left behind, they read as Spark's state
@@ -472,6 +491,16 @@ def _write_log_entry(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _offsets_with_conf(checkpoint: str, batch: int, changes: dict) -> str:
+    """offsets/`batch`'s text with `changes` made to the settings it records."""
+    with open(os.path.join(checkpoint, "offsets", str(batch))) as f:
+        lines = f.read().split("\n")
+    meta = json.loads(lines[1])
+    meta["conf"].update(changes)
+    lines[1] = json.dumps(meta, separators=(",", ":"))
+    return "\n".join(lines)
 
 
 def _planned_batch(checkpoint: str) -> int | None:
@@ -518,12 +547,8 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         if current == partitions:
             return {"checkpoint": described["checkpoint"], "repartitioned": [],
                     "message": f"the state already has {partitions} partitions: nothing to do"}
-        with open(os.path.join(checkpoint, "offsets", str(last))) as f:
-            lines = f.read().split("\n")
-        meta = json.loads(lines[1])
-        meta["conf"][key] = str(partitions)
-        lines[1] = json.dumps(meta, separators=(",", ":"))
-        _write_log_entry(os.path.join(checkpoint, "offsets", str(last + 1)), "\n".join(lines))
+        _write_log_entry(os.path.join(checkpoint, "offsets", str(last + 1)),
+                         _offsets_with_conf(checkpoint, last, {key: str(partitions)}))
     version = last + 2
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     done = []

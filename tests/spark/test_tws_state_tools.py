@@ -8,7 +8,6 @@ import datetime as dt
 import os
 
 import pyarrow as pa
-import pytest
 from pyspark import cloudpickle
 
 import tws_processors as procs
@@ -91,21 +90,34 @@ def test_import_repartition_and_export_continue_as_spark(spark, spark_conf, tmp_
     assert described["partitions"] == 3
 
 
-def test_export_refuses_state_spark_could_not_run(spark, tmp_path):
-    """transformWithState state of a query that records the HDFS-backed provider (arrowstate
-    runs it; Spark runs transformWithState on RocksDB only): export refuses, naming the
-    setting, and changes nothing."""
-    from arrowstate.checkpoint import CheckpointError
+def test_export_of_state_arrowstate_kept_with_the_hdfs_provider(spark, spark_conf, tmp_path):
+    """arrowstate runs transformWithState on the provider a query records, Spark's default
+    HDFS-backed one included; Spark runs it on RocksDB only. Export writes the state for
+    RocksDB and records that provider in the offset log, and the query goes on on Spark's
+    operator as Spark's own run (on RocksDB) does."""
+    def query(df):
+        return df.groupBy("user").transformWithStateInPandas(
+            procs.RunningCount(), "user string, count long", "Update", "None")
 
-    run = run_query(spark, str(tmp_path), EVENTS, BATCHES[:1],
-                    lambda df: df.groupBy("user").transformWithStateInPandas(
-                        procs.RunningCount(), "user string, count long", "Update", "None"),
-                    arrowstate=True, output_mode="update")
-    assert all("Arrow" in p for p in run.plans)
-    before = sorted(p.name for p in tmp_path.glob("run*/ck/state/0/*/*"))
-    with pytest.raises(CheckpointError, match="HDFSBackedStateStoreProvider .*RocksDB"):
-        state_command("export", run.checkpoint)
-    assert sorted(p.name for p in tmp_path.glob("run*/ck/state/0/*/*")) == before
+    said = {}
+
+    def export(i, checkpoint):
+        said.update(state_command("export", checkpoint))
+        spark.conf.set("spark.arrowstate.enabled", "false")
+        return False
+
+    run = run_query(spark, str(tmp_path), EVENTS, BATCHES[:3], query, arrowstate=True,
+                    output_mode="update", restart_after=[1], on_restart=export)
+    assert "offsets/1 now records spark.sql.streaming.stateStore.providerClass=" \
+           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider" \
+        in said["message"], said
+    spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES[:3], query, arrowstate=False,
+                       output_mode="update", restart_after=[1])
+    assert run.outputs == native.outputs
+    assert run.figures == native.figures
+    assert "Arrow" in run.plans[0] and "Arrow" not in run.plans[-1], run.plans
 
 
 def test_export_of_event_time_timers_continues_as_spark(spark, spark_conf, tmp_path):
