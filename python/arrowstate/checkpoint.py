@@ -325,13 +325,13 @@ def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) ->
                     os.replace(os.path.join(src, name), os.path.join(dst, name))
 
 
-def _convert(checkpoint: str, direction: str, choose, check, check_operator, session_conf,
-             call, backup_prefix: str, is_moved) -> dict:
+def _convert(checkpoint: str, direction: str, choose, check, session_conf, call,
+             backup_prefix: str, is_moved) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check(conf, last, chosen, operators)`, given the offset log's
     settings; it returns the settings the conversion changes there, if any), write the other
-    engine's
-    snapshot of the newest committed version per operator through `call` in the session of
+    engine's snapshot of the newest committed version per operator through `call` in the
+    session of
     `_conversion_session` (`call(conversion, session, state_root, operator, key_json,
     value_json, version, conf)` gives the rows per partition), then record the changed
     settings in the offset log's newest entry, and only then move the old engine's files
@@ -352,7 +352,6 @@ def _convert(checkpoint: str, direction: str, choose, check, check_operator, ses
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is converted")
         _refuse_column_families(checkpoint, o)
-        check_operator(o, conf, last)
     version = last + 1
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
@@ -406,7 +405,15 @@ def export_to_spark(checkpoint: str) -> dict:
             raise CheckpointError(f"{checkpoint}: the query stores row checksums "
                                   "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
                                   "export does not write them")
-        if provider == ROCKSDB_PROVIDER or not any(map(_is_tws, chosen)):
+        tws = [o for o in chosen if _is_tws(o)]
+        encoding = conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow")
+        if tws and encoding != "unsaferow":
+            raise CheckpointError(
+                f"{checkpoint}: operator {tws[0]['operator_id']} ({tws[0]['name']}) records "
+                f"the state encoding {encoding} (spark.sql.streaming.stateStore."
+                f"encodingFormat, offsets/{last}); export writes transformWithState state as "
+                "unsaferow only; nothing was changed")
+        if provider == ROCKSDB_PROVIDER or not tws:
             return {}
         # Spark runs transformWithState on RocksDB only: arrowstate ran it on the recorded
         # HDFS-backed provider, so every operator's state is written for RocksDB and the
@@ -420,26 +427,16 @@ def export_to_spark(checkpoint: str) -> dict:
                 "arrowstate's state to it; nothing was changed")
         return {PROVIDER_SETTING: ROCKSDB_PROVIDER}
 
-    def check_operator(o, conf, last):
-        encoding = conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow")
-        if _is_tws(o) and encoding != "unsaferow":
-            raise CheckpointError(
-                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) records the state "
-                f"encoding {encoding} (spark.sql.streaming.stateStore.encodingFormat, "
-                f"offsets/{last}); export writes transformWithState state as unsaferow only; "
-                "nothing was changed")
-
     def call(conversion, spark, state_root, o, key, value, version, conf):
         if _is_tws(o):
-            return tws_state.export_operator(spark, checkpoint, o["operator_id"], version - 1,
-                                             version, o["partitions"])
+            return tws_state.export_operator(spark, checkpoint, state_root, o["operator_id"],
+                                             version - 1, version, o["partitions"])
         return conversion.exportOperator(spark._jsparkSession, state_root, o["operator_id"],
                                          o["partitions"], version, key, value,
                                          conf.get(PROVIDER_SETTING, HDFS_PROVIDER))
 
     return _convert(checkpoint, "exported",
-                    lambda o: ARROWSTATE in o["engine"].split("+"), check, check_operator,
-                    _store_settings, call,
+                    lambda o: ARROWSTATE in o["engine"].split("+"), check, _store_settings, call,
                     "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
 
 
@@ -470,7 +467,7 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
                                          o["partitions"], version, key, value, provider, zone)
 
     return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
-                    lambda o, conf, last: None, _store_settings, call,
+                    _store_settings, call,
                     "spark-state-imported",
                     # RocksDB's SST files too: left behind, they read as Spark's state
                     lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])))

@@ -196,12 +196,12 @@ def _write(directory: str, name: str, data: bytes) -> None:
     os.replace(tmp, os.path.join(directory, name))
 
 
-def export_operator(spark, checkpoint: str, operator: int, batch: int, version: int,
-                    partitions: int) -> list[int]:
+def export_operator(spark, checkpoint: str, state_root: str, operator: int, batch: int,
+                    version: int, partitions: int) -> list[int]:
     """Writes `version` of every partition of one transformWithState operator into Spark's
     RocksDB store from arrowstate's state at `batch`; the rows (values, list elements, map
     entries, timers) per partition."""
-    props = operator_properties(os.path.join(checkpoint, "state", str(operator)), batch)
+    props = operator_properties(os.path.join(state_root, str(operator)), batch)
     names, kinds, ttls, frames = [], [], [], []
     for var in _user_variables(props):
         names.append(var["stateName"])
@@ -217,6 +217,5 @@ def export_operator(spark, checkpoint: str, operator: int, batch: int, version: 
         frames.append(_reader(spark, checkpoint, operator, batch,
                               readRegisteredTimers="true")._jdf)
     export = spark._jvm.org.apache.spark.sql.arrowstate.TransformWithStateExport
-    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     return list(export.exportOperator(spark._jsparkSession, state_root, operator, partitions,
                                       version, names, kinds, ttls, frames, time_mode))

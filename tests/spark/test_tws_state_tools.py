@@ -5,12 +5,12 @@ Spark's own run of the same query, repartitioned by Spark's own offline repartit
 batches after give the same rows and state figures, and Spark's `statestore` reader reads
 the same state from both checkpoints."""
 import datetime as dt
-import os
 
 import pyarrow as pa
 from pyspark import cloudpickle
 
 import tws_processors as procs
+from arrowstate.checkpoint import describe
 from harness import (assert_state_reads_same, read_state, run_query, state_command,
                      ttl_masked)
 
@@ -65,8 +65,7 @@ def test_import_repartition_and_export_continue_as_spark(spark, spark_conf, tmp_
         elif i == 2:
             said.update(state_command("repartition", checkpoint, "3"))
         else:
-            said["exported_batch"] = max(int(n) for n in os.listdir(f"{checkpoint}/commits")
-                                         if n.isdigit())
+            said["exported_batch"] = describe(checkpoint)["lastCommittedBatch"]
             said["before_export"] = _state_at(spark, checkpoint, said["exported_batch"])
             said.update(state_command("export", checkpoint))
             spark.conf.set("spark.arrowstate.enabled", "false")
@@ -138,7 +137,7 @@ def test_export_of_event_time_timers_continues_as_spark(spark, spark_conf, tmp_p
     said = {}
 
     def export(i, checkpoint):
-        said["batch"] = max(int(n) for n in os.listdir(f"{checkpoint}/commits") if n.isdigit())
+        said["batch"] = describe(checkpoint)["lastCommittedBatch"]
         said["before"] = _state_at(spark, checkpoint, said["batch"], ["count"])
         said.update(state_command("export", checkpoint))
         spark.conf.set("spark.arrowstate.enabled", "false")

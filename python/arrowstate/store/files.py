@@ -96,9 +96,10 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
                                      f"{stored_fields[at].type} in the files but {f.type} "
                                      "in this query")
         plan.append(f.type if at is None else at)
-    if set(where) - dropped:
+    left_over = set(where) - dropped
+    if left_over:
         raise StateLayoutChanged(path, context, "the files hold columns this query does not "
-                                 f"declare: {sorted(n.decode() for n in set(where) - dropped)}")
+                                 f"declare: {sorted(n.decode() for n in left_over)}")
     return plan
 
 
