@@ -163,27 +163,41 @@ def assert_runs_same(spark_run: Run, ours: Run, expect_node: str | None) -> None
 
 
 def assert_state_reads_same(spark, native: Run, ours: Run, batches, variables,
-                            timers: bool = False, masked=lambda row: row) -> list:
+                            timers: bool = False, masked=lambda row: row,
+                            change_feed: bool = False) -> list:
     """Spark's `statestore` reader gives the same rows for each state variable (flattened
     and not) and timer, at each of the batches, from the arrowstate checkpoint as from the
-    native one;
+    native one; with `change_feed`, also each variable's change feed from the first batch
+    to the last of them (the native run needs RocksDB's changelog checkpointing);
     `masked` hides what differs between two runs (TTL expiries follow the clock)."""
-    reads = [dict(stateVarName=v, flattenCollectionTypes=flat)
-             for v in variables for flat in ("true", "false")]
+    reads = [(batch, dict(stateVarName=v, flattenCollectionTypes=flat))
+             for v in variables for flat in ("true", "false") for batch in batches]
     if timers:
-        reads.append(dict(readRegisteredTimers="true"))
-    for options in reads:
-        for batch in batches:
-            got = [read_state(spark, checkpoint, batch, options, masked)
-                   for checkpoint in (native.checkpoint, ours.checkpoint)]
-            assert got[1] == got[0], (options, batch)
+        reads += [(batch, dict(readRegisteredTimers="true")) for batch in batches]
+    if change_feed:
+        reads += [(None, dict(stateVarName=v, readChangeFeed="true", changeStartBatchId=0,
+                              changeEndBatchId=max(batches))) for v in variables]
+    for batch, options in reads:
+        got = [read_state(spark, checkpoint, batch, options, masked)
+               for checkpoint in (native.checkpoint, ours.checkpoint)]
+        assert got[1] == got[0], (options, batch, _multiset_difference(got[0], got[1]))
     return got
+
+
+def _multiset_difference(expected: list, got: list) -> tuple[list, list]:
+    """What only `expected` has and what only `got` has, repeats counted."""
+    from collections import Counter
+    a, b = Counter(expected), Counter(got)
+    return sorted((a - b).elements()), sorted((b - a).elements())
 
 
 def read_state(spark, checkpoint: str, batch: int, options: dict,
                masked=lambda row: row) -> list[str]:
-    """The rows Spark's `statestore` reader gives with `options` at `batch`, in one order."""
-    reader = spark.read.format("statestore").option("batchId", batch)
+    """The rows Spark's `statestore` reader gives with `options` at `batch` (None: the
+    options say what to read), in one order."""
+    reader = spark.read.format("statestore")
+    if batch is not None:
+        reader = reader.option("batchId", batch)
     for k, v in options.items():
         reader = reader.option(k, v)
     return sorted(str(_in_order(masked(r.asDict(True))))

@@ -18,6 +18,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import keys as keycodec
 from .families.transform_with_state import TIMER_VARIABLE, is_map_type
 from .store import VersionedState
 from .store import files as store_files
@@ -130,15 +131,13 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
     for version in range(start, end + 1):
         name = store_files.file_name(store_files.DELTA, version)
         if name not in names:
-            raise store_files.CorruptStateFile(
-                f"{source.where}/{name}", source.context,
-                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] the change feed "
-                f"from version {start} needs it, and it does not exist (retention removed it, "
-                f"or the state never reached that version)")
+            raise _missing_delta(source, name, start)
         batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
                                         source.read(name), schema)
         for batch in batches:
             for op, run in store_files.op_runs(batch):
+                if op not in (store_files.OP_PUT, store_files.OP_REMOVE):
+                    continue
                 rows = spark_rows(pa.RecordBatch.from_arrays(run.columns[:-1],
                                                              schema=schema),
                                   key_schema, value_schema)
@@ -149,6 +148,14 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
                     [rows.column(0), value, pa.array([op] * len(value), pa.int8()),
                      pa.array([version] * len(value), pa.int64())],
                     names=["key", "value", "op", "version"])
+
+
+def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
+    return store_files.CorruptStateFile(
+        f"{source.where}/{name}", source.context,
+        f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] the change feed from "
+        f"version {start} needs it, and it does not exist (retention removed it, or the "
+        f"state never reached that version)")
 
 
 # transformWithState: Spark keeps each state variable in a column family of its own;
@@ -162,17 +169,9 @@ def _renamed(array: pa.StructArray, names: list[str]) -> pa.StructArray:
     return pa.StructArray.from_arrays(array.flatten(), names=names, mask=array.is_null())
 
 
-def read_column_family(source: FileSource, version: int, column_family: str,
-                       key_schema_json: str, value_schema_json: str,
-                       snapshot: int | None = None) -> Iterator[pa.RecordBatch]:
-    """A transformWithState variable of `version` as Spark's column family of it holds it:
-    one row per value (value state), per list element (rows of a key one after another),
-    per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
-    expiryTimestampMs>`, for the timer column families)."""
-    key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, version)
-    if state is None:
-        return
+def _variable_column(source: FileSource, state: VersionedState, column_family: str
+                     ) -> tuple[int, int]:
+    """The state's key column count and the column of the column family's variable."""
     key_count, fields = state.key_count, list(state.schema)
     named = [(f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
              for f in fields[key_count:]]
@@ -184,7 +183,23 @@ def read_column_family(source: FileSource, version: int, column_family: str,
         raise ValueError(f"arrowstate: the transformWithState state in {source.where} "
                          f"({source.context}) has no state variable {variable!r}; it has "
                          f"{sorted(n[2:] for n in named)}")
-    column = key_count + named.index(f"s_{variable}")
+    return key_count, key_count + named.index(f"s_{variable}")
+
+
+def read_column_family(source: FileSource, version: int, column_family: str,
+                       key_schema_json: str, value_schema_json: str,
+                       snapshot: int | None = None) -> Iterator[pa.RecordBatch]:
+    """A transformWithState variable of `version` as Spark's column family of it holds it:
+    one row per value (value state), per list element (rows of a key one after another),
+    per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
+    expiryTimestampMs>`, for the timer column families)."""
+    key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
+    state = stored_state(source, version)
+    if state is None:
+        return
+    key_count, column = _variable_column(source, state, column_family)
+    variable = TIMER_VARIABLE if column_family in TIMER_FAMILIES else column_family
+    fields = list(state.schema)
     state.load(source, version, snapshot)
     grouping_names = [f["name"] for f in (
         key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES
@@ -195,6 +210,100 @@ def read_column_family(source: FileSource, version: int, column_family: str,
         if mine.num_rows:
             yield _family_rows(mine, key_count - 1, mine.column(column), column_family,
                                grouping_names, key_schema, value_names)
+
+
+# what the change feed of a transformWithState variable gives per record, as Spark's RocksDB
+# changelog: 1 a put (Spark's "update"), 2 a merge ("append"), 0 a delete
+FEED_PUT, FEED_MERGE, FEED_DELETE = 1, 2, 0
+
+
+def read_column_family_changes(source: FileSource, start: int, end: int,
+                               column_family: str, key_schema_json: str,
+                               value_schema_json: str) -> Iterator[pa.RecordBatch]:
+    """Spark's change feed of a transformWithState variable over versions start..end: a
+    record per state operation, from the change records of each delta (store.files); a key
+    whose put or remove row has none changed by that one write (a value or list put, a
+    remove a delete; deltas before change records: a map's put row its entries' updates).
+    Columns `key`, `value` (null for a delete) in the family's schemas, `op` (FEED_*) and
+    `version`."""
+    if column_family in TIMER_FAMILIES:
+        raise ValueError(f"arrowstate: the change feed of timers ({source.where}, "
+                         f"{source.context}) is not readable; read registered timers at "
+                         f"each batchId instead")
+    key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
+    state = stored_state(source, end)
+    if state is None:
+        return
+    key_count, column = _variable_column(source, state, column_family)
+    names = set(source.names())
+    value_names = [f["name"] for f in value_schema["fields"]]
+    for version in range(start, end + 1):
+        name = store_files.file_name(store_files.DELTA, version)
+        if name not in names:
+            raise _missing_delta(source, name, start)
+        batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
+                                        source.read(name), state.schema,
+                                        state.dropped_columns)
+        # a key's change records and its rows are in batches of their own
+        mine = [b.filter(pc.equal(b.column(key_count - 1), column_family)) for b in batches]
+        mine = [b for b in mine if b.num_rows]
+        if mine:
+            yield _change_records(pa.concat_batches(mine), key_count - 1, column, key_schema,
+                                  value_names, version)
+
+
+def _change_records(batch: pa.RecordBatch, grouping_count: int, column: int,
+                    key_schema: dict, value_names: list[str], version: int
+                    ) -> pa.RecordBatch:
+    """One delta batch's rows of a variable as change feed records, per key in order."""
+    ops = batch.column(batch.num_columns - 1).to_pylist()
+    groups = keycodec.rows(batch.columns[:grouping_count], batch.num_rows)
+    with_records = {g for g, op in zip(groups, ops) if op > store_files.OP_PUT}
+    values = batch.column(column)
+    is_list = pa.types.is_list(values.type)
+    is_map = is_map_type(values.type)
+    lengths = (pc.fill_null(pc.list_value_length(values), 0).to_pylist() if is_list
+               else None)
+    offsets = values.offsets.to_pylist() if is_list else None
+    # per record: its row, the element it shows (an index into the list's elements, or
+    # the row's value), its feed op
+    rows, elements, feed = [], [], []
+    for i, (group, op) in enumerate(zip(groups, ops)):
+        if (op > store_files.OP_PUT) != (group in with_records):
+            continue   # a key with change records: its rows are the state they led to
+        if op in (store_files.OP_REMOVE, store_files.CHANGE_DELETE) and not is_map:
+            rows.append(i)
+            elements.append(None)
+            feed.append(FEED_DELETE)
+        elif not is_list:
+            rows.append(i)
+            elements.append(i)
+            feed.append(FEED_PUT)
+        else:
+            for j in range(lengths[i]):
+                rows.append(i)
+                elements.append(offsets[i] + j)
+                if is_map:
+                    feed.append(FEED_DELETE if op == store_files.CHANGE_DELETE else FEED_PUT)
+                else:
+                    feed.append(FEED_PUT if j == 0 and op != store_files.CHANGE_APPEND
+                                else FEED_MERGE)
+    take_rows = pa.array(rows, pa.int32())
+    picked = pa.array(elements, pa.int32())
+    grouping_names = [f["name"] for f in (key_schema["fields"][0]["type"] if is_map
+                                          else key_schema)["fields"]]
+    grouping = pa.StructArray.from_arrays(
+        [c.take(take_rows) for c in batch.columns[:grouping_count]], names=grouping_names)
+    if is_map:
+        entries = values.flatten().take(picked)
+        user_key, value = entries.flatten()
+        key = pa.StructArray.from_arrays([grouping, user_key],
+                                         names=[f["name"] for f in key_schema["fields"]])
+    else:
+        key, value = grouping, (values.flatten() if is_list else values).take(picked)
+    return pa.RecordBatch.from_arrays(
+        [key, _renamed(value, value_names), pa.array(feed, pa.int8()),
+         pa.array([version] * len(feed), pa.int64())], names=["key", "value", "op", "version"])
 
 
 def _family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,

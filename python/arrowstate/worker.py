@@ -204,7 +204,11 @@ class Worker:
         Loaded apart from (and never kept beside) the state tasks use."""
         request = json.loads(p.read_bytes(f))
         files = JvmFiles(f, request["where"], request["context"])
-        if "changesFrom" in request:
+        if "changesFrom" in request and "columnFamily" in request:
+            batches = state_data.read_column_family_changes(
+                files, request["changesFrom"], request["version"], request["columnFamily"],
+                request["keySchema"], request["valueSchema"])
+        elif "changesFrom" in request:
             batches = state_data.read_changes(files, request["changesFrom"], request["version"],
                                               request["keySchema"], request["valueSchema"])
         elif "columnFamily" in request:   # a transformWithState variable

@@ -29,8 +29,11 @@ BATCHES = [[ev("a", 1, 1), ev("b", 2, 2), ev("a", 3, 1)], [ev("a", 4, 3), ev("c"
 
 @pytest.fixture(autouse=True)
 def rocksdb(spark_conf):
+    # with its changelog, which Spark's change feed of the native state reads
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
-                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+                  "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                  "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled":
+                  "true"})
 
 
 # the Row API's twin runs in test_tws_spark_scenarios.py::test_state_variable_tour[rows]
@@ -48,7 +51,7 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path):
     assert ours.custom == native.custom
     assert any(f[0]["numRowsRemoved"] for f in ours.figures.values())
     assert assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)],
-                                   ["count", "items", "seen"])
+                                   ["count", "items", "seen"], change_feed=True)
 
 
 # the Row API: test_tws_spark_scenarios_time.py::test_non_contiguous_grouping_with_initial_state
@@ -92,7 +95,7 @@ def test_event_time_timers(spark, tmp_path, processor, api):
                                custom_metrics=TIMERS)
     assert ours.custom == native.custom
     assert assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)], ["count"],
-                                   timers=True)
+                                   timers=True, change_feed=True)
     fired = [r for rows in ours.outputs.values() for r in rows if "expired" in r[2]]
     assert {r[0] for r in fired} == {"a", "b", "c", "d"}, fired
     assert sum(f[0]["numRowsDroppedByWatermark"] for f in ours.figures.values()) >= 1
@@ -122,7 +125,8 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
     assert ours.custom == native.custom
     assert sum(c[0]["numValuesRemovedDueToTTLExpiry"] for c in ours.custom.values()) > 0
     assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)],
-                            ["count", "last", "items", "seen"], masked=ttl_masked)
+                            ["count", "last", "items", "seen"], masked=ttl_masked,
+                            change_feed=True)
 
 
 def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):

@@ -192,8 +192,8 @@ def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
         _decode(_reframe(payload, rows=999))
     with pytest.raises(CorruptStateFile, match="not this file's delta of version 4"):
         _decode(written["3.arrowstate.delta"], "4.arrowstate.delta")
-    with pytest.raises(CorruptStateFile, match="format 3"):
-        _decode(_reframe(payload, fmt=3))
+    with pytest.raises(CorruptStateFile, match="format 4"):
+        _decode(_reframe(payload, fmt=4))
     with pytest.raises(CorruptStateFile, match="the file is empty"):
         _decode(b"")
     with pytest.raises(CorruptStateFile, match="not written by arrowstate"):
@@ -293,3 +293,29 @@ def test_empty_batches_and_an_empty_snapshot_load():
     padded, _ = files.encode(schema, files.DELTA, 3, [empty, *batches, empty])
     written[files.file_name(files.DELTA, 3)] = padded
     assert _rows(_load(written, 3)) == expected[3]
+
+
+def test_change_records_are_no_state_and_only_format_3_deltas_hold_them():
+    """Change records (what each state operation did, for Spark's change feed) ride in a
+    delta beside its puts and removes: a load passes over them, the delta is format 3, and
+    a format 2 delta or any snapshot holding one is refused."""
+    written, expected = _history(versions=3)
+    schema = _state().schema
+    name = files.file_name(files.DELTA, 3)
+    batches, _ = files.decode(name, "test", written[name], schema)
+    rows = pa.RecordBatch.from_arrays(batches[0].columns[:-1], schema=schema)
+    ops = pa.array([files.CHANGE_UPDATE, files.CHANGE_APPEND, files.CHANGE_DELETE]
+                   * rows.num_rows, pa.int8()).slice(0, rows.num_rows)
+    state = _state()
+    state.record_changes(rows, ops)
+    record_batch = state._changes[0]
+    with_records, _ = files.encode(schema, files.DELTA, 3, [*batches, record_batch],
+                                   changes=True)
+    assert files.TRAILER.unpack(with_records[-files.TRAILER.size:])[1] == 3
+    assert _rows(_load(dict(written, **{name: with_records}), 3)) == expected[3]
+    as_format_2, _ = files.encode(schema, files.DELTA, 3, [*batches, record_batch])
+    with pytest.raises(CorruptStateFile, match="values other than 0 to 1"):
+        _decode(as_format_2)
+    snapshot, _ = files.encode(schema, files.SNAPSHOT, 3, [record_batch], changes=True)
+    with pytest.raises(CorruptStateFile, match="values other than 0 to 1"):
+        _decode(snapshot, files.file_name(files.SNAPSHOT, 3))

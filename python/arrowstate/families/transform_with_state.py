@@ -31,6 +31,14 @@ other variables' rows. In memory each variable is a dict from grouping key to Py
 values, kept with the partition's state between batches. A key's timers are one more such
 variable, `$timers` (its sorted expiry times), in time modes that have timers. The files
 name the value columns, so a processor may add variables between runs.
+
+Spark's change feed of a variable (its RocksDB changelog) has a record per state operation:
+an update (a value written, a list's first element on put, a map entry written), an append
+(a list element appended, or put after the first) and a delete (a value or list cleared or
+expired, a map entry removed, each entry of a cleared map). The family logs the operations
+per key and variable in a batch, and writes them as change records in the delta (see
+store.files), except the one write a put row already says (a single value update or list
+put): `_write_changes`.
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ import pyarrow.compute as pc
 from .. import keys as keycodec
 from ..store import VersionedState
 from ..store import files as store_files
+from ..store.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
 from .base import FamilyBase, gather_rows
 from .group_state_values import StateValueWriter
 from .pandas_io import PandasIO
@@ -204,6 +213,15 @@ class _Variable:
     def _changed(self, key) -> None:
         self.family.dirty[(self.name, key)] = None
 
+    def logged(self, key, op: int, payload=None) -> None:
+        """Notes a state operation for the change feed: a value element (value), a list of
+        elements (list), a list of (user key, element or None to delete) (map)."""
+        records = self.family.log.get((self.name, key))
+        if records is None:
+            self.family.log[(self.name, key)] = [(op, payload)]
+        else:
+            records.append((op, payload))
+
     def entries(self, key) -> int:
         """Rows Spark counts for the key: a value, a list, each map entry."""
         return self.entries_of(self.data.get(key))
@@ -261,6 +279,7 @@ class _Variable:
                 entries = data.get(group)
                 if entries is not None and user_key in entries and entries[user_key][1] <= now:
                     _remove_entry(self, group, entries, user_key)
+                    self.logged(group, CHANGE_DELETE, [(user_key, None)])
                     removed += 1
             elif self.kind == LIST:
                 values = data.get(element_key)
@@ -269,10 +288,15 @@ class _Variable:
                     if len(kept) < len(values):
                         removed += len(values) - len(kept)
                         self._set(element_key, kept)
+                        # Spark's cleanup removes the list, then puts what is left
+                        self.logged(element_key, CHANGE_DELETE)
+                        if kept:
+                            self.logged(element_key, CHANGE_UPDATE, list(kept))
             else:
                 element = data.get(element_key)
                 if element is not None and element[1] <= now:
                     self._set(element_key, None)
+                    self.logged(element_key, CHANGE_DELETE)
                     removed += 1
         if len(index) > 2 * self._indexed + 1024:   # mostly superseded entries
             self._rebuild_index()
@@ -286,6 +310,31 @@ def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
         del entries[user_key]
         var.family.total -= 1
         var._changed(group)
+
+
+def _change_column(var: _Variable, payloads: list) -> pa.Array:
+    """Change records' payloads (see _Variable.logged) as the variable's column: a value or
+    a list of elements (null: a delete), a map's entries (a delete's with null values)."""
+    if var.kind == VALUE:
+        return _with_nulls(var, payloads)
+    lists = [p or [] for p in payloads]
+    if var.kind == LIST:
+        items = var.store_codec.to_arrow([e for lst in lists for e in lst])
+    else:
+        pairs = [e for lst in lists for e in lst]
+        items = pa.StructArray.from_arrays(
+            [var.key_codec.to_arrow([k for k, _ in pairs]),
+             _with_nulls(var, [v for _, v in pairs])], fields=list(var.type.value_type))
+    return pa.ListArray.from_arrays(pa.array(_offsets(lists), pa.int32()), items,
+                                    type=var.type,
+                                    mask=pa.array([p is None for p in payloads]))
+
+
+def _with_nulls(var: _Variable, elements: list) -> pa.Array:
+    """Stored elements as Arrow, None as null."""
+    at = itertools.count()
+    indices = pa.array([None if e is None else next(at) for e in elements], pa.int32())
+    return var.store_codec.to_arrow([e for e in elements if e is not None]).take(indices)
 
 
 def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
@@ -328,11 +377,14 @@ class _ValueClient:
             data[key] = stored
             family.dirty[(var.name, key)] = None
             family.metrics["numUpdatedStateRows"] += 1
+            var.logged(key, CHANGE_UPDATE, stored)
             return
         element = var.element(stored)
-        if var.data.get(key) != element:   # with a TTL Spark writes (and counts) a change
-            var.family.metrics["numUpdatedStateRows"] += 1
-            var.indexed(key)
+        if var.data.get(key) == element:   # with a TTL Spark writes (and counts) a change
+            return
+        var.family.metrics["numUpdatedStateRows"] += 1
+        var.indexed(key)
+        var.logged(key, CHANGE_UPDATE, element)
         var._set(key, element)
 
     def clear(self, _name: str) -> None:
@@ -341,6 +393,7 @@ class _ValueClient:
         if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
             var.family.metrics["numRemovedStateRows"] += 1
         var._set(key, None)
+        var.logged(key, CHANGE_DELETE)
 
 
 class _ListClient:
@@ -375,6 +428,7 @@ class _ListClient:
         var, stored = self.var, self._checked(values)
         key = var._key()
         var._set(key, stored)
+        var.logged(key, CHANGE_UPDATE, list(stored))
         if var.ttl is None:
             # Spark's ListStateImpl.put resets the task's updated-rows count, then counts
             var.family.metrics["numUpdatedStateRows"] = len(stored)
@@ -392,6 +446,7 @@ class _ListClient:
         else:
             current.append(element)
             var.family.dirty[(var.name, key)] = None
+        var.logged(key, CHANGE_APPEND, [element])
         var.family.metrics["numUpdatedStateRows"] += 1
         if var.ttl is not None:
             var.indexed(key)
@@ -405,6 +460,7 @@ class _ListClient:
         else:
             current.extend(stored)
             var._changed(key)
+        var.logged(key, CHANGE_APPEND, list(stored))
         var.family.metrics["numUpdatedStateRows"] += len(stored)
         if var.ttl is not None:
             var.indexed(key)
@@ -414,6 +470,7 @@ class _ListClient:
         key = var._key()
         removed = len(var.data.get(key, ()))
         var._set(key, None)
+        var.logged(key, CHANGE_DELETE)
         var.family.metrics["numRemovedStateRows"] += removed
 
 
@@ -443,10 +500,12 @@ class _MapClient:
         user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
         group = var._key()
         entries = var.data.get(group)
-        if var.ttl is None or entries is None or entries.get(user_key) != element:
-            var.family.metrics["numUpdatedStateRows"] += 1
-            if var.ttl is not None:
-                var.indexed((group, user_key))
+        if var.ttl is not None and entries is not None and entries.get(user_key) == element:
+            return   # with a TTL Spark writes (and counts) a change only
+        var.family.metrics["numUpdatedStateRows"] += 1
+        var.logged(group, CHANGE_UPDATE, [(user_key, element)])
+        if var.ttl is not None:
+            var.indexed((group, user_key))
         if entries is None:
             var._set(group, {user_key: element})
         else:
@@ -460,14 +519,18 @@ class _MapClient:
         entries = var.data.get(group)
         if entries is not None and user_key in entries:
             _remove_entry(var, group, entries, user_key)
+        # Spark records it, present or not
+        var.logged(group, CHANGE_DELETE, [(user_key, None)])
         var.family.metrics["numRemovedStateRows"] += 1
 
     def clear(self, _name: str) -> None:
         var = self.var
         group = var._key()
-        removed = len(var.data.get(group, {}))
+        entries = var.data.get(group, {})
+        if entries:
+            var.logged(group, CHANGE_DELETE, [(k, None) for k in entries])
         var._set(group, None)
-        var.family.metrics["numRemovedStateRows"] += removed
+        var.family.metrics["numRemovedStateRows"] += len(entries)
 
     def items(self) -> list:
         return list(self._map().items())
@@ -694,6 +757,7 @@ class TransformWithState(FamilyBase):
         self.variables: dict[str, _Variable] = {}
         self._parsed: dict = operator["variables"]
         self.dirty: dict = {}                  # (variable, grouping key) -> None, in order
+        self.log: dict = {}   # (variable, grouping key) -> its state operations this batch
         self.total = 0
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
@@ -1064,8 +1128,40 @@ class TransformWithState(FamilyBase):
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
+        self._write_changes(state)
         if self.holds_keys:
             self._hold_keys(dict.fromkeys(g for _, g in dirty))
+
+    def _write_changes(self, state: VersionedState) -> None:
+        """This batch's state operations as change records, per variable and key in the
+        order they ran; one update of a value, or one put of a list, that the key's put row
+        already holds is left out (the reader derives it from the row)."""
+        log, self.log = self.log, {}
+        logged: dict = {}
+        for (name, group), records in log.items():
+            var = self.variables[name]
+            if (len(records) == 1 and records[0][0] == CHANGE_UPDATE and var.kind != MAP
+                    and var.data.get(group) == records[0][1]):
+                continue
+            logged.setdefault(name, []).append((group, records))
+        for column, name in enumerate(self.order):
+            if name not in logged:
+                continue
+            groups, owners, ops, payloads = [], [], [], []
+            for i, (group, records) in enumerate(logged[name]):
+                groups.append(group)
+                for op, payload in records:
+                    owners.append(i)
+                    ops.append(op)
+                    payloads.append(payload)
+            _, key_columns = self._store_keys(name, groups)
+            rows = pa.array(owners, pa.int32())
+            array = _change_column(self.variables[name], payloads)
+            value_columns = [array if i == column else pa.nulls(len(ops), f.type)
+                             for i, f in enumerate(self.value_fields)]
+            state.record_changes(pa.RecordBatch.from_arrays(
+                [c.take(rows) for c in key_columns] + value_columns, schema=state.schema),
+                pa.array(ops, pa.int8()))
 
     def _hold_keys(self, groups) -> None:
         """Keeps the key columns of keys that have state (one take for the new ones), drops

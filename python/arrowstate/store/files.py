@@ -3,11 +3,12 @@
 A partition's files live in `<checkpoint>/state/<operatorId>/<partitionId>/`:
 `<version>.arrowstate.delta` (the puts and removes of one version, in order) and
 `<version>.arrowstate.snapshot` (every live row of one version). Format 2, written since
-arrowstate 0.2:
+arrowstate 0.2, and format 3, the same with change records in deltas:
 
     file    := payload trailer
     payload := an Arrow IPC stream: the key and value columns plus an `__op` column
-               (1 put, 0 remove); its schema metadata names the format, kind and version
+               (1 put, 0 remove; in a format 3 delta also the change records 2 update,
+               3 append, 4 delete); its schema metadata names the format, kind and version
     trailer := 60 bytes, little-endian: magic "ARWSTATE", format version (u16), kind (u8:
                0 delta, 1 snapshot), flags (u8, 0), reserved (u32, 0), state version (i64),
                row count (i64), payload length (i64), unique id (16 bytes), then CRC-32
@@ -16,7 +17,9 @@ arrowstate 0.2:
 Nothing in a file is used before all of it is verified: trailer, length, checksum, then
 every record batch in full (Arrow's `validate(full=True)` on a view with strings as bytes:
 every offset and length, without rejecting the non-UTF-8 strings Spark allows), its
-columns' types, its row count and its op values. Format 1 files (arrowstate 0.1: the IPC stream alone,
+columns' types, its row count and its op values. A change record is no state: it says what
+one state operation did (a family whose changes are finer than its rows, transformWithState,
+writes them for Spark's change feed), and a load passes over it. Format 1 files (arrowstate 0.1: the IPC stream alone,
 no trailer) still load, with the same full validation of their batches.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pyarrow.compute as pc
 from ..contract import FILES
 
 FORMAT_VERSION = 2
+FORMAT_WITH_CHANGES = 3   # a delta holding change records
 FORMAT = FILES["format"].encode()          # format 1's schema tag
 FORMAT_2 = b"arrowstate-state-2"
 OP_COLUMN = FILES["opColumn"]
@@ -41,6 +45,8 @@ DELTA, SNAPSHOT = "delta", "snapshot"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
 KIND_CODE = {DELTA: 0, SNAPSHOT: 1}
 OP_PUT, OP_REMOVE = 1, 0
+# change records (format 3 deltas): what a state operation did, in the row's own columns
+CHANGE_UPDATE, CHANGE_APPEND, CHANGE_DELETE = 2, 3, 4
 MAGIC = b"ARWSTATE"
 TRAILER = struct.Struct("<8sHBBIqqq16sI")
 _CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
@@ -144,9 +150,9 @@ def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
-           batches: Iterable[pa.RecordBatch]) -> tuple[bytes, bytes]:
+           batches: Iterable[pa.RecordBatch], changes: bool = False) -> tuple[bytes, bytes]:
     """One file's bytes and its unique id; `batches` carry the state columns plus the op
-    column."""
+    column (`changes`: change records among them, a format 3 delta)."""
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
         {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()})
     sink = pa.BufferOutputStream()
@@ -157,7 +163,8 @@ def encode(schema: pa.Schema, kind: str, version: int,
             rows += b.num_rows
     payload = sink.getvalue()
     uid = uuid.uuid4().bytes
-    head = TRAILER.pack(MAGIC, FORMAT_VERSION, KIND_CODE[kind], 0, 0, version, rows,
+    fmt = FORMAT_WITH_CHANGES if changes else FORMAT_VERSION
+    head = TRAILER.pack(MAGIC, fmt, KIND_CODE[kind], 0, 0, version, rows,
                         payload.size, uid, 0)[:_CRC_AT]
     crc = zlib.crc32(head, zlib.crc32(payload))
     return b"".join((memoryview(payload), head, struct.pack("<I", crc))), uid
@@ -184,14 +191,16 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
 
     if len(payload) == 0:
         raise bad("the file is empty")
-    uid = None
+    uid, highest_op = None, OP_PUT
     if len(payload) >= TRAILER.size and payload[-TRAILER.size:][:8] == MAGIC:
         (_, fmt, kind_code, flags, _, file_version, rows, length, uid,
          crc) = TRAILER.unpack(payload[-TRAILER.size:])
-        if fmt != FORMAT_VERSION:
+        if fmt not in (FORMAT_VERSION, FORMAT_WITH_CHANGES):
             raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
-                      f"formats 1 and {FORMAT_VERSION} (damaged, or a newer arrowstate "
+                      f"formats 1 to {FORMAT_WITH_CHANGES} (damaged, or a newer arrowstate "
                       f"wrote it)")
+        if fmt == FORMAT_WITH_CHANGES and kind == DELTA:
+            highest_op = CHANGE_DELETE
         if length != len(payload) - TRAILER.size:
             raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
                       f"says {length} (truncated or appended to)")
@@ -239,9 +248,10 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
     for b in batches:
         ops = b.column(b.num_columns - 1)
         low, high = pc.min_max(ops).values()
-        if ops.null_count or (len(ops) and (low.as_py() < OP_REMOVE or high.as_py() > OP_PUT)):
-            raise bad(f"its {OP_COLUMN} column holds values other than {OP_PUT} and "
-                      f"{OP_REMOVE}")
+        if ops.null_count or (len(ops) and (low.as_py() < OP_REMOVE
+                                            or high.as_py() > highest_op)):
+            raise bad(f"its {OP_COLUMN} column holds values other than {OP_REMOVE} to "
+                      f"{highest_op}")
     if plan is not None:
         batches = [_project(b, plan) for b in batches]
     return batches, uid

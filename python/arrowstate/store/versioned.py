@@ -45,6 +45,7 @@ class VersionedState:
         self.files_skipped = 0              # damaged snapshots passed over by the last load
         self._pending_uid: bytes | None = None
         self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
+        self._has_change_records = False
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -68,13 +69,22 @@ class VersionedState:
                 pa.RecordBatch.from_arrays(removed, schema=self.schema), files.OP_REMOVE))
         return rows
 
+    def record_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
+        """Adds change records to this version's delta (no state: see `files`); `batch`
+        holds the key then the value columns, `ops` each row's files.CHANGE_* code."""
+        if batch.num_rows:
+            self._changes.append(pa.RecordBatch.from_arrays(
+                batch.columns + [ops.cast(pa.int8())],
+                names=self.schema.names + [files.OP_COLUMN]))
+            self._has_change_records = True
+
     # -- versions ---------------------------------------------------------------------------
     def commit_files(self, new_version: int, min_versions_to_retain: int
                      ) -> tuple[bytes, list[tuple[int, bytes]], int]:
         """The delta for new_version, the snapshots (of earlier versions) made meanwhile, and
         the version below which files may be pruned (-1 for none)."""
         delta, self._pending_uid = files.encode(self.schema, files.DELTA, new_version,
-                                                self._changes)
+                                                self._changes, self._has_change_records)
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
         return delta, snapshots, prune_below
 
@@ -83,6 +93,7 @@ class VersionedState:
         self.version = new_version
         self.last_uid = self._pending_uid
         self._changes.clear()
+        self._has_change_records = False
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
                                  min_deltas_for_snapshot)
@@ -124,6 +135,7 @@ class VersionedState:
             self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
             self.files_skipped = len(damaged)
             self._changes.clear()
+            self._has_change_records = False
             return
         raise files.CorruptStateFile(
             f"{source.where}/{files.file_name(files.SNAPSHOT, damaged[-1])}", source.context,
@@ -131,8 +143,11 @@ class VersionedState:
             f"({', '.join(map(str, damaged))}) and no chain of deltas alone reaches it")
 
     def _apply(self, batch: pa.RecordBatch) -> None:
-        """Replays a file batch: runs of puts and removes, in order."""
+        """Replays a file batch: runs of puts and removes, in order (change records are
+        no state)."""
         for op, run in files.op_runs(batch):
+            if op not in (files.OP_PUT, files.OP_REMOVE):
+                continue
             run = pa.RecordBatch.from_arrays(run.columns[:-1], schema=self.schema)
             run_keys = keycodec.rows(run.columns[: self.key_count], run.num_rows)
             if op == files.OP_PUT:

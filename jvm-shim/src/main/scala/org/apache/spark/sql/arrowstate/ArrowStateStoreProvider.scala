@@ -5,7 +5,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
-import org.json4s.JsonAST.{JObject, JValue}
+import org.json4s.JsonAST.{JObject, JString, JValue}
 import org.json4s.JsonDSL._
 import org.json4s.jackson.JsonMethods.{compact, render}
 
@@ -152,17 +152,23 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     case Some(p) => p.getStateStoreChangeDataReader(startVersion, endVersion,
       colFamilyNameOpt, endVersionStateStoreCkptId)
     case None =>
-      colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME).foreach { name =>
-        throw new UnsupportedOperationException(s"arrowstate: the change feed of " +
-          s"transformWithState state ($id, state variable $name) is not readable yet; " +
-          "read the state at each batchId instead")
-      }
+      // a transformWithState variable: the reader made this provider in its family's
+      // schemas (or registered the family)
+      val family = colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME)
+      val (keys, values) = family.flatMap(families.get)
+        .map(f => (f.keySchema, f.valueSchema)).getOrElse((keySchema, valueSchema))
+      val request = Seq[(String, JValue)]("version" -> endVersion,
+        "changesFrom" -> startVersion) ++ family.map(name => "columnFamily" -> JString(name))
       val changes = new WorkerReadStream(id, files,
-        ArrowStateStoreProvider.workerSettings(storeConf), keySchema, valueSchema,
-        "version" -> endVersion, "changesFrom" -> startVersion)({ (row, key, value) =>
-          val put = row.getByte(2) == 1
-          (if (put) RecordType.PUT_RECORD else RecordType.DELETE_RECORD, key,
-            if (put) value else null, row.getLong(3) - 1)   // as Spark's: the batch id
+        ArrowStateStoreProvider.workerSettings(storeConf), keys, values, request: _*)({
+          (row, key, value) =>
+            val kind = row.getByte(2) match {   // state_data.FEED_*
+              case 1 => RecordType.PUT_RECORD
+              case 2 => RecordType.MERGE_RECORD
+              case _ => RecordType.DELETE_RECORD
+            }
+            (kind, key, if (kind == RecordType.DELETE_RECORD) null else value,
+              row.getLong(3) - 1)   // as Spark's: the batch id
         })
       new NextIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
         override protected def getNext() =
