@@ -205,22 +205,38 @@ class _Variable:
         self.expiry = None if ttl_ms is None else self.now + ttl_ms
         self.index: list = []     # TTL: heap of (expiry, sequence, element key)
         self._indexed = 0         # TTL: heap size after its last rebuild
+        self._written_key, self._written = _NO_KEY, None   # _changed's last key, this batch
 
     # -- what the processor calls, for the current grouping key -----------------------------
     def _key(self):
         return self.family.current_key()
 
-    def _changed(self, key) -> None:
-        self.family.dirty[(self.name, key)] = None
+    def _changed(self, key) -> list:
+        """Marks the key's value as written in this batch; its operations (see logged).
+        The last key's are at hand: a processor works on one key at a time."""
+        if key is self._written_key:
+            return self._written
+        records = self.family.dirty.get((self.name, key))
+        if records is None:
+            records = self.family.dirty[(self.name, key)] = []
+        self._written_key, self._written = key, records
+        return records
 
     def logged(self, key, op: int, payload=None) -> None:
-        """Notes a state operation for the change feed: a value element (value), a list of
-        elements (list), a list of (user key, element or None to delete) (map)."""
-        records = self.family.log.get((self.name, key))
-        if records is None:
-            self.family.log[(self.name, key)] = [(op, payload)]
-        else:
-            records.append((op, payload))
+        """Notes a state operation for the change feed, as an op and its payload: an
+        element or None (value: update, delete), a list of elements (list: put), an element
+        (list: append), None (list: delete). Flat, two items an operation (a map's three:
+        see logged_entry), so that a write costs no container of its own."""
+        records = self._changed(key)
+        records.append(op)
+        records.append(payload)
+
+    def logged_entry(self, key, op: int, user_key, element=None) -> None:
+        """Notes a map operation: an entry written, or removed (no element)."""
+        records = self._changed(key)
+        records.append(op)
+        records.append(user_key)
+        records.append(element)
 
     def entries(self, key) -> int:
         """Rows Spark counts for the key: a value, a list, each map entry."""
@@ -279,7 +295,7 @@ class _Variable:
                 entries = data.get(group)
                 if entries is not None and user_key in entries and entries[user_key][1] <= now:
                     _remove_entry(self, group, entries, user_key)
-                    self.logged(group, CHANGE_DELETE, [(user_key, None)])
+                    self.logged_entry(group, CHANGE_DELETE, user_key)
                     removed += 1
             elif self.kind == LIST:
                 values = data.get(element_key)
@@ -310,6 +326,29 @@ def _remove_entry(var: _Variable, group, entries: dict, user_key) -> None:
         del entries[user_key]
         var.family.total -= 1
         var._changed(group)
+
+
+def _change_rows(kind: str, records: list) -> Iterator[tuple[int, Any]]:
+    """A key's logged operations as change records: one per value operation, list put or
+    list delete; a run of list appends as one record of their elements, a run of map
+    operations of one kind as one record of their (user key, element or None) pairs."""
+    if kind == MAP:
+        ops, payloads = records[0::3], zip(records[1::3], records[2::3])
+    else:
+        ops, payloads = records[0::2], records[1::2]
+    run_op, run = None, []
+    for op, payload in zip(ops, payloads):
+        merges = kind == MAP or (kind == LIST and op == CHANGE_APPEND)
+        if run and (not merges or op != run_op):
+            yield run_op, run
+            run = []
+        if merges:
+            run_op = op
+            run.append(payload)
+        else:
+            yield op, payload
+    if run:
+        yield run_op, run
 
 
 def _change_column(var: _Variable, payloads: list) -> pa.Array:
@@ -375,9 +414,10 @@ class _ValueClient:
             if key not in data:
                 family.total += 1
             data[key] = stored
-            family.dirty[(var.name, key)] = None
             family.metrics["numUpdatedStateRows"] += 1
-            var.logged(key, CHANGE_UPDATE, stored)
+            records = var._written if key is var._written_key else var._changed(key)
+            records.append(CHANGE_UPDATE)
+            records.append(stored)
             return
         element = var.element(stored)
         if var.data.get(key) == element:   # with a TTL Spark writes (and counts) a change
@@ -445,8 +485,7 @@ class _ListClient:
             var._set(key, [element])
         else:
             current.append(element)
-            var.family.dirty[(var.name, key)] = None
-        var.logged(key, CHANGE_APPEND, [element])
+        var.logged(key, CHANGE_APPEND, element)
         var.family.metrics["numUpdatedStateRows"] += 1
         if var.ttl is not None:
             var.indexed(key)
@@ -459,8 +498,8 @@ class _ListClient:
             var._set(key, stored)
         else:
             current.extend(stored)
-            var._changed(key)
-        var.logged(key, CHANGE_APPEND, list(stored))
+        var._changed(key).extend(itertools.chain.from_iterable(
+            (CHANGE_APPEND, element) for element in stored))
         var.family.metrics["numUpdatedStateRows"] += len(stored)
         if var.ttl is not None:
             var.indexed(key)
@@ -503,7 +542,7 @@ class _MapClient:
         if var.ttl is not None and entries is not None and entries.get(user_key) == element:
             return   # with a TTL Spark writes (and counts) a change only
         var.family.metrics["numUpdatedStateRows"] += 1
-        var.logged(group, CHANGE_UPDATE, [(user_key, element)])
+        var.logged_entry(group, CHANGE_UPDATE, user_key, element)
         if var.ttl is not None:
             var.indexed((group, user_key))
         if entries is None:
@@ -511,7 +550,6 @@ class _MapClient:
         else:
             var.family.total += user_key not in entries
             entries[user_key] = element
-            var._changed(group)
 
     def remove_key(self, _name: str, key) -> None:
         var = self.var
@@ -520,15 +558,15 @@ class _MapClient:
         if entries is not None and user_key in entries:
             _remove_entry(var, group, entries, user_key)
         # Spark records it, present or not
-        var.logged(group, CHANGE_DELETE, [(user_key, None)])
+        var.logged_entry(group, CHANGE_DELETE, user_key)
         var.family.metrics["numRemovedStateRows"] += 1
 
     def clear(self, _name: str) -> None:
         var = self.var
         group = var._key()
         entries = var.data.get(group, {})
-        if entries:
-            var.logged(group, CHANGE_DELETE, [(k, None) for k in entries])
+        for k in entries:
+            var.logged_entry(group, CHANGE_DELETE, k)
         var._set(group, None)
         var.family.metrics["numRemovedStateRows"] += len(entries)
 
@@ -756,8 +794,9 @@ class TransformWithState(FamilyBase):
             pa.field(STATE_NAME, pa.string())]
         self.variables: dict[str, _Variable] = {}
         self._parsed: dict = operator["variables"]
-        self.dirty: dict = {}                  # (variable, grouping key) -> None, in order
-        self.log: dict = {}   # (variable, grouping key) -> its state operations this batch
+        # (variable, grouping key) -> its state operations this batch (_Variable.logged), in
+        # the order keys were first written
+        self.dirty: dict = {}
         self.total = 0
         self._current = _NO_KEY                # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
@@ -1094,7 +1133,11 @@ class TransformWithState(FamilyBase):
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
-        dirty, self.dirty = list(self.dirty), {}
+        written, self.dirty = self.dirty, {}
+        for var in self.variables.values():
+            if var is not self.timers:
+                var._written_key = _NO_KEY
+        dirty = list(written)
         for column, name in enumerate(self.order):
             var = self.variables[name]
             changed = [g for n, g in dirty if n == name]
@@ -1128,35 +1171,37 @@ class TransformWithState(FamilyBase):
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
-        self._write_changes(state)
+        self._write_changes(state, written)
         if self.holds_keys:
             self._hold_keys(dict.fromkeys(g for _, g in dirty))
 
-    def _write_changes(self, state: VersionedState) -> None:
+    def _write_changes(self, state: VersionedState, written: dict) -> None:
         """This batch's state operations as change records, per variable and key in the
         order they ran; one update of a value, or one put of a list, that the key's put row
         already holds is left out (the reader derives it from the row)."""
-        log, self.log = self.log, {}
         logged: dict = {}
-        for (name, group), records in log.items():
+        for (name, group), records in written.items():
+            if not records:   # timers: no change feed
+                continue
             var = self.variables[name]
-            if (len(records) == 1 and records[0][0] == CHANGE_UPDATE and var.kind != MAP
-                    and var.data.get(group) == records[0][1]):
+            if (len(records) == 2 and records[0] == CHANGE_UPDATE and var.kind != MAP
+                    and var.data.get(group) == records[1]):
                 continue
             logged.setdefault(name, []).append((group, records))
         for column, name in enumerate(self.order):
             if name not in logged:
                 continue
+            var = self.variables[name]
             groups, owners, ops, payloads = [], [], [], []
             for i, (group, records) in enumerate(logged[name]):
                 groups.append(group)
-                for op, payload in records:
+                for op, payload in _change_rows(var.kind, records):
                     owners.append(i)
                     ops.append(op)
                     payloads.append(payload)
             _, key_columns = self._store_keys(name, groups)
             rows = pa.array(owners, pa.int32())
-            array = _change_column(self.variables[name], payloads)
+            array = _change_column(var, payloads)
             value_columns = [array if i == column else pa.nulls(len(ops), f.type)
                              for i, f in enumerate(self.value_fields)]
             state.record_changes(pa.RecordBatch.from_arrays(
