@@ -21,8 +21,10 @@ class RunningCount(StatefulProcessor):
 
 
 class EveryVariable(StatefulProcessor):
-    """A value, a list and a map per key; at four rows all three are cleared or trimmed.
-    Reports what the state holds, so a value that comes back wrong shows."""
+    """A value, a list and a map per key, written with every operation (a value twice, a
+    list appended one value or several at a time and put, a map's entries updated, an
+    absent one removed, the map cleared at three rows); at four rows all three are cleared
+    or trimmed. Reports what the state holds, so a value that comes back wrong shows."""
 
     def init(self, handle):
         self.count = handle.getValueState("count", "n long")
@@ -32,10 +34,17 @@ class EveryVariable(StatefulProcessor):
     def _update(self, user, values, stamps):
         n = self.count.get()[0] if self.count.exists() else 0
         n += len(values)
+        self.count.update((-n,))   # written twice in a call: two records in a change feed
+        if len(values) > 1:
+            self.items.appendList(list(zip(values, stamps)))
         for v, at in zip(values, stamps):
-            self.items.appendValue((v, at))
+            if len(values) == 1:
+                self.items.appendValue((v, at))
             c = self.seen.getValue((str(v),))
             self.seen.updateValue((str(v),), ((c[0] if c else 0) + 1, v / 2))
+        self.seen.removeKey(("absent",))   # Spark records the removal all the same
+        if n == 3:
+            self.seen.clear()
         if n >= 4:
             self.count.clear()
             self.items.clear()
