@@ -269,12 +269,41 @@ def _is_tws(o: dict) -> bool:
     return o["family"] == "transformWithState"
 
 
-def _refuse_column_families(checkpoint: str, o: dict) -> None:
-    """State in column families is converted for transformWithState and for nothing else."""
+def _refuse_column_families(checkpoint: str, o: dict, last: int) -> None:
+    """State in column families is converted for transformWithState and for nothing else;
+    arrowstate's transformWithState state, while it holds no variable the processor no
+    longer declares (the conversions read the declared ones)."""
     if o["key_schema"] is None and not _is_tws(o):
         raise CheckpointError(
             f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps its state in "
             "column families, which this command does not convert yet; nothing was changed")
+    kept = _undeclared_variables(checkpoint, o, last) if _is_tws(o) else []
+    if kept:
+        raise CheckpointError(
+            f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps the state of "
+            f"variables {kept} that its processor no longer declares (as Spark keeps their "
+            "column families), and this command converts declared variables only. Run the "
+            "query once with a processor whose init() declares them again, or removes them "
+            "with deleteIfExists; nothing was changed")
+
+
+def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
+    """The state variables arrowstate's files of the operator hold at batch `last` that
+    the processor (its newest operator metadata) does not declare."""
+    from .state_data import stored_schema
+    if ARROWSTATE not in o["engine"].split("+"):
+        return []
+    op_dir = os.path.join(checkpoint, "state", str(o["operator_id"]))
+    declared = {v["stateName"] for v in
+                tws_state.operator_properties(op_dir, last)["stateVariables"]}
+    held = set()
+    for p in range(o["partitions"]):
+        where = os.path.join(op_dir, str(p))
+        source = LocalFiles(where, f"operator {o['operator_id']}, partition {p}")
+        if os.path.isdir(where) and any(store_files.parse_name(n) for n in source.names()):
+            held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
+                        for f in stored_schema(source, last + 1))
+    return sorted(held - declared - {"", tws_state.TIMER_VARIABLE})
 
 
 @contextlib.contextmanager
@@ -351,7 +380,7 @@ def _convert(checkpoint: str, direction: str, choose, check, session_conf, call,
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is converted")
-        _refuse_column_families(checkpoint, o)
+        _refuse_column_families(checkpoint, o, last)
     version = last + 1
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
@@ -532,7 +561,7 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         if o["stores"] != ["default"]:
             raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
                                   f"{o['stores']}; only the default store is repartitioned")
-        _refuse_column_families(checkpoint, o)
+        _refuse_column_families(checkpoint, o, last)
     key = "spark.sql.shuffle.partitions"
     current = int(offset_conf(checkpoint, last).get(key, "0"))
     planned = _planned_batch(checkpoint)

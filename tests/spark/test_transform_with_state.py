@@ -3,13 +3,15 @@ worker that holds its state, against native Spark (which needs the RocksDB state
 them): the same rows per batch, the same state figures and Spark's metrics of the operator,
 across restarts."""
 import datetime as dt
+import os
 
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
 import tws_processors as procs
-from harness import assert_same, assert_state_reads_same, ttl_masked
+from arrowstate.checkpoint import CheckpointError
+from harness import assert_same, assert_state_reads_same, state_command, ttl_masked
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -142,10 +144,25 @@ def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):
         return df.groupBy("user").transformWithStateInPandas(
             runs[starts[engine] - 1](), "user string, count long", "Update", "None")
 
+    refused = []
+
+    def convert_while_history_is_kept(i, checkpoint):
+        """The state tools carry declared variables only: with the history kept undeclared
+        (after the third run), they refuse, naming it, and change nothing."""
+        if i == 4 and os.path.dirname(checkpoint).endswith("-on"):   # arrowstate's run
+            before = sorted(os.walk(checkpoint))
+            for command, args in (("export", ()), ("repartition", ("3",))):
+                with pytest.raises(CheckpointError, match=r"\['history'\].*deleteIfExists"):
+                    state_command(command, checkpoint, *args)
+            assert sorted(os.walk(checkpoint)) == before
+            refused.append(i)
+        return False
+
     batches = BATCHES + [[ev("a", 11), ev("c", 12)], [ev("b", 13)]]
     native, ours = assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=NODE,
                                output_mode="update", restart_after=[1, 3, 4],
-                               custom_metrics=VARS)
+                               custom_metrics=VARS, on_restart=convert_while_history_is_kept)
+    assert refused == [4]
     assert ("a", 4001) in native.outputs[3]   # a's count 4, its history begun after batch 1
     # the history went in batch 5's partitions (each had its column family), then no more
     deleted = {b: sum(p["numDeletedStateVars"] for p in c) for b, c in native.custom.items()}
