@@ -450,3 +450,63 @@ def test_transform_with_state_timers_expire_in_time_order_across_tasks_and_reloa
     family, _, _ = task(100, state)
     assert run(family, state, schema, [], []) == [("b", 40, "[40]", "100")]
     assert len(state) == 0
+
+
+def test_transform_with_state_change_feed_has_a_record_per_state_operation():
+    """What the family's deltas give Spark's change feed (state_data): every operation of a
+    task in order (repeated writes of a key too), a single value write from its put row."""
+    import json
+
+    from arrowstate import state_data
+    from arrowstate.store import files
+
+    (family, state), schema = _tws()
+    written = {}
+
+    class Files:
+        where, context = "ck/state/0/0", "operator 0, partition 0"
+
+        def names(self):
+            return list(written)
+
+        def read(self, name):
+            return written[name]
+
+    def run(version, users, values):
+        family, _ = _tws()[0]
+        family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
+        list(family.finish(state))
+        delta, _, _ = state.commit_files(version, 100)
+        written[files.file_name(files.DELTA, version)] = delta
+        state.mark_committed(version, 1000)
+
+    run(1, ["a", "a", "b"], [1, 1, 2])
+    run(2, ["a", "a"], [3, 1])
+
+    def struct(**fields):
+        return {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True,
+                                              "metadata": {}} for n, t in fields.items()]}
+
+    user, n = struct(user="string"), struct(n="long")
+
+    def feed(variable, key):
+        batches = state_data.read_column_family_changes(
+            Files(), 1, 2, variable, json.dumps(key), json.dumps(n))
+        return [(r["version"], r["op"], r["key"], r["value"])
+                for b in batches for r in b.to_pylist()]
+
+    put, merge, delete = state_data.FEED_PUT, state_data.FEED_MERGE, state_data.FEED_DELETE
+    a, b = {"user": "a"}, {"user": "b"}
+    assert sorted(feed("count", user), key=str) == sorted([
+        (1, put, a, {"n": 2}), (1, put, b, {"n": 1}), (2, put, a, {"n": 4})], key=str)
+    assert feed("values", user) == [
+        (1, merge, a, {"n": 1}), (1, merge, a, {"n": 1}), (1, merge, b, {"n": 2}),
+        (2, merge, a, {"n": 3}), (2, merge, a, {"n": 1}), (2, delete, a, None)]
+    entry = struct(key=user, userKey=struct(v="string"))
+    assert feed("per_value", entry) == [
+        (1, put, {"key": a, "userKey": {"v": "1"}}, {"n": 1}),
+        (1, put, {"key": a, "userKey": {"v": "1"}}, {"n": 2}),
+        (1, put, {"key": b, "userKey": {"v": "2"}}, {"n": 1}),
+        (2, put, {"key": a, "userKey": {"v": "3"}}, {"n": 1}),
+        (2, put, {"key": a, "userKey": {"v": "1"}}, {"n": 3})]
