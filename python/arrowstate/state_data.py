@@ -170,8 +170,9 @@ def _renamed(array: pa.StructArray, names: list[str]) -> pa.StructArray:
 
 
 def _variable_column(source: FileSource, state: VersionedState, column_family: str
-                     ) -> tuple[int, int]:
-    """The state's key column count and the column of the column family's variable."""
+                     ) -> tuple[int, int, str]:
+    """The state's key column count, and the column and name of the column family's
+    variable."""
     key_count, fields = state.key_count, list(state.schema)
     named = [(f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
              for f in fields[key_count:]]
@@ -183,7 +184,7 @@ def _variable_column(source: FileSource, state: VersionedState, column_family: s
         raise ValueError(f"arrowstate: the transformWithState state in {source.where} "
                          f"({source.context}) has no state variable {variable!r}; it has "
                          f"{sorted(n[2:] for n in named)}")
-    return key_count, key_count + named.index(f"s_{variable}")
+    return key_count, key_count + named.index(f"s_{variable}"), variable
 
 
 def read_column_family(source: FileSource, version: int, column_family: str,
@@ -197,8 +198,7 @@ def read_column_family(source: FileSource, version: int, column_family: str,
     state = stored_state(source, version)
     if state is None:
         return
-    key_count, column = _variable_column(source, state, column_family)
-    variable = TIMER_VARIABLE if column_family in TIMER_FAMILIES else column_family
+    key_count, column, variable = _variable_column(source, state, column_family)
     fields = list(state.schema)
     state.load(source, version, snapshot)
     grouping_names = [f["name"] for f in (
@@ -234,7 +234,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
     state = stored_state(source, end)
     if state is None:
         return
-    key_count, column = _variable_column(source, state, column_family)
+    key_count, column, variable = _variable_column(source, state, column_family)
     names = set(source.names())
     value_names = [f["name"] for f in value_schema["fields"]]
     for version in range(start, end + 1):
@@ -245,7 +245,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
                                         source.read(name), state.schema,
                                         state.dropped_columns)
         # a key's change records and its rows are in batches of their own
-        mine = [b.filter(pc.equal(b.column(key_count - 1), column_family)) for b in batches]
+        mine = [b.filter(pc.equal(b.column(key_count - 1), variable)) for b in batches]
         mine = [b for b in mine if b.num_rows]
         if mine:
             yield _change_records(pa.concat_batches(mine), key_count - 1, column, key_schema,
@@ -255,7 +255,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
 def _change_records(batch: pa.RecordBatch, grouping_count: int, column: int,
                     key_schema: dict, value_names: list[str], version: int
                     ) -> pa.RecordBatch:
-    """One delta batch's rows of a variable as change feed records, per key in order."""
+    """One delta's rows of a variable as change feed records, per key in order."""
     ops = batch.column(batch.num_columns - 1).to_pylist()
     groups = keycodec.rows(batch.columns[:grouping_count], batch.num_rows)
     with_records = {g for g, op in zip(groups, ops) if op > store_files.OP_PUT}

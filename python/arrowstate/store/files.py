@@ -19,8 +19,9 @@ every record batch in full (Arrow's `validate(full=True)` on a view with strings
 every offset and length, without rejecting the non-UTF-8 strings Spark allows), its
 columns' types, its row count and its op values. A change record is no state: it says what
 one state operation did (a family whose changes are finer than its rows, transformWithState,
-writes them for Spark's change feed), and a load passes over it. Format 1 files (arrowstate 0.1: the IPC stream alone,
-no trailer) still load, with the same full validation of their batches.
+writes them for Spark's change feed), and a load passes over it. Format 1 files (arrowstate
+0.1: the IPC stream alone, no trailer) still load, with the same full validation of their
+batches.
 """
 from __future__ import annotations
 
