@@ -4,9 +4,11 @@ with `--py-files` / `addPyFile` on sys.path, and the memory limit of
 `spark.executor.pyspark.memory`."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
-from typing import Any
+import traceback
+from typing import Any, TextIO
 
 
 def set_task_context(task: dict[str, Any]) -> None:
@@ -37,3 +39,38 @@ def limit_memory() -> None:
     from pyspark.worker_util import setup_memory_limits
 
     setup_memory_limits(int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "-1")))
+
+
+def enable_fault_log() -> TextIO | None:
+    """As pyspark's worker does: with `PYTHON_FAULTHANDLER_DIR` set, a crash's traceback goes
+    to `<dir>/<pid>`, which Spark's worker handle reads when the worker exits unasked."""
+    directory = os.environ.get("PYTHON_FAULTHANDLER_DIR")
+    if not directory:
+        return None
+    try:
+        log = open(os.path.join(directory, str(os.getpid())), "w", encoding="utf-8")
+    except OSError:
+        traceback.print_exc(file=sys.stderr)
+        return None
+    faulthandler.enable(file=log)
+    return log
+
+
+def record_fault(log: TextIO | None, text: str) -> None:
+    """A fatal Python error: to stderr (the executor log) and, for the task's error, the
+    fault log."""
+    print(text, file=sys.stderr)
+    if log is not None:
+        log.write(text)
+        log.flush()
+
+
+def close_fault_log(log: TextIO | None) -> None:
+    """A clean exit leaves no fault log behind."""
+    if log is not None:
+        faulthandler.disable()
+        log.close()
+        try:
+            os.remove(log.name)
+        except OSError:
+            pass

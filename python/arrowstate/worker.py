@@ -306,6 +306,9 @@ def import_what_functions_need() -> None:
 
 
 def main() -> None:
+    # Spark's own post-mortem: a crash's traceback goes to PYTHON_FAULTHANDLER_DIR/<pid>,
+    # which the JVM reads (PythonWorkerHandle.terminationDiagnostics) when we exit unasked
+    fault_log = environment.enable_fault_log()
     from pyspark.util import local_connect_and_auth
 
     conn_info = os.environ.get("PYTHON_WORKER_FACTORY_SOCK_PATH",
@@ -317,15 +320,37 @@ def main() -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
-    environment.limit_memory()
     exit_with_parent()
-    if os.environ.get("ARROWSTATE_FUNCTION_WORKER") == "1":
-        import_what_functions_need()
+    try:
+        environment.limit_memory()
+        if os.environ.get("ARROWSTATE_FUNCTION_WORKER") == "1":
+            import_what_functions_need()
+    except BaseException:
+        # the task waiting for this worker is told why it cannot start, in its own error
+        failed_to_start(sock_file, fault_log)
+        return
     try:
         Worker().serve(sock_file)
     except BaseException:
-        traceback.print_exc(file=sys.stderr)
+        environment.record_fault(fault_log, traceback.format_exc())
         sys.exit(1)
+    environment.close_fault_log(fault_log)
+
+
+def failed_to_start(f: BinaryIO, fault_log: Any) -> None:
+    """Sends the startup error as the answer to the first request, then waits for the JVM
+    to close the connection (exiting first could reset it before the error is read)."""
+    why = ("arrowstate: the Python state worker could not start "
+           f"({sys.executable}, pid {os.getpid()}):\n{traceback.format_exc()}")
+    environment.record_fault(fault_log, why)
+    try:
+        p.write_int(f, p.ERROR)
+        p.write_bytes(f, why.encode())
+        f.flush()
+        while f.read(1 << 16):
+            pass
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -79,3 +79,18 @@ def test_a_users_function_never_shares_a_process_with_another_querys_state(spark
     rows = [r for rows in peek.outputs.values() for r in rows]
     assert rows and all(r[1] == 0 for r in rows), rows
     assert all("ArrowFlatMapGroupsWithState" in p for p in peek.plans)
+
+
+@pytest.mark.slow
+def test_workers_start_under_spark_testing_and_say_why_they_cannot():
+    app = os.path.join(os.path.dirname(__file__), "..", "startup_app.py")
+    done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
+    seen = json.loads(lines[-1])
+    # as Spark's own suites run: pyspark's worker modules load in our marked workers
+    assert seen["spark_testing_dedup_same"] and seen["spark_testing_flatmap_same"], seen
+    # the task's error carries the worker's own reason, not only that it exited
+    error = seen["cannot_start_error"] or ""
+    assert "the Python state worker could not start" in error, error
+    assert "import pandas" in error and "failed to map segment" in error, error

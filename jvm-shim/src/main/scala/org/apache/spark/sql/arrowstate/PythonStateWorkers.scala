@@ -108,6 +108,27 @@ class PythonStateWorker(
   def kill(): Unit = {
     try channel.close() catch { case _: Exception => }
     process.foreach(_.destroy())
+    forgetFaultLog()
+  }
+
+  /** Removes what a stopped worker left in the fault log directory. */
+  def forgetFaultLog(): Unit =
+    try process.foreach(_.terminationDiagnostics()) catch { case _: Exception => }
+
+  /** The worker closed the connection unasked: its exit status and last words, when the
+   * process left them (a Python error or a crash's traceback). */
+  private def exitedUnasked(cause: Throwable): IOException = {
+    val waited = process.forall { p =>
+      val deadline = System.currentTimeMillis() + 2000
+      while (p.isAlive() && System.currentTimeMillis() < deadline) Thread.sleep(20)
+      !p.isAlive()
+    }
+    val lastWords = process.flatMap(_.terminationDiagnostics()).map(_.trim).filter(_.nonEmpty)
+    new IOException(
+      s"arrowstate: Python state worker $id ($pythonExec) exited unexpectedly" +
+        (if (waited) "" else " (still running after its connection closed)") +
+        lastWords.map(w => s"; its last output:\n$w").getOrElse(
+          " without a message (see the executor log for its output)"), cause)
   }
 
   def writeBytes(b: Array[Byte]): Unit = {
@@ -125,10 +146,7 @@ class PythonStateWorker(
   /** The next frame's tag; an ERROR frame becomes an exception with the Python traceback. */
   def readTag(): Int = {
     val tag = try in.readInt() catch {
-      case e: EOFException =>
-        throw new IOException(
-          s"arrowstate: Python state worker $id exited unexpectedly " +
-            "(see the executor log for its output)", e)
+      case e: EOFException => throw exitedUnasked(e)
     }
     if (tag == Contract.Frame.Error) {
       val traceback = new String(readBytes(), UTF_8)
@@ -242,8 +260,17 @@ object PythonStateWorkers extends Logging {
       .orElse(sys.env.get("PYSPARK_PYTHON"))
       .getOrElse("python3")
 
-  private val OwnEnvVars: Map[String, String] = Map(
+  /** Where a worker that dies leaves its last words (its pid's file), as pyspark's do. */
+  private lazy val FaultLogDir = org.apache.spark.util.Utils.createTempDir(
+    namePrefix = "arrowstate-worker-faults")
+
+  private lazy val OwnEnvVars: Map[String, String] = Map(
     "SPARK_BUFFER_SIZE" -> "65536",
+    // as Spark's runners mark theirs: pyspark's worker modules refuse to load without it
+    // under SPARK_TESTING
+    "SPARK_PYTHON_RUNTIME" -> "PYTHON_WORKER",
+    // the factory binds it to the worker's handle (`terminationDiagnostics`)
+    "PYTHON_FAULTHANDLER_DIR" -> FaultLogDir.getAbsolutePath,
     "ARROWSTATE_WORKER" -> "1")
 
   /**
@@ -380,6 +407,7 @@ object PythonStateWorkers extends Logging {
       try {
         e.destroyPythonWorker(worker.pythonExec, WorkerModule, DaemonModule, worker.envVars,
           worker.handle)
+        worker.forgetFaultLog()
       } catch {
         case ex: Exception =>
           logWarning(s"arrowstate: could not stop Python worker ${worker.id}", ex)
@@ -490,7 +518,7 @@ object PythonStateWorkers extends Logging {
       worker.out.write(b)
     }
     worker.out.flush()
-    require(worker.in.readInt() == Contract.Frame.Drop, "arrowstate: worker did not drop state")
+    require(worker.readTag() == Contract.Frame.Drop, "arrowstate: worker did not drop state")
     val resident = worker.in.readLong()   // read here: a log message is only built if logged
     logInfo(s"arrowstate: Python state worker ${worker.id} dropped ${keys.size} partitions' " +
       s"state; it now holds $resident bytes resident")

@@ -1,0 +1,82 @@
+"""Worker start-up in processes of their own: a Spark started under `SPARK_TESTING` (as
+Spark's own suites run it), and a worker that cannot start. Started by
+tests/spark/test_workers.py; prints one JSON line with what it saw."""
+import datetime as dt
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+import arrowstate  # noqa: E402
+from harness import _as_text, run_query  # noqa: E402
+
+SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+BATCHES = [[{"user": u, "ts": dt.datetime.fromtimestamp(i, dt.timezone.utc)}
+            for i, u in enumerate(users)] for users in (["a", "b", "a"], ["b", "c"])]
+
+
+def session(**settings):
+    builder = (SparkSession.builder.master("local[2]").appName("arrowstate-startup-test")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC"))
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = arrowstate.configure(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def count(key, pdfs, state):
+    import pandas as pd
+
+    n = sum(len(pdf) for pdf in pdfs) + (state.get[0] if state.exists else 0)
+    state.update((n,))
+    yield pd.DataFrame({"user": [key[0]], "n": [n]})
+
+
+def by_user(df):
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    return df.groupBy("user").applyInPandasWithState(
+        count, "user string, n long", "n long", "Update", GroupStateTimeout.NoTimeout)
+
+
+def main() -> None:
+    seen = {}
+    workdir = tempfile.mkdtemp(prefix="arrowstate-startup-")
+
+    # 1. Spark's test mode: pyspark's worker modules load only in a marked Python worker.
+    os.environ["SPARK_TESTING"] = "1"
+    spark = session()
+    for name, build, mode in (("dedup", lambda df: df.dropDuplicates(["user"]), "append"),
+                              ("flatmap", by_user, "update")):
+        off = run_query(spark, workdir, SCHEMA, BATCHES, build, arrowstate=False,
+                        output_mode=mode)
+        on = run_query(spark, workdir, SCHEMA, BATCHES, build, arrowstate=True,
+                       output_mode=mode)
+        seen[f"spark_testing_{name}_same"] = _as_text(on.outputs) == _as_text(off.outputs)
+    spark.stop()
+    del os.environ["SPARK_TESTING"]
+
+    # 2. A function's worker that cannot start (an address-space limit below what importing
+    #    pandas needs): the task's error says why, not only that the worker exited.
+    spark = session(**{"spark.executor.pyspark.memory": "64m"})
+    try:
+        run_query(spark, workdir, SCHEMA, BATCHES, by_user, arrowstate=True,
+                  output_mode="update")
+        seen["cannot_start_error"] = None
+    except Exception as e:   # noqa: BLE001 - the error's text is what is checked
+        text = str(e)
+        seen["cannot_start_error"] = text[text.find("arrowstate"):][:4000]
+    spark.stop()
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()
