@@ -15,6 +15,7 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .families.group_state_values import arrow_fields
 from .families.transform_with_state import STATE_NAME, TIMER_VARIABLE
 from .store import VersionedState
 from .store import files as store_files
@@ -64,13 +65,10 @@ class _Builder:
     """Arrow columns in the types the family keeps, from the state reader's columns."""
 
     def __init__(self, time_zone: str) -> None:
-        from pyspark.sql.pandas.types import to_arrow_type
         self.time_zone = time_zone
-        self._arrow = to_arrow_type
 
     def struct(self, spark_type) -> pa.DataType:
-        return pa.struct([pa.field(f.name, self._arrow(f.dataType, timezone=self.time_zone))
-                          for f in spark_type.fields])
+        return pa.struct(arrow_fields(spark_type, self.time_zone))
 
     def element(self, spark_type, ttl: bool) -> pa.DataType:
         """A stored element: the value, or with a TTL struct<value, expiresAtMs>."""

@@ -26,7 +26,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase, gather_rows
-from .group_state_values import StateValueWriter
+from .group_state_values import StateValueWriter, arrow_fields
 from .pandas_io import PandasIO
 
 NO_TIMESTAMP = -1
@@ -52,7 +52,6 @@ class FlatMapGroupsWithState(FamilyBase):
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
         from pyspark.sql.conversion import ArrowTableToRowsConversion
-        from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.streaming.state import GroupState
         from pyspark.sql.types import (BooleanType, ByteType, DoubleType, FloatType,
                                        IntegerType, LongType, Row, ShortType, StringType,
@@ -77,8 +76,7 @@ class FlatMapGroupsWithState(FamilyBase):
             for f in self.state_schema.fields)
         self.value_names = input_schema.names[: self.value_count]
         self.key_fields = [input_schema.field(i) for i in self.key_indices]
-        self.state_fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=self.io.timezone))
-                             for f in self.state_schema.fields]
+        self.state_fields = arrow_fields(self.state_schema, self.io.timezone)
         self._state_writer = StateValueWriter(self.state_schema, self.state_fields)
         self.value_fields = self.state_fields + [pa.field(DEFINED, pa.bool_()),
                                                  pa.field(TIMEOUT, pa.int64())]

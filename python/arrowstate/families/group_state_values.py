@@ -22,6 +22,16 @@ Converter = Callable[[Any], Any]
 _INT_BITS = {"byte": 8, "short": 16, "integer": 32, "long": 64}
 
 
+def arrow_fields(schema, timezone: str) -> list[pa.Field]:
+    """The Arrow fields of a Spark struct's fields as Spark's own Arrow conversion makes them
+    (the JVM's and pyspark's alike): a name a struct repeats is carried as name_0, name_1,
+    ... (pyspark's Row conversion reads it so). Top-level fields are nullable, as stored."""
+    from pyspark.sql.pandas.types import _deduplicate_field_names, to_arrow_type
+
+    return [pa.field(f.name, f.type)
+            for f in to_arrow_type(_deduplicate_field_names(schema), timezone=timezone)]
+
+
 class StateValueError(ValueError):
     """A value native Spark could not store either."""
 
@@ -154,8 +164,10 @@ def from_java(data_type) -> Converter:
 
 
 def struct_from_java(schema) -> Converter:
+    from pyspark.sql.pandas.types import _dedup_names
+
     fields = [from_java(f.dataType) for f in schema.fields]
-    names = schema.names
+    names = _dedup_names(schema.names)   # as the Arrow struct names them (arrow_fields)
 
     def convert(v):
         kind = _java_kind(v)

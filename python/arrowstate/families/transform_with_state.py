@@ -57,7 +57,7 @@ from ..store import VersionedState
 from ..store import files as store_files
 from ..store.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
 from .base import FamilyBase, gather_rows
-from .group_state_values import StateValueWriter
+from .group_state_values import StateValueWriter, arrow_fields
 from .pandas_io import PandasIO
 
 STATE_NAME = "__state"
@@ -97,13 +97,11 @@ class _Codec:
 
     def __init__(self, schema, timezone: str) -> None:
         from pyspark.sql.conversion import ArrowTableToRowsConversion
-        from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.streaming import stateful_processor_api_client as client
         client._load_numpy()   # pyspark's normaliser knows numpy only once this ran
         _normalize_state_value = client._normalize_state_value
         self.schema = schema
-        self.fields = [pa.field(f.name, to_arrow_type(f.dataType, timezone=timezone))
-                       for f in schema.fields]
+        self.fields = arrow_fields(schema, timezone)
         self.type = pa.struct(self.fields)
         self.writer = StateValueWriter(schema, self.fields)
         self._to_rows = ArrowTableToRowsConversion.convert
@@ -1263,8 +1261,6 @@ class TransformWithState(FamilyBase):
         if not self._output_rows:
             return None
         if self._output_schema is None:   # as pyspark's worker converts Rows
-            from pyspark.sql.pandas.types import to_arrow_type
-            self._output_schema = pa.schema(list(to_arrow_type(
-                self.io.output_schema, timezone="UTC", prefers_large_types=False)))
+            self._output_schema = pa.schema(arrow_fields(self.io.output_schema, "UTC"))
         rows, self._output_rows = self._output_rows, []
         return pa.RecordBatch.from_pylist(rows, schema=self._output_schema)

@@ -20,8 +20,11 @@ import org.apache.spark.sql.vectorized.{ArrowColumnVector, ColumnVector, Columna
 class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoCloseable {
   private val allocator: BufferAllocator =
     ArrowUtils.rootAllocator.newChildAllocator("arrowstate-encoder", 0, Long.MaxValue)
+  // Arrow's struct vectors key their children by name: a name a struct repeats (Spark allows
+  // it) becomes name_0, name_1, ... as Spark's own Arrow conversion makes it. Both sides read
+  // columns and fields by position; unrepeated names stay as they are, so do stored files.
   private val root = VectorSchemaRoot.create(
-    ArrowUtils.toArrowSchema(schema, timeZoneId, true, false), allocator)
+    ArrowUtils.toArrowSchema(schema, timeZoneId, false, false), allocator)
   private val writer = ArrowWriter.create(root)
 
   private def ipc(withBatch: Boolean): Array[Byte] = {

@@ -92,6 +92,8 @@ case class ArrowFlatMapGroupsWithStateExec(
     val sent = ArrowFlatMapGroupsWithState.sentColumns(groupingAttributes, child.output)
     // all nullable, as Spark's own node sends them
     val sentSchema = DataTypeUtils.fromAttributes(sent.map(_.withNullability(true)))
+    // as Spark's runner refuses it: pandas would lose a field a struct names twice
+    org.apache.spark.sql.util.ArrowUtils.failDuplicatedFieldNames(sentSchema)
     val operator: JValue =
       ("command" -> Base64.getEncoder.encodeToString(function.command.toArray)) ~
         ("pythonIncludes" -> function.pythonIncludes.asScala.toList) ~

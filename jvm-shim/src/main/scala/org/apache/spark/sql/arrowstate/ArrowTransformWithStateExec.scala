@@ -97,6 +97,8 @@ case class ArrowTransformWithStateExec(
     val function = udf.func
     val sent = ArrowTransformWithState.sentColumns(spark.groupingAttributes, udf, child.output)
     val sentSchema = DataTypeUtils.fromAttributes(sent.map(_.withNullability(true)))
+    // as Spark's runner refuses it: pandas and Rows would lose a field a struct names twice
+    org.apache.spark.sql.util.ArrowUtils.failDuplicatedFieldNames(sentSchema)
     val grouping = spark.groupingAttributes.size
     val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
       allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
