@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 import zipfile
@@ -330,14 +331,16 @@ def parse_report(text: str) -> tuple[dict[str, dict], list[str]]:
         if seconds is not None:
             entry["seconds"] = seconds
         if status in ("failed", "canceled"):
+            # the message (its first line indented by two spaces, the rest as it is) and
+            # ScalaTest's short trace follow, up to the next test or the run's end
             msg = []
-            for nxt in lines[i + 1:i + 4]:
-                if nxt.startswith("  ") and not nxt.startswith("- "):
-                    msg.append(nxt.strip())
-                else:
+            for nxt in lines[i + 1:i + 3000]:
+                if nxt.startswith("- ") or nxt.startswith("Run completed in ") or \
+                        "*** ABORTED ***" in nxt:
                     break
+                msg.append(nxt[2:] if not msg and nxt.startswith("  ") else nxt)
             if msg:
-                entry["message"] = msg[0]
+                entry["message"] = "\n".join(msg).strip("\n")
         tests[body] = entry
     return tests, aborts
 
@@ -350,7 +353,8 @@ def _seconds(duration: str) -> float:
 
 
 def parse_junit(xml_dir: Path) -> dict[str, dict]:
-    """Failure details from ScalaTest's JUnit XML: {test: {message, trace}}."""
+    """Failure details from ScalaTest's JUnit XML: {test: {message, trace}} (the message as
+    the trace's text has it, lines kept: the XML attribute has them joined)."""
     details: dict[str, dict] = {}
     for f in xml_dir.glob("*.xml"):
         try:
@@ -360,10 +364,26 @@ def parse_junit(xml_dir: Path) -> dict[str, dict]:
         for tc in root.iter("testcase"):
             for child in tc:
                 if child.tag in ("failure", "error"):
+                    trace = textwrap.dedent((child.text or "").strip("\n"))
                     details[tc.get("name")] = {
-                        "message": child.get("message") or "",
-                        "trace": (child.text or "").strip("\n")}
+                        "message": _trace_message(trace) or child.get("message") or "",
+                        "trace": trace}
     return details
+
+
+def _trace_message(trace: str) -> str:
+    """The message at the head of a JUnit XML trace (up to its first frame)."""
+    head = []
+    for line in trace.splitlines():
+        if re.match(r"^\s*at \S+\(.*\)$", line):
+            break
+        head.append(line)
+    return "\n".join(head).strip("\n")
+
+
+# a JVM frame or exception of the shim, a Python frame in arrowstate, a Python exception of it
+PLUGIN_FRAME = re.compile(r"org\.apache\.spark\.sql\.arrowstate\.\S|/arrowstate/\S+\.py\b|"
+                          r"^arrowstate\.[\w.]+: ")
 
 
 def plugin_frames(text: str) -> list[str]:
@@ -371,17 +391,38 @@ def plugin_frames(text: str) -> list[str]:
     seen, out = set(), []
     for line in text.splitlines():
         s = line.strip()
-        if "arrowstate" in s and s not in seen:
+        if PLUGIN_FRAME.search(s) and s not in seen and len(s) < 600:
             seen.add(s)
             out.append(s)
     return out[:20]
 
 
+_PREFIXES = [
+    r"^[\w.$]+(?:Exception|Error): (?=\[STREAM_FAILED\])",
+    r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with exception: ",
+    r"^Job aborted due to stage failure: Task \S+ in stage \S+ failed \d+ times?, most recent "
+    r"failure: Lost task \S+ in stage \S+ \(TID \d+\) \([^)]*\): ",
+]
+
+
 def first_line(text: str) -> str:
-    for line in (text or "").splitlines():
-        if line.strip():
-            return line.strip()[:400]
-    return ""
+    """What a failure says, in a line: its message's first line less Spark's wrapping (the
+    streaming query's, the failed job's), with the Python exception of a traceback and the
+    step of a StreamTest that failed."""
+    text = text or ""
+    line = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    for _ in range(3):
+        for p in _PREFIXES:
+            line = re.sub(p, "", line)
+    if "Traceback (most recent call last)" in text:
+        after = text[text.index("Traceback (most recent call last)"):].splitlines()[1:]
+        exc = next((x for x in after if x and not x[0].isspace()), None)
+        if exc:
+            line = f"{line.split('Traceback')[0].strip()} ... {exc.strip()}"
+    step = re.search(r"^\s*=> (.+)$", text, re.M)
+    if step and "== Progress ==" in text:
+        line = f"{line} [failing step: {step.group(1).strip()}]"
+    return line[:500]
 
 
 def run_suite(suite: str, mode: str, cp: list[str], prepared: dict, work: Path,
@@ -438,8 +479,9 @@ def run_suite(suite: str, mode: str, cp: list[str], prepared: dict, work: Path,
         entry["message"] = d["message"]
         entry["trace"] = d["trace"]
     for entry in tests.values():
-        if entry["status"] == "failed":
-            frames = plugin_frames(entry.get("message", "") + "\n" + entry.get("trace", ""))
+        if entry["status"] in ("failed", "canceled"):
+            entry["first_line"] = first_line(entry.get("message", ""))
+            frames = plugin_frames(entry.get("trace") or entry.get("message", ""))
             if frames:
                 entry["plugin_frames"] = frames
     counts = {k: sum(1 for t in tests.values() if t["status"] == k)
@@ -499,7 +541,8 @@ def compare(suite: str, off: dict | None, on: dict | None) -> list[dict]:
                 entry["message"] = "\n\n".join(on["aborted"])
         else:
             msg = o.get("message", "")
-            entry = {"test": name, "on_status": o["status"], "first_line": first_line(msg),
+            entry = {"test": name, "on_status": o["status"],
+                     "first_line": o.get("first_line") or first_line(msg),
                      "message": msg, "trace": o.get("trace", "")}
             if o.get("plugin_frames"):
                 entry["plugin_frames"] = o["plugin_frames"]
@@ -543,7 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepare-only", action="store_true",
                     help="download the test jars into the cache, run nothing")
     ap.add_argument("--list", action="store_true", help="print the suites chosen, run nothing")
+    ap.add_argument("--summarize", metavar="REPORT_JSON",
+                    help="print an earlier run's report.json again (judged with "
+                         "EXPECTED_FAILURES as it is now), run nothing")
     args = ap.parse_args(argv)
+    if args.summarize:
+        return summarize(Path(args.summarize))
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("off", "on") for m in modes):
@@ -606,8 +654,6 @@ def main(argv: list[str] | None = None) -> int:
               "dropped_from_test_deps": prepared["dropped"],
               "expected_failures": EXPECTED_FAILURES, "suites": {}}
     report_file = out / "report.json"
-    unexpected = 0
-    errors: list[str] = []   # runs off that aborted or timed out: nothing to compare with
     for suite in suites:
         simple = suite.rsplit(".", 1)[-1]
         print(f"{simple}  ({suite})", flush=True)
@@ -619,62 +665,108 @@ def main(argv: list[str] | None = None) -> int:
         entry = {"modes": results}
         if "off" not in modes and "on" in results:
             # tell regressions from tests that fail anyway: the ones not passing on, off
-            on = results["on"]
-            again = [n for n, t in on["tests"].items() if t["status"] in ("failed", "canceled")]
+            again = [n for n, t in results["on"]["tests"].items()
+                     if t["status"] in ("failed", "canceled")]
             if again:
                 r = run_suite(suite, "off", cp, prepared, work, logs, args.timeout,
                               [x for n in again for x in ("-t", n)])
                 r["partial"] = "only the tests that did not pass on"
                 print_mode(r)
                 entry["off_confirmation"] = r
-            off = entry.get("off_confirmation") or {"tests": {}}
-            regressions = compare(suite, off, on)
-            if on.get("aborted") or on.get("timed_out"):
-                # what did not run on is unknown without an off run: counted as one
-                why = on.get("timed_out") or first_line(on["aborted"][0])
-                regressions.append({"test": "(the rest of the suite)", "on_status": "not run",
-                                    "first_line": f"aborted or timed out with arrowstate on "
-                                                  f"(no off run to compare): {why}",
-                                    "message": "\n\n".join(on.get("aborted", []))})
-        else:
-            regressions = compare(suite, results.get("off"), results.get("on"))
-        entry["regressions"] = regressions
-        stale = [t for t in EXPECTED_FAILURES.get(simple, {})
-                 if "on" in results and results["on"]["tests"].get(t, {}).get("status")
-                 == "passed"]
-        if stale:
-            entry["expected_but_passed"] = stale
+        evaluate(suite, entry)
         report["suites"][suite] = entry
-        for r in regressions:
-            mark = f"expected: {r['expected']}" if "expected" in r else "REGRESSION"
-            print(f"    pass off, {r['on_status']} on [{mark}]: {r['test']}\n"
-                  f"        {r['first_line']}", flush=True)
-            if "plugin_frames" in r:
-                print(f"        {r['plugin_frames'][0]}", flush=True)
-            if "expected" not in r:
-                unexpected += 1
-        for t in stale:
-            print(f"    listed in EXPECTED_FAILURES but passes on: {t}", flush=True)
-        for mode, r in results.items():
-            if mode == "off" and (r.get("timed_out") or r.get("aborted")):
-                errors.append(f"{simple} off: " + (r.get("timed_out")
-                                                   or first_line(r["aborted"][0])))
+        print_regressions(entry)
         report_file.write_text(json.dumps(report, indent=1))
 
     shutil.rmtree(work, ignore_errors=True)
+    report["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+    return finish(report, report_file)
+
+
+def evaluate(suite: str, entry: dict) -> None:
+    """Sets the suite's regressions (with EXPECTED_FAILURES as it is now), the expected
+    failures that pass, and the errors (an off run that aborted or timed out)."""
+    simple = suite.rsplit(".", 1)[-1]
+    results = entry["modes"]
+    if "off" not in results and "on" in results:
+        on = results["on"]
+        regressions = compare(suite, entry.get("off_confirmation") or {"tests": {}}, on)
+        if on.get("aborted") or on.get("timed_out"):
+            # what did not run on is unknown without an off run: counted as one
+            why = on.get("timed_out") or first_line(on["aborted"][0])
+            entry_ = {"test": "(the rest of the suite)", "on_status": "not run",
+                      "first_line": "aborted or timed out with arrowstate on (no off run to "
+                                    f"compare): {why}",
+                      "message": "\n\n".join(on.get("aborted", []))}
+            if "(the rest of the suite)" in EXPECTED_FAILURES.get(simple, {}):
+                entry_["expected"] = EXPECTED_FAILURES[simple]["(the rest of the suite)"]
+            regressions.append(entry_)
+    else:
+        regressions = compare(suite, results.get("off"), results.get("on"))
+    entry["regressions"] = regressions
+    entry["expected_but_passed"] = [
+        t for t in EXPECTED_FAILURES.get(simple, {})
+        if "on" in results and results["on"]["tests"].get(t, {}).get("status") == "passed"]
+    off = results.get("off")
+    entry["errors"] = [f"{simple} off: " + (off.get("timed_out") or first_line(off["aborted"][0]))
+                       ] if off and (off.get("timed_out") or off.get("aborted")) else []
+
+
+def print_regressions(entry: dict) -> None:
+    for r in entry["regressions"]:
+        mark = f"expected: {r['expected']}" if "expected" in r else "REGRESSION"
+        print(f"    pass off, {r['on_status']} on [{mark}]: {r['test']}\n"
+              f"        {r['first_line']}", flush=True)
+        if r.get("plugin_frames"):
+            print(f"        {r['plugin_frames'][0]}", flush=True)
+    for t in entry["expected_but_passed"]:
+        print(f"    listed in EXPECTED_FAILURES but passes on: {t}", flush=True)
+
+
+def finish(report: dict, report_file: Path) -> int:
+    unexpected = sum(1 for e in report["suites"].values() for r in e["regressions"]
+                     if "expected" not in r)
+    errors = [x for e in report["suites"].values() for x in e["errors"]]
     report["unexpected_regressions"] = unexpected
     report["errors"] = errors
-    report["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+    report["expected_failures"] = EXPECTED_FAILURES
     report_file.write_text(json.dumps(report, indent=1))
+    modes = report["modes"]
     print("\nseconds per suite: " + ", ".join(modes))
     for suite, entry in report["suites"].items():
-        secs = "  ".join(f"{entry['modes'][m]['seconds']:8.1f}" for m in modes)
+        secs = "  ".join(f"{entry['modes'][m]['seconds']:8.1f}" for m in modes
+                         if m in entry["modes"])
         print(f"  {suite.rsplit('.', 1)[-1]:<62} {secs}")
+    total = {m: sum(e["modes"][m]["seconds"] for e in report["suites"].values()
+                    if m in e["modes"]) for m in modes}
+    print(f"  {'(total)':<62} " + "  ".join(f"{total[m]:8.1f}" for m in modes))
     print(f"spark_suites: {unexpected} unexpected regression(s) "
           f"(tests that pass off and fail with arrowstate on); report {report_file}")
     for e in errors:
         print(f"spark_suites: ERROR (without arrowstate): {e}")
     return EXIT_REGRESSION if unexpected else EXIT_ERROR if errors else 0
+
+
+def summarize(report_file: Path) -> int:
+    """Prints an earlier run's report again, judged with EXPECTED_FAILURES as it is now."""
+    report = json.loads(report_file.read_text())
+    for suite, entry in report["suites"].items():
+        for r in [*entry["modes"].values(), entry.get("off_confirmation")]:
+            for t in (r or {}).get("tests", {}).values():
+                if t.get("trace"):
+                    t["message"] = _trace_message(t["trace"])
+                if t["status"] in ("failed", "canceled"):
+                    t["first_line"] = first_line(t.get("message", ""))
+                    t["plugin_frames"] = plugin_frames(t.get("trace") or t.get("message", ""))
+        print(f"{suite.rsplit('.', 1)[-1]}  ({suite})")
+        for mode in ("off", "on"):
+            if mode in entry["modes"]:
+                print_mode(entry["modes"][mode])
+        if entry.get("off_confirmation"):
+            print_mode(entry["off_confirmation"])
+        evaluate(suite, entry)
+        print_regressions(entry)
+    return finish(report, report_file)
 
 
 if __name__ == "__main__":

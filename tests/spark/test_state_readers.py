@@ -2,6 +2,7 @@
 the change feed, from a snapshot) and `state-metadata` return for an arrowstate checkpoint
 what they return for the native checkpoint of the same query on the same input."""
 import datetime as dt
+import glob
 import json
 import os
 import subprocess
@@ -308,3 +309,46 @@ def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_
     assert [b for b, n in adopted.items() if n > 0] == [first_after], adopted
     again = state_command("repartition", run.checkpoint, str(partitions))
     assert again["repartitioned"] == [] and "nothing to do" in again["message"]
+
+
+def _as_spark_3_3_0_recorded_it(checkpoint):
+    """Spark before 3.3.1 recorded a dedup operator's value schema as every input column
+    (SPARK-39650) while storing an empty row: its schema file, rewritten so."""
+    import struct
+
+    for path in glob.glob(os.path.join(checkpoint, "state", "0", "*", "_metadata", "schema")):
+        with open(path, "rb") as f:
+            assert f.read(4)[2:] in (b"v1", b"v2")
+        key = {"type": "struct", "fields": [
+            {"name": "user", "type": "string", "nullable": True, "metadata": {}}]}
+        value = {"type": "struct", "fields": [
+            {"name": n, "type": t, "nullable": True, "metadata": {}}
+            for n, t in (("user", "string"), ("ts", "timestamp"), ("v", "long"))]}
+        with open(path, "wb") as f:
+            for text in ("v1", json.dumps(key), json.dumps(value)):
+                data = text.encode()
+                f.write(struct.pack(">H", len(data)) + data)
+        crc = os.path.join(os.path.dirname(path), ".schema.crc")
+        if os.path.exists(crc):
+            os.remove(crc)
+
+
+def test_dedup_state_recorded_before_spark_3_3_1_is_adopted_as_spark_recovers_it(
+        spark, spark_conf, tmp_path):
+    """SPARK-39650: a dedup checkpoint whose schema file names every input column as the
+    value continues on arrowstate as on Spark (which ignores that value)."""
+    _provider(spark_conf, "HDFSBackedStateStoreProvider")
+    build, mode = CASES["dedup"]
+    runs = {}
+    for on in (False, True):
+        def rewrite_then_switch(i, checkpoint, on=on):
+            _as_spark_3_3_0_recorded_it(checkpoint)
+            spark.conf.set("spark.arrowstate.enabled", str(on).lower())
+            return False
+        runs[on] = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                             output_mode=mode, restart_after=[1], on_restart=rewrite_then_switch,
+                             custom_metrics=["stateRowsAdopted"])
+    assert runs[True].outputs == runs[False].outputs
+    assert runs[True].figures == runs[False].figures
+    assert "ArrowStreamingDeduplicate" in runs[True].plans[-1]
+    assert sum(c[0]["stateRowsAdopted"] or 0 for c in runs[True].custom.values()) == 3

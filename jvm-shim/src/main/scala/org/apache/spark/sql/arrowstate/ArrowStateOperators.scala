@@ -72,7 +72,7 @@ case class StatePartitionOpener(
         ArrowStateRDD.providerId(info, partitionId), workerSettings) { exchange =>
       // a checkpoint written by Spark's own operators continues here: its state becomes
       // arrowstate's on this first load
-      exchange.adoptedRows = StateConversion.adoptIfSparkState(info, partitionId, files,
+      exchange.adoptedRows = StateConversion.adoptIfSparkState(family, info, partitionId, files,
         hadoopConf.value.value, workerSettings.copy(owner = None, function = None), timeZone)
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {

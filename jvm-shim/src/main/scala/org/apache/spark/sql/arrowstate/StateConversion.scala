@@ -18,7 +18,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvider, KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, OperatorStateMetadataV1Reader, PrefixKeyScanStateEncoderSpec, StateStore, StateStoreConf, StateStoreId, StateStoreProvider, StateStoreProviderId, UnsafeRowPair}
 import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.types.{DataType, StructField, StructType}
+import org.apache.spark.sql.types.{DataType, NullType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
 /**
@@ -314,11 +314,12 @@ object StateConversion {
   }
 
   /** The state store conf of `sqlConf` (a task's conf is read-only) with another provider. */
-  private def storeConfWith(sqlConf: SQLConf, providerClass: String): StateStoreConf = {
+  private def storeConfWith(sqlConf: SQLConf, providerClass: String,
+      extraOptions: Map[String, String] = Map.empty): StateStoreConf = {
     val conf = new SQLConf
     sqlConf.getAllConfs.foreach { case (k, v) => conf.setConfString(k, v) }
     conf.setConfString(SQLConf.STATE_STORE_PROVIDER_CLASS.key, providerClass)
-    new StateStoreConf(conf)
+    new StateStoreConf(conf, extraOptions)
   }
 
   /** The key and value schemas of a state schema file (format v1 or v2). */
@@ -342,7 +343,7 @@ object StateConversion {
    * converted (0 when there was nothing to adopt).
    */
   def adoptIfSparkState(
-      info: StatefulOperatorStateInfo, partitionId: Int, files: StateFiles,
+      family: String, info: StatefulOperatorStateInfo, partitionId: Int, files: StateFiles,
       conf: Configuration, settings: WorkerSettings, timeZone: String): Long = {
     // sparkOwns lists only arrowstate's files once the partition is arrowstate's
     if (info.storeVersion == 0 || !files.sparkOwns(info.storeVersion) ||
@@ -350,9 +351,18 @@ object StateConversion {
     val sqlConf = SQLConf.get
     val schemaFile = new Path(new Path(StateFiles.partitionDir(info.checkpointLocation,
       info.operatorId, 0), "_metadata"), "schema")
-    val (keySchema, valueSchema) = readSchemaFile(schemaFile, conf)
+    val (keySchema, fileValueSchema) = readSchemaFile(schemaFile, conf)
+    // Spark's dedup reads its value as the empty row it always stored, whatever schema the
+    // checkpoint records (before 3.3.1 it recorded every input column: SPARK-39650), and
+    // does not check it (only dedup within the watermark keeps a value, its expiry)
+    val plainDedup = family == DeduplicateFamily.name &&
+      !fileValueSchema.fieldNames.sameElements(Seq("expiresAtMicros"))
+    val valueSchema =
+      if (plainDedup) StructType(Array(StructField("__dummy__", NullType))) else fileValueSchema
     val storeConf = storeConfWith(sqlConf,
-      ArrowStateStoreProvider.nativeClass(new StateStoreConf(sqlConf)))
+      ArrowStateStoreProvider.nativeClass(new StateStoreConf(sqlConf)),
+      if (plainDedup) Map(StateStoreConf.FORMAT_VALIDATION_CHECK_VALUE_CONFIG -> "false")
+      else Map.empty)
     importPartition(StateStoreId(info.checkpointLocation, info.operatorId, partitionId),
       info.storeVersion, keySchema, valueSchema, storeConf, conf,
       settings, timeZone, batchSize(sqlConf))
