@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import keys as keycodec
-from .families.transform_with_state import TIMER_VARIABLE, is_map_type
+from .families.transform_with_state.layout import TIMER_VARIABLE, is_map_type
 from .store import VersionedState
 from .store import files as store_files
 from .store.lifecycle import FileSource, load_plans
@@ -159,7 +159,7 @@ def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
 
 
 # transformWithState: Spark keeps each state variable in a column family of its own;
-# arrowstate keeps one row per grouping key and variable (see families/transform_with_state)
+# arrowstate keeps one row per grouping key and variable (see families/transform_with_state/layout)
 TIMER_FAMILIES = ("$procTimers_keyToTimestamp", "$eventTimers_keyToTimestamp")
 
 

@@ -1,7 +1,7 @@
 """transformWithState state, offline (`state import`, `export`, `repartition`): Spark keeps each
 state variable of the processor in column families of its own (the variable's, and
 internal ones for TTLs, list sizes and the two timer indexes); arrowstate keeps one row per
-grouping key and variable (families/transform_with_state.py). Both engines' state reads
+grouping key and variable (families/transform_with_state/layout.py). Both engines' state reads
 the same through Spark's `statestore` reader, one variable at a time, so that reader is
 the source here: each variable's rows (and the registered timers) of the newest committed
 batch become arrowstate snapshots, one per partition: the partition the rows were read
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .families.group_state_values import arrow_fields
-from .families.transform_with_state import STATE_NAME, TIMER_VARIABLE
+from .families.transform_with_state.layout import STATE_NAME, TIMER_VARIABLE
 from .store import VersionedState
 from .store import files as store_files
 

@@ -1,0 +1,18 @@
+"""transformWithState, in the modules Spark's own transformwithstate package has:
+- layout: how state rows are laid out (needs pyarrow only: the offline tools use it);
+- codec: state values <-> Arrow, as Spark stores them;
+- variables: the value, list and map variables, with their TTLs, and their clients;
+- timers: the timers and their expiry;
+- changelog: the change feed's records;
+- handle: pyspark's StatefulProcessorHandle and states over what is held here;
+- processor_input: each key's rows, cut as pyspark's worker hands them over;
+- family: TransformWithState, the family itself.
+"""
+from __future__ import annotations
+
+from .family import TransformWithState
+from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, TIMERS, VALUE,
+                     is_map_type)
+
+__all__ = ["TransformWithState", "STATE_NAME", "TIMER_VARIABLE", "VALUE", "LIST", "MAP",
+           "TIMERS", "COUNTED_METRICS", "is_map_type"]

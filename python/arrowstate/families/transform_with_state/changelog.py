@@ -1,0 +1,108 @@
+"""transformWithState's change feed.
+
+Spark's change feed of a variable (its RocksDB changelog) has a record per state operation:
+an update (a value written, a list's first element on put, a map entry written), an append
+(a list element appended, or put after the first) and a delete (a value or list cleared or
+expired, a map entry removed, each entry of a cleared map). The family logs the operations
+per key and variable in a batch, and writes them as change records in the delta (see
+store.files), except the one write a put row already says (a single value update or list
+put): `write_changes`.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Iterator
+
+import pyarrow as pa
+
+from ...store import VersionedState
+from ...store.files import CHANGE_APPEND, CHANGE_UPDATE
+from .codec import list_offsets
+from .layout import LIST, MAP, VALUE
+from .variables import Variable
+
+if TYPE_CHECKING:
+    from .family import TransformWithState
+
+
+def write_changes(family: "TransformWithState", state: VersionedState,
+                  written: dict) -> None:
+    """This batch's state operations as change records, per variable and key in the
+    order they ran; one update of a value, or one put of a list, that the key's put row
+    already holds is left out (the reader derives it from the row)."""
+    logged: dict = {}
+    for (name, group), records in written.items():
+        if not records:   # timers: no change feed
+            continue
+        var = family.variables[name]
+        if (len(records) == 2 and records[0] == CHANGE_UPDATE and var.kind != MAP
+                and var.data.get(group) == records[1]):
+            continue
+        logged.setdefault(name, []).append((group, records))
+    for column, name in enumerate(family.order):
+        if name not in logged:
+            continue
+        var = family.variables[name]
+        groups, owners, ops, payloads = [], [], [], []
+        for i, (group, records) in enumerate(logged[name]):
+            groups.append(group)
+            for op, payload in _change_rows(var.kind, records):
+                owners.append(i)
+                ops.append(op)
+                payloads.append(payload)
+        _, key_columns = family.store_keys(name, groups)
+        rows = pa.array(owners, pa.int32())
+        array = _change_column(var, payloads)
+        value_columns = [array if i == column else pa.nulls(len(ops), f.type)
+                         for i, f in enumerate(family.value_fields)]
+        state.record_changes(pa.RecordBatch.from_arrays(
+            [c.take(rows) for c in key_columns] + value_columns, schema=state.schema),
+            pa.array(ops, pa.int8()))
+
+
+def _change_rows(kind: str, records: list) -> Iterator[tuple[int, Any]]:
+    """A key's logged operations as change records: one per value operation, list put or
+    list delete; a run of list appends as one record of their elements, a run of map
+    operations of one kind as one record of their (user key, element or None) pairs."""
+    if kind == MAP:
+        ops, payloads = records[0::3], zip(records[1::3], records[2::3])
+    else:
+        ops, payloads = records[0::2], records[1::2]
+    run_op, run = None, []
+    for op, payload in zip(ops, payloads):
+        merges = kind == MAP or (kind == LIST and op == CHANGE_APPEND)
+        if run and (not merges or op != run_op):
+            yield run_op, run
+            run = []
+        if merges:
+            run_op = op
+            run.append(payload)
+        else:
+            yield op, payload
+    if run:
+        yield run_op, run
+
+
+def _change_column(var: Variable, payloads: list) -> pa.Array:
+    """Change records' payloads (see Variable.logged) as the variable's column: a value or
+    a list of elements (null: a delete), a map's entries (a delete's with null values)."""
+    if var.kind == VALUE:
+        return _with_nulls(var, payloads)
+    lists = [p or [] for p in payloads]
+    if var.kind == LIST:
+        items = var.store_codec.to_arrow([e for lst in lists for e in lst])
+    else:
+        pairs = [e for lst in lists for e in lst]
+        items = pa.StructArray.from_arrays(
+            [var.key_codec.to_arrow([k for k, _ in pairs]),
+             _with_nulls(var, [v for _, v in pairs])], fields=list(var.type.value_type))
+    return pa.ListArray.from_arrays(pa.array(list_offsets(lists), pa.int32()), items,
+                                    type=var.type,
+                                    mask=pa.array([p is None for p in payloads]))
+
+
+def _with_nulls(var: Variable, elements: list) -> pa.Array:
+    """Stored elements as Arrow, None as null."""
+    at = itertools.count()
+    indices = pa.array([None if e is None else next(at) for e in elements], pa.int32())
+    return var.store_codec.to_arrow([e for e in elements if e is not None]).take(indices)

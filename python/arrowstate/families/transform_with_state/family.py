@@ -1,0 +1,471 @@
+"""transformWithState (Row API) and transformWithStateInPandas, with the user's
+StatefulProcessor in the worker that holds its state: every state operation is a dict
+operation here, never a round trip to the JVM.
+
+Semantics follow pyspark's worker and Spark's state variables (ValueStateImpl,
+ListStateImpl, MapStateImpl):
+- rows arrive sorted by grouping key; the processor is initialised once per task (its
+  state variables registered), handleInputRows is called once per key with the key's rows
+  (pandas: DataFrames of at most maxRecordsPerBatch rows; Row API: Rows), then close();
+- a value handed to update/append/updateValue is stored as Spark stores it: see codec;
+- metrics as Spark counts them: see variables.
+Timers (time modes ProcessingTime and EventTime) as pyspark's worker runs them: see timers.
+In EventTime mode rows at or before the late-events watermark are dropped and counted, as
+Spark drops them. State variables with a TTL: see variables.Variable. An initial state
+arrives before the first batch's rows (`initial_state`): handleInitialState per key.
+deleteIfExists in init() removes a variable it declared, or one only an earlier run declared
+(its column goes from the files, as Spark removes its column family).
+
+State layout: see layout. Change feed: see changelog.
+"""
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ... import keys as keycodec
+from ...store import VersionedState
+from ...store import files as store_files
+from ..base import FamilyBase, gather_rows
+from ..group_state_values import arrow_fields
+from ..pandas_io import PandasIO
+from .changelog import write_changes
+from .codec import list_offsets, state_error, struct_schema
+from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, TIMERS, VALUE,
+                     is_map_type)
+from .processor_input import ProcessorInput
+from .timers import Timers
+from .variables import DELETED_CLIENTS, NO_KEY, Variable
+
+
+class TransformWithState(FamilyBase):
+    name = "transformWithState"
+    named_columns = True   # a processor may add state variables between runs, as in Spark
+
+    def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
+        super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
+                                    "numTotalStateRows", "numRowsDroppedByWatermark",
+                                    "allUpdatesTimeMs", "allRemovalsTimeMs") + COUNTED_METRICS)
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+        from pyspark.sql.types import Row
+
+        self._Row, self._ExpiredTimerInfo = Row, ExpiredTimerInfo
+        # Spark's name of time mode None is NoTime
+        mode = operator.get("timeMode", "None")
+        self.time_mode = "None" if mode == "NoTime" else mode
+        batch_ms, watermark_ms = operator.get("batchTimestampMs"), operator.get(
+            "evictionWatermarkMs")
+        # what pyspark's worker hands the processor: -1 for what a time mode leaves unknown
+        self.timer_values = (TimerValues(-1, -1) if self.time_mode == "None" else TimerValues(
+            -1 if batch_ms is None else batch_ms, -1 if watermark_ms is None else watermark_ms))
+        self.expiry_threshold = (self.timer_values.getCurrentProcessingTimeInMs()
+                                 if self.time_mode == "ProcessingTime"
+                                 else self.timer_values.getCurrentWatermarkInMs())
+        self.event_time_index = operator.get("eventTimeIndex", -1)
+        self.io = PandasIO(operator)
+        udf, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
+        self.processor = udf.__self__._stateful_processor
+        self.pandas = operator["pandas"]
+        self.key_indices = operator["keyIndices"]
+        self.value_indices = operator["valueIndices"]
+        self.initial_key_count = operator.get("initialKeyCount")
+        self.input = ProcessorInput(operator, self.io, Row)
+        self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
+        self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
+        self._attached = False
+        self.key_fields = [input_schema.field(i) for i in self.key_indices] + [
+            pa.field(STATE_NAME, pa.string())]
+        self.variables: dict[str, Variable] = {}
+        self._parsed: dict = operator["variables"]
+        # (variable, grouping key) -> its state operations this batch (Variable.logged), in
+        # the order keys were first written
+        self.dirty: dict = {}
+        self.total = 0
+        self._current = NO_KEY                 # the grouping key being processed
+        self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
+        self._pending = None   # the batch's last key, whose rows may go on in the next one
+        self._initial_pending = None   # likewise for the initial state's rows
+        self._initial_ns = 0
+        self.timers = None if self.time_mode == "None" else Timers(self)
+        # With timers or TTLs a key's state changes in batches without its rows: the key
+        # columns of every key with state are kept, key -> (key batch, row)
+        self.held_keys: dict = {}
+        self.deleted: list[Variable] = []   # variables init() deleted (deleteIfExists)
+        self.deleted_undeclared: list[str] = []   # deleted without a declaration this run
+        self.dropped: list[str] = []   # of those, the ones the files held: dropped on load
+        self._initialized = False
+        from .handle import LocalHandle
+        self.processor.init(LocalHandle(self))
+        self._initialized = True
+        if self.timers is not None:
+            self.variables[TIMER_VARIABLE] = self.timers
+        self.order = sorted(self.variables)
+        self.holds_keys = self.timers is not None or any(
+            v.ttl is not None for v in self.variables.values())
+        self.value_fields = [pa.field(f"s_{n}", self.variables[n].type) for n in self.order]
+        self.orphans: list[str] = []   # variables the files hold and init() does not declare
+
+    def register(self, name: str, kind: str, schema, key_schema=None,
+                 ttl_ms: int | None = None) -> Variable:
+        if name in self.variables:
+            raise state_error(f"state variable {name} is defined twice")
+        parsed = self._parsed.get(name, {})
+        var = Variable(self, name, kind, struct_schema(schema, parsed.get("value")),
+                       None if key_schema is None
+                       else struct_schema(key_schema, parsed.get("userKey")), ttl_ms)
+        self.variables[name] = var
+        counted = {VALUE: "numValueState", LIST: "numListState", MAP: "numMapState"}[kind]
+        self.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
+        return var
+
+    def delete_variable(self, name: str) -> None:
+        """deleteIfExists in init(): the variable's state goes at the batch's start, and
+        any later use of it fails. Spark counts a deleted variable when its column family
+        exists, which a getXState call earlier in init() creates."""
+        if self._initialized:
+            raise state_error(f"deleteIfExists({name!r}) can only be called in init() "
+                              "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
+                              "INVALID_HANDLE_STATE)")
+        var = self.variables.get(name)
+        if var is None:   # a variable of an earlier run, if the files hold it: keep_columns
+            self.deleted_undeclared.append(name)
+            return
+        self.deleted.append(var)
+        self.metrics["numDeletedStateVars"] += 1
+
+    def keep_columns(self, stored: pa.Schema) -> None:
+        """A variable the files hold and this run's init() no longer declares stays, as in
+        Spark (its column family stays): its rows are kept as they are and counted in
+        numTotalStateRows, and its column comes after the declared ones. Unless init()
+        deleted it (deleteIfExists): then its column goes, as Spark removes its column
+        family, and its rows with it once loaded (`_attach`)."""
+        have = {f.name for f in self.value_fields}
+        for f in stored:
+            name = (f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
+            if not name or name in have:
+                continue
+            have.add(name)
+            if name[2:] in self.deleted_undeclared:
+                self.dropped.append(name[2:])
+                self.metrics["numDeletedStateVars"] += 1
+            else:
+                self.value_fields.append(pa.field(name, f.type))
+                self.orphans.append(name[2:])
+
+    def _orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
+        """Rows Spark counts of the variables kept without a declaration: a value or a list
+        one, a map its entries (the column's type tells a map: a list of key/value structs),
+        timers none."""
+        nk, total = len(self.key_fields) - 1, 0
+        for j, name in enumerate(self.orphans, start=len(self.order)):
+            picked = [i for i, n in enumerate(names) if n == name]
+            if not picked or name == TIMER_VARIABLE:
+                continue
+            column = rows.column(nk + 1 + j).take(pa.array(picked))
+            total += (pc.sum(pc.list_value_length(column)).as_py() or 0
+                      if is_map_type(column.type) else len(picked))
+        return total
+
+    def current_key(self):
+        if self._current is NO_KEY:
+            raise state_error("state is only available while a grouping key is processed "
+                              "(handleInputRows)")
+        return self._current
+
+    # -- state between batches --------------------------------------------------------------
+    def rebuild_index(self, state: VersionedState) -> None:
+        """Loads the variables' values from the stored rows (after a load from files)."""
+        rows = state.rows.take(state.rows.live_ids())
+        nk = len(self.key_fields) - 1
+        groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
+        names = rows.column(nk).to_pylist()
+        data = {n: {} for n in self.order}
+        for column, name in enumerate(self.order):
+            var = self.variables[name]
+            picked = [i for i, n in enumerate(names) if n == name]
+            if not picked:
+                continue
+            values = rows.column(nk + 1 + column).take(pa.array(picked))
+            if var.kind == VALUE:
+                decoded = var.store_codec.from_arrow(values)
+            elif var.kind == TIMERS:
+                decoded = values.to_pylist()
+            else:
+                flat = var.store_codec.from_arrow(values.flatten() if var.kind == LIST
+                                            else values.flatten().field("value"))
+                keys = (var.key_codec.from_arrow(values.flatten().field("key"))
+                        if var.kind == MAP else None)
+                offsets = values.offsets.to_pylist()
+                decoded = [flat[a:b] if keys is None else dict(zip(keys[a:b], flat[a:b]))
+                           for a, b in zip(offsets[:-1], offsets[1:])]
+            for i, value in zip(picked, decoded):
+                data[name][groups[i]] = value
+        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
+        if unknown:
+            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
+                              "the processor does not define")
+        total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
+        total += self._orphan_entries(rows, names)
+        key_batch = rows.select(range(nk))
+        held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
+                     else {})
+        state.objects = {"variables": data, "total": total, "timerHeap": [],
+                         "heldKeys": held_keys, "ttlIndexes": {}}
+
+    def _attach(self, state: VersionedState) -> None:
+        if self._attached:
+            return
+        self._attached = True
+        held = getattr(state, "objects", None)
+        if held is None or set(held["variables"]) != set(self.order):
+            self.rebuild_index(state)
+            held = state.objects
+        for name, var in self.variables.items():
+            if var is not self.timers:
+                var.data = held["variables"][name]
+            if var.ttl is not None:
+                var.attach_index(held["ttlIndexes"].setdefault(name, []))
+        if self.timers is not None:
+            self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
+        self.held_keys = held["heldKeys"]
+        self.total = held["total"]
+        for var in self.deleted:
+            self._drop_variable(state, var)
+        if self.dropped:
+            self._drop_rows(state, self.dropped)
+
+    @property
+    def dropped_columns(self) -> tuple[str, ...]:
+        return tuple(f"s_{n}" for n in self.dropped)
+
+    def _drop_rows(self, state: VersionedState, names: list[str]) -> None:
+        """Removes the stored rows of variables whose columns went (a scan, once)."""
+        rows = state.rows.take(state.rows.live_ids())
+        nk = len(self.key_fields) - 1
+        mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
+        if mine.num_rows:
+            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
+
+    def _drop_variable(self, state: VersionedState, var: Variable) -> None:
+        """Removes every stored row of a deleted variable (a scan, once: after it there are
+        none) and makes later uses of it fail."""
+        if var.data:
+            self._drop_rows(state, [var.name])
+            self.total -= sum(map(var.entries_of, var.data.values()))
+            var.data.clear()
+        for client in var.clients:
+            client.__class__ = DELETED_CLIENTS[type(client)]
+
+    # -- one micro-batch --------------------------------------------------------------------
+    def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        self._attach(state)
+        with self.updating():
+            self._seed()
+            self._process(batch)
+        return self._output()
+
+    def _process(self, batch: pa.RecordBatch) -> None:
+        if self.late_threshold is not None and self.event_time_index >= 0:
+            late = self.late_mask(*keycodec.event_time_micros(
+                batch.column(self.event_time_index)))
+            if late.any():   # EventTime mode: Spark drops rows the watermark has passed
+                batch = batch.filter(pa.array(~late))
+        for group, key_columns, key, items in self.input.keys_of(
+                batch, self.key_indices, self.value_indices):
+            pending = self._pending
+            if pending is not None and pending[0] == group:
+                pending[2].extend(items)   # the key's rows continue from the last batch
+                pending[3] = True
+                continue
+            if pending is not None:
+                self._call(*pending)
+            self._key_rows[group] = key_columns
+            self._pending = [group, key, items, False]
+
+    def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
+        """A batch of the initial state (the query's first batch, before any input rows):
+        handleInitialState per key, per DataFrame (pandas) or per Row; a key whose rows go
+        on in the next batch is called once they have all come, as for input rows."""
+        self._attach(state)
+        before, start = self._initial_ns, time.perf_counter_ns()
+        k = self.initial_key_count
+        with self.updating():
+            for group, key_columns, key, items in self.input.keys_of(
+                    batch, list(range(k)), list(range(k, batch.num_columns))):
+                pending = self._initial_pending
+                if pending is not None and pending[0] == group:
+                    pending[2].extend(items)
+                    pending[3] = True
+                    continue
+                self._seed()
+                self._key_rows.setdefault(group, key_columns)
+                self._initial_pending = [group, key, items, False]
+        # the keys seeded here are in this time already
+        self._initial_ns = before + time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
+
+    def _seed(self) -> None:
+        """handleInitialState for the last key of the initial state seen so far."""
+        if self._initial_pending is None:
+            return
+        start = time.perf_counter_ns()
+        group, key, items, spans_batches = self._initial_pending
+        self._initial_pending = None
+        items = self.input.whole_key(items, spans_batches)
+        self._current = group
+        for item in items:
+            self.processor.handleInitialState(key, item, self.timer_values)
+        self._current = NO_KEY
+        self._initial_ns += time.perf_counter_ns() - start
+        self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
+
+    def _call(self, group, key, items: list, spans_batches: bool = False) -> None:
+        """handleInputRows once for all of a key's rows, as pyspark's worker calls it: a key
+        whose rows came in two Arrow batches has them cut into DataFrames anew."""
+        self._pending = None
+        items = self.input.whole_key(items, spans_batches)
+        self._current = group
+        self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
+        self._current = NO_KEY
+
+    def _expire_timers(self) -> None:
+        """handleExpiredTimer for each timer due, then the timer's deletion: pyspark's
+        worker's order, after every key's rows."""
+        timers = self.timers
+        if timers is None:
+            return
+        start = time.perf_counter_ns()
+        names = [f.name for f in self.key_fields[:-1]]
+        for ts, group in timers.expired(self.expiry_threshold):
+            key_batch, row = self._key_columns(group)
+            key = self._Row(**dict(zip(names, (c[row].as_py() for c in key_batch.columns))))
+            self._current = group
+            self._collect(self.processor.handleExpiredTimer(
+                key, self.timer_values, self._ExpiredTimerInfo(ts)))
+            timers.delete(ts, group)
+            self._current = NO_KEY
+        self.metrics["timerProcessingTimeMs"] += (time.perf_counter_ns() - start) // 1_000_000
+
+    def _collect(self, result) -> None:
+        if result is None:
+            return
+        if self.pandas:
+            pd = self.io._pd
+            for pdf in result:
+                if not isinstance(pdf, pd.DataFrame):
+                    from pyspark.errors import PySparkValueError
+                    raise PySparkValueError(
+                        "Invalid return type. Please make sure that the UDF returns a "
+                        "pandas.DataFrame when the specified return type is StructType.")
+                if len(pdf) > 0:
+                    self.io.outputs.append(pdf)
+        else:
+            self._output_rows.extend(row.asDict(True) for row in result)
+
+    def _write(self, state: VersionedState) -> None:
+        """The variables' changed values of this batch, as puts and removes."""
+        written, self.dirty = self.dirty, {}
+        for var in self.variables.values():
+            if var is not self.timers:
+                var._written_key = NO_KEY
+        dirty = list(written)
+        for column, name in enumerate(self.order):
+            var = self.variables[name]
+            changed = [g for n, g in dirty if n == name]
+            if not changed:
+                continue
+            present = [g for g in changed if g in var.data]
+            gone = [g for g in changed if g not in var.data]
+            if gone:
+                state.pop_present(self.store_keys(name, gone)[0])
+            if present:
+                hkeys, key_columns = self.store_keys(name, present)
+                values = [var.data[g] for g in present]
+                if var.kind == VALUE:
+                    array = var.store_codec.to_arrow(values)
+                elif var.kind == TIMERS:
+                    array = pa.ListArray.from_arrays(
+                        pa.array(list_offsets(values), pa.int32()),
+                        pa.array([t for times in values for t in times], pa.int64()))
+                else:
+                    flat = [v for lst in values for v in (lst if var.kind == LIST else
+                                                          lst.values())]
+                    items = var.store_codec.to_arrow(flat)
+                    if var.kind == MAP:
+                        user_keys = var.key_codec.to_arrow(
+                            [k for entries in values for k in entries])
+                        items = pa.StructArray.from_arrays(
+                            [user_keys, items], fields=list(var.type.value_type))
+                    array = pa.ListArray.from_arrays(pa.array(list_offsets(values), pa.int32()),
+                                                     items, type=var.type)
+                value_columns = [array if i == column else pa.nulls(len(present), f.type)
+                                 for i, f in enumerate(self.value_fields)]
+                state.put_rows(hkeys, pa.RecordBatch.from_arrays(
+                    key_columns + value_columns, schema=state.schema))
+        write_changes(self, state, written)
+        if self.holds_keys:
+            self._hold_keys(dict.fromkeys(g for _, g in dirty))
+
+    def _hold_keys(self, groups) -> None:
+        """Keeps the key columns of keys that have state (one take for the new ones), drops
+        those of keys that have none left."""
+        new = []
+        for g in groups:
+            if any(g in var.data for var in self.variables.values()):
+                if g not in self.held_keys:
+                    new.append(g)
+            else:
+                self.held_keys.pop(g, None)
+        if new:
+            keys = gather_rows([self._key_rows[g] for g in new],
+                               [f.name for f in self.key_fields[:-1]])
+            for i, g in enumerate(new):
+                self.held_keys[g] = (keys, i)
+
+    def _key_columns(self, group) -> tuple[pa.RecordBatch, int]:
+        return self._key_rows.get(group) or self.held_keys[group]
+
+    def store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
+        """The store's keys (grouping key columns and the variable's name) of groups seen in
+        this batch or holding timers: their hashable form and their columns."""
+        keys = gather_rows([self._key_columns(g) for g in groups],
+                           [f.name for f in self.key_fields[:-1]])
+        columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
+        return keycodec.rows(columns, len(groups)), columns
+
+    def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
+        self._attach(state)
+        with self.updating():
+            self._seed()
+            if self._pending is not None:
+                self._call(*self._pending)
+            self._expire_timers()
+            self.processor.close()
+            for var in self.variables.values():   # Spark's doTtlCleanup, before the commit
+                if var.ttl is not None:
+                    expired = var.expire()
+                    self.metrics["numRemovedStateRows"] += expired
+                    self.metrics["numValuesRemovedDueToTTLExpiry"] += expired
+            self._write(state)
+        self._key_rows = {}
+        state.objects["total"] = self.total
+        self.metrics["numTotalStateRows"] = self.total
+        self.close_timings()
+        batch = self._output()
+        if batch is not None:
+            yield batch
+
+    def _output(self) -> pa.RecordBatch | None:
+        if self.pandas:
+            return self.io.output_batch()
+        if not self._output_rows:
+            return None
+        if self._output_schema is None:   # as pyspark's worker converts Rows
+            self._output_schema = pa.schema(arrow_fields(self.io.output_schema, "UTC"))
+        rows, self._output_rows = self._output_rows, []
+        return pa.RecordBatch.from_pylist(rows, schema=self._output_schema)

@@ -1,0 +1,395 @@
+"""transformWithState's state variables, as Spark's state variables (ValueStateImpl,
+ListStateImpl, MapStateImpl) and the clients pyspark's ValueState, ListState and MapState
+call:
+- metrics as Spark counts them: an update, an appended value, a map entry written count as
+  updated rows; a cleared value one removed row, a cleared list its values, a removed map
+  entry one; numRowsTotal counts values, non-empty lists and map entries.
+State variables with a TTL: see Variable.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import TYPE_CHECKING, Iterator
+
+import pyarrow as pa
+
+from ...store.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
+from .codec import Codec, TtlCodec, state_error
+from .layout import LIST, MAP, VALUE
+
+if TYPE_CHECKING:
+    from .family import TransformWithState
+
+NO_KEY = object()   # no grouping key is being processed (a key may be None)
+SEQUENCE = itertools.count()   # heap entries' tie-break: unique, so keys are never compared
+
+
+class Variable:
+    """One state variable: its kind, schemas, Arrow column and in-memory elements (grouping
+    key -> element | list of elements | dict of user key -> element), an element being the
+    value tuple, or (value tuple, expiry ms) with a TTL.
+
+    With a TTL (Spark's ValueStateImplWithTTL, ListStateImplWithTTL, MapStateImplWithTTL)
+    an element expires at the batch timestamp of its last write plus the TTL: from a batch
+    whose timestamp reaches that, reads skip it, and at the end of the batch it is removed
+    (counted as removed rows and in numValuesRemovedDueToTTLExpiry). A heap of (expiry,
+    sequence, element key) finds what expires without a scan of the state."""
+
+    def __init__(self, family: "TransformWithState", name: str, kind: str, schema,
+                 key_schema=None, ttl_ms: int | None = None) -> None:
+        self.family, self.name, self.kind, self.ttl = family, name, kind, ttl_ms
+        self.codec = Codec(schema, family.io.timezone)
+        self.store_codec = self.codec if ttl_ms is None else TtlCodec(self.codec)
+        self.key_codec = None if key_schema is None else Codec(key_schema, family.io.timezone)
+        if kind == VALUE:
+            self.type = self.store_codec.type
+        elif kind == LIST:
+            self.type = pa.list_(self.store_codec.type)
+        else:
+            self.type = pa.list_(pa.struct([pa.field("key", self.key_codec.type),
+                                            pa.field("value", self.store_codec.type)]))
+        self.data: dict = {}
+        self.clients: list = []   # the processor's handles on it (deleteIfExists swaps them)
+        self.now = family.timer_values.getCurrentProcessingTimeInMs()
+        self.expiry = None if ttl_ms is None else self.now + ttl_ms
+        self.index: list = []     # TTL: heap of (expiry, sequence, element key)
+        self._indexed = 0         # TTL: heap size after its last rebuild
+        self._written_key, self._written = NO_KEY, None   # _changed's last key, this batch
+
+    # -- what the processor calls, for the current grouping key -----------------------------
+    def _key(self):
+        return self.family.current_key()
+
+    def _changed(self, key) -> list:
+        """Marks the key's value as written in this batch; its operations (see logged).
+        The last key's are at hand: a processor works on one key at a time."""
+        if key is self._written_key:
+            return self._written
+        records = self.family.dirty.get((self.name, key))
+        if records is None:
+            records = self.family.dirty[(self.name, key)] = []
+        self._written_key, self._written = key, records
+        return records
+
+    def logged(self, key, op: int, payload=None) -> None:
+        """Notes a state operation for the change feed, as an op and its payload: an
+        element or None (value: update, delete), a list of elements (list: put), an element
+        (list: append), None (list: delete). Flat, two items an operation (a map's three:
+        see logged_entry), so that a write costs no container of its own."""
+        records = self._changed(key)
+        records.append(op)
+        records.append(payload)
+
+    def logged_entry(self, key, op: int, user_key, element=None) -> None:
+        """Notes a map operation: an entry written, or removed (no element)."""
+        records = self._changed(key)
+        records.append(op)
+        records.append(user_key)
+        records.append(element)
+
+    def entries(self, key) -> int:
+        """Rows Spark counts for the key: a value, a list, each map entry."""
+        return self.entries_of(self.data.get(key))
+
+    def entries_of(self, value) -> int:
+        return 0 if value is None else (len(value) if self.kind == MAP else 1)
+
+    def _set(self, key, value) -> None:
+        before = self.entries(key)
+        if value is None or (self.kind != VALUE and not value):
+            self.data.pop(key, None)
+        else:
+            self.data[key] = value
+        self.family.total += self.entries(key) - before
+        self._changed(key)
+
+    # -- TTL ---------------------------------------------------------------------------------
+    def element(self, stored: tuple):
+        """What is kept for a value written now."""
+        return stored if self.ttl is None else (stored, self.expiry)
+
+    def visible(self, element):
+        """The value a read returns (None once its TTL has passed)."""
+        if element is None or self.ttl is None:
+            return element
+        return element[0] if element[1] > self.now else None
+
+    def indexed(self, element_key) -> None:
+        """Notes that `element_key` holds an element written now (TTL only)."""
+        heapq.heappush(self.index, (self.expiry, next(SEQUENCE), element_key))
+
+    def attach_index(self, index: list) -> None:
+        self.index = index
+        if not index and self.data:
+            self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        if self.kind == MAP:
+            entries = [(e[1], next(SEQUENCE), (g, k)) for g, m in self.data.items()
+                       for k, e in m.items()]
+        else:
+            entries = [(e[1] if self.kind == VALUE else min(x[1] for x in e), next(SEQUENCE),
+                        g) for g, e in self.data.items()]
+        self.index[:] = entries
+        heapq.heapify(self.index)
+        self._indexed = len(entries)
+
+    def expire(self) -> int:
+        """Removes the elements whose TTL has passed; how many (Spark's count)."""
+        index, now, data, removed = self.index, self.now, self.data, 0
+        while index and index[0][0] <= now:
+            _, _, element_key = heapq.heappop(index)
+            if self.kind == MAP:
+                group, user_key = element_key
+                entries = data.get(group)
+                if entries is not None and user_key in entries and entries[user_key][1] <= now:
+                    _remove_entry(self, group, entries, user_key)
+                    self.logged_entry(group, CHANGE_DELETE, user_key)
+                    removed += 1
+            elif self.kind == LIST:
+                values = data.get(element_key)
+                if values:
+                    kept = [e for e in values if e[1] > now]
+                    if len(kept) < len(values):
+                        removed += len(values) - len(kept)
+                        self._set(element_key, kept)
+                        # Spark's cleanup removes the list, then puts what is left
+                        self.logged(element_key, CHANGE_DELETE)
+                        if kept:
+                            self.logged(element_key, CHANGE_UPDATE, list(kept))
+            else:
+                element = data.get(element_key)
+                if element is not None and element[1] <= now:
+                    self._set(element_key, None)
+                    self.logged(element_key, CHANGE_DELETE)
+                    removed += 1
+        if len(index) > 2 * self._indexed + 1024:   # mostly superseded entries
+            self._rebuild_index()
+        return removed
+
+
+def _remove_entry(var: Variable, group, entries: dict, user_key) -> None:
+    if len(entries) == 1:
+        var._set(group, None)
+    else:
+        del entries[user_key]
+        var.family.total -= 1
+        var._changed(group)
+
+
+def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
+    """The class a deleted variable's client takes (deleteIfExists): each operation fails
+    as pyspark's client fails on the column family Spark removed."""
+    def failing(method: str, what: str):
+        def fail(self, *_args):
+            from pyspark.errors import PySparkRuntimeError
+            raise PySparkRuntimeError(
+                f"Error {what}: [STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY] "
+                f"the state variable {self.var.name} was deleted by deleteIfExists")
+        fail.__name__ = method
+        return fail
+    return type(f"Deleted{client_class.__name__}", (client_class,),
+                {m: failing(m, what) for m, what in errors.items()})
+
+
+class ValueClient:
+    def __init__(self, var: Variable) -> None:
+        self.var = var
+        var.clients.append(self)
+
+    def exists(self, _name: str) -> bool:
+        var = self.var
+        return var.visible(var.data.get(var._key())) is not None
+
+    def get(self, _name: str):
+        var = self.var
+        return var.visible(var.data.get(var._key()))
+
+    def update(self, _name: str, value) -> None:
+        var = self.var
+        key = var._key()
+        stored = var.codec.stored(value)
+        family = var.family
+        if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
+            data = var.data
+            if key not in data:
+                family.total += 1
+            data[key] = stored
+            family.metrics["numUpdatedStateRows"] += 1
+            records = var._written if key is var._written_key else var._changed(key)
+            records.append(CHANGE_UPDATE)
+            records.append(stored)
+            return
+        element = var.element(stored)
+        if var.data.get(key) == element:   # with a TTL Spark writes (and counts) a change
+            return
+        var.family.metrics["numUpdatedStateRows"] += 1
+        var.indexed(key)
+        var.logged(key, CHANGE_UPDATE, element)
+        var._set(key, element)
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        key = var._key()
+        if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
+            var.family.metrics["numRemovedStateRows"] += 1
+        var._set(key, None)
+        var.logged(key, CHANGE_DELETE)
+
+
+class ListClient:
+    def __init__(self, var: Variable) -> None:
+        self.var = var
+        var.clients.append(self)
+
+    def exists(self, _name: str) -> bool:
+        var = self.var
+        if var.ttl is None:
+            return var._key() in var.data
+        return any(e[1] > var.now for e in var.data.get(var._key(), ()))
+
+    def values(self) -> Iterator[tuple]:
+        var = self.var
+        elements = var.data.get(var._key(), ())
+        if var.ttl is None:
+            return iter(list(elements))
+        return iter([v for v, expiry in elements if expiry > var.now])
+
+    def _checked(self, values) -> list:
+        if values is None:
+            raise state_error(f"the list state {self.var.name} cannot be set to null")
+        values = list(values)
+        if not values:
+            raise state_error(f"the list state {self.var.name} cannot be set to an empty "
+                              "list (clear() removes it)")
+        var = self.var
+        return [var.element(var.codec.stored(v)) for v in values]
+
+    def put(self, _name: str, values) -> None:
+        var, stored = self.var, self._checked(values)
+        key = var._key()
+        var._set(key, stored)
+        var.logged(key, CHANGE_UPDATE, list(stored))
+        if var.ttl is None:
+            # Spark's ListStateImpl.put resets the task's updated-rows count, then counts
+            var.family.metrics["numUpdatedStateRows"] = len(stored)
+        else:
+            var.family.metrics["numUpdatedStateRows"] += len(stored)
+            var.indexed(key)
+
+    def append_value(self, _name: str, value) -> None:
+        var = self.var
+        element = var.element(var.codec.stored(value))
+        key = var._key()
+        current = var.data.get(key)
+        if current is None:
+            var._set(key, [element])
+        else:
+            current.append(element)
+        var.logged(key, CHANGE_APPEND, element)
+        var.family.metrics["numUpdatedStateRows"] += 1
+        if var.ttl is not None:
+            var.indexed(key)
+
+    def append_list(self, _name: str, values) -> None:
+        var, stored = self.var, self._checked(values)
+        key = var._key()
+        current = var.data.get(key)
+        if current is None:
+            var._set(key, stored)
+        else:
+            current.extend(stored)
+        var._changed(key).extend(itertools.chain.from_iterable(
+            (CHANGE_APPEND, element) for element in stored))
+        var.family.metrics["numUpdatedStateRows"] += len(stored)
+        if var.ttl is not None:
+            var.indexed(key)
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        key = var._key()
+        removed = len(var.data.get(key, ()))
+        var._set(key, None)
+        var.logged(key, CHANGE_DELETE)
+        var.family.metrics["numRemovedStateRows"] += removed
+
+
+class MapClient:
+    def __init__(self, var: Variable) -> None:
+        self.var = var
+        var.clients.append(self)
+
+    def _map(self) -> dict:
+        var = self.var
+        entries = var.data.get(var._key(), {})
+        if var.ttl is None:
+            return entries
+        return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
+
+    def exists(self, _name: str) -> bool:
+        return bool(self._map())
+
+    def get_value(self, _name: str, key):
+        return self._map().get(self.var.key_codec.stored(key))
+
+    def contains_key(self, _name: str, key) -> bool:
+        return self.var.key_codec.stored(key) in self._map()
+
+    def update_value(self, _name: str, key, value) -> None:
+        var = self.var
+        user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
+        group = var._key()
+        entries = var.data.get(group)
+        if var.ttl is not None and entries is not None and entries.get(user_key) == element:
+            return   # with a TTL Spark writes (and counts) a change only
+        var.family.metrics["numUpdatedStateRows"] += 1
+        var.logged_entry(group, CHANGE_UPDATE, user_key, element)
+        if var.ttl is not None:
+            var.indexed((group, user_key))
+        if entries is None:
+            var._set(group, {user_key: element})
+        else:
+            var.family.total += user_key not in entries
+            entries[user_key] = element
+
+    def remove_key(self, _name: str, key) -> None:
+        var = self.var
+        user_key, group = var.key_codec.stored(key), var._key()
+        entries = var.data.get(group)
+        if entries is not None and user_key in entries:
+            _remove_entry(var, group, entries, user_key)
+        # Spark records it, present or not
+        var.logged_entry(group, CHANGE_DELETE, user_key)
+        var.family.metrics["numRemovedStateRows"] += 1
+
+    def clear(self, _name: str) -> None:
+        var = self.var
+        group = var._key()
+        entries = var.data.get(group, {})
+        for k in entries:
+            var.logged_entry(group, CHANGE_DELETE, k)
+        var._set(group, None)
+        var.family.metrics["numRemovedStateRows"] += len(entries)
+
+    def items(self) -> list:
+        return list(self._map().items())
+
+
+# pyspark's client errors, by operation
+DELETED_CLIENTS = {
+    ValueClient: _deleted_client(ValueClient, {
+        "exists": "checking value state exists", "get": "getting value state",
+        "update": "updating value state", "clear": "clearing value state"}),
+    ListClient: _deleted_client(ListClient, {
+        "exists": "checking value state exists", "values": "getting list state",
+        "put": "updating value state", "append_value": "updating value state",
+        "append_list": "updating value state",
+        "clear": "clearing value state"}),
+    MapClient: _deleted_client(MapClient, {
+        "exists": "checking map state exists", "get_value": "getting value",
+        "contains_key": "checking if map state contains key",
+        "update_value": "updating map state value",
+        "remove_key": "removing key from map state", "clear": "clearing map state",
+        "items": "getting map state iterator"}),
+}
