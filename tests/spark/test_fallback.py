@@ -146,3 +146,13 @@ def test_stream_joins_stay_spark_with_reason(spark, tmp_path):
 
     _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, self_join, expect_node=None)
     assert all("reason: stream-stream joins" in p for p in ours.plans), ours.plans
+
+
+def test_aggregation_state_format_1_stays_spark_with_reason(spark, spark_conf, tmp_path):
+    """Spark 2.3's aggregation state layout (every input column in the value), which only
+    checkpoints that old keep: Spark's operator runs it, the reason shown."""
+    spark_conf(**{"spark.sql.streaming.aggregation.stateFormatVersion": 1})
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES,
+                          lambda df: df.groupBy("user").agg(F.sum("v")), expect_node=None,
+                          output_mode="update")
+    assert all("reason: aggregation state format version 1" in p for p in ours.plans)

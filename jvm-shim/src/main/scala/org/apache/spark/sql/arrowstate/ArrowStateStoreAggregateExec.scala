@@ -234,6 +234,10 @@ object AggregateFamily extends ArrowStateFamily {
       save.child.output.filterNot(a => save.keyExpressions.exists(_.exprId == a.exprId))
     Seq(
       if (save.outputMode.isEmpty) Some("no output mode") else None,
+      // format 1 (Spark 2.3's, kept by checkpoints that old) stores the whole input row
+      if (save.stateFormatVersion != 2) {
+        Some(s"aggregation state format version ${save.stateFormatVersion}")
+      } else None,
       if (restoreOf(save).isEmpty) Some("no StateStoreRestoreExec of the same state") else None,
       eventTime.filter(_ => eventTimeKeyIndex < 0)
         .map(et => s"event-time column ${et.name} is not a grouping key")).flatten ++
