@@ -49,7 +49,29 @@ from pathlib import Path
 # Tests known not to pass under arrowstate, with the reason: {suite's simple name: {test
 # name: reason}}. Such a test failing with arrowstate on (and passing off) does not make the
 # exit code non-zero; it is still listed, marked expected.
-EXPECTED_FAILURES: dict[str, dict[str, str]] = {}
+LOOKS_UP_SPARKS_NODE = ("looks up Spark's StateStoreSaveExec in the executed plan, where "
+                        "arrowstate's ArrowStateStoreSave runs in its place")
+OPENS_SPARKS_FILES = ("opens the checkpoint's state with Spark's HDFS-backed provider itself "
+                      "(StateStore.getReadOnly), which reads Spark's own files only; Spark's "
+                      "statestore reader reads arrowstate's")
+EXPECTED_FAILURES: dict[str, dict[str, str]] = {
+    "StreamingDeduplicationSuite": {
+        "Partition key extraction - Dedupe": OPENS_SPARKS_FILES},
+    "StreamingDeduplicationWithinWatermarkSuite": {
+        "Partition key extraction - DedupeWithinWatermark": OPENS_SPARKS_FILES},
+    "StreamingAggregationSuite": {
+        "state metrics - append mode - state format version 2": LOOKS_UP_SPARKS_NODE,
+        "state metrics - update/complete mode - state format version 2": LOOKS_UP_SPARKS_NODE,
+        "SPARK-21977: coalesce(1) with 0 partition RDD should be repartitioned to 1 - state "
+        "format version 2": LOOKS_UP_SPARKS_NODE,
+        "SPARK-21977: coalesce(1) with aggregation should still be repartitioned when it has "
+        "non-empty grouping keys - state format version 2": LOOKS_UP_SPARKS_NODE},
+    "MultiStatefulOperatorsSuite": {
+        "stream-stream time interval left outer join -> aggregation, append mode":
+            LOOKS_UP_SPARKS_NODE,
+        "stream-stream time interval right outer join -> aggregation, append mode":
+            LOOKS_UP_SPARKS_NODE},
+}
 
 SPARK_TEST_VERSION = "4.2.0"   # the newest Spark whose test jars Maven Central has
 SCALA_BINARY = "2.13"
@@ -206,7 +228,9 @@ def _pom(spark_version: str) -> str:
 _NETWORK_SIGNS = ("UnknownHostException", "Could not transfer", "Connection refused",
                   "Network is unreachable", "connect timed out", "Read timed out",
                   "No route to host", "Temporary failure in name resolution",
-                  "Connect to repo", "offline mode", "Cannot access central")
+                  "Connect to repo", "offline mode", "Cannot access central",
+                  # the dependency plugin itself could not be downloaded
+                  "No plugin found for prefix")
 
 
 def prepare(cache: Path, spark_version: str) -> dict:
@@ -233,7 +257,8 @@ def prepare(cache: Path, spark_version: str) -> dict:
         [mvn, "-B", "-q", "-f", str(home / "pom.xml"), "dependency:list",
          "-DoutputAbsoluteArtifactFilename=true", f"-DoutputFile={listing}",
          "-DincludeScope=runtime", "-DexcludeTransitive=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=home)
     if proc.returncode != 0:
         out = proc.stdout[-4000:]
         if any(s in proc.stdout for s in _NETWORK_SIGNS):
@@ -293,9 +318,63 @@ def resolve_suites(names: list[str], sql_tests: Path) -> list[str]:
                 for p in sql_tests.rglob(f"{name}.class"))
         if len(candidates) != 1:
             raise ScriptError(f"suite {name!r}: {'no such class' if not candidates else 'ambiguous: ' + ', '.join(candidates)} in the Spark {SPARK_TEST_VERSION} SQL test jar")
-        if candidates[0] not in out:
-            out.append(candidates[0])
+        chosen = [candidates[0]]
+        classfile = sql_tests / (candidates[0].replace(".", "/") + ".class")
+        if _class_header(classfile)[0] & 0x0600:   # ACC_ABSTRACT, ACC_INTERFACE
+            # an abstract suite: its concrete subclasses in the same package, transitively
+            chosen = _concrete_subclasses(candidates[0], classfile.parent)
+            if not chosen:
+                raise ScriptError(f"suite {name!r} is abstract and has no concrete subclass "
+                                  "in its package")
+        out += [c for c in chosen if c not in out]
     return out
+
+
+def _class_header(path: Path) -> tuple[int, str, str]:
+    """A class file's access flags, its name and its superclass's (dotted)."""
+    data = path.read_bytes()
+    count = int.from_bytes(data[8:10], "big")
+    pos, i, utf8, classes = 10, 1, {}, {}
+    while i < count:
+        tag = data[pos]
+        if tag == 1:
+            n = int.from_bytes(data[pos + 1:pos + 3], "big")
+            utf8[i] = data[pos + 3:pos + 3 + n].decode("utf-8", "replace")
+            pos += 3 + n
+        elif tag == 7:
+            classes[i] = int.from_bytes(data[pos + 1:pos + 3], "big")
+            pos += 3
+        elif tag in (8, 16, 19, 20):
+            pos += 3
+        elif tag == 15:
+            pos += 4
+        elif tag in (3, 4, 9, 10, 11, 12, 17, 18):
+            pos += 5
+        elif tag in (5, 6):
+            pos += 9
+            i += 1   # longs and doubles take two entries
+        else:
+            raise ScriptError(f"{path}: unknown constant pool tag {tag}")
+        i += 1
+    flags = int.from_bytes(data[pos:pos + 2], "big")
+    this = int.from_bytes(data[pos + 2:pos + 4], "big")
+    sup = int.from_bytes(data[pos + 4:pos + 6], "big")
+    name = lambda k: utf8.get(classes.get(k, 0), "").replace("/", ".")  # noqa: E731
+    return flags, name(this), name(sup)
+
+
+def _concrete_subclasses(base: str, package_dir: Path) -> list[str]:
+    headers = {}
+    for f in package_dir.glob("*.class"):
+        if "$" not in f.name:
+            flags, this, sup = _class_header(f)
+            headers[this] = (flags, sup)
+    found, frontier = [], {base}
+    while frontier:
+        nxt = {c for c, (_, sup) in headers.items() if sup in frontier}
+        found += sorted(c for c in nxt if not headers[c][0] & 0x0600)
+        frontier = nxt
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,6 +465,15 @@ PLUGIN_FRAME = re.compile(r"org\.apache\.spark\.sql\.arrowstate\.\S|/arrowstate/
                           r"^arrowstate\.[\w.]+: ")
 
 
+def where(frames: list[str]) -> str | None:
+    """The plugin's frame that tells most: the Python one that raised, else the first JVM."""
+    py = [f for f in frames if re.search(r'File ".*/arrowstate/.*\.py"', f)]
+    if py:
+        return py[-1]
+    jvm = [f for f in frames if f.startswith("at org.apache.spark.sql.arrowstate.")]
+    return jvm[0] if jvm else (frames[0][:300] if frames else None)
+
+
 def plugin_frames(text: str) -> list[str]:
     """The lines of a failure that name arrowstate (its JVM classes, its Python files)."""
     seen, out = set(), []
@@ -398,6 +486,9 @@ def plugin_frames(text: str) -> list[str]:
 
 
 _PREFIXES = [
+    r"^(?:org\.apache\.spark\.sql\.streaming\.StreamingQueryException|"
+    r"org\.apache\.spark\.SparkException|org\.scalatest\.exceptions\.TestFailedException):"
+    r" ?",
     r"^[\w.$]+(?:Exception|Error): (?=\[STREAM_FAILED\])",
     r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with exception: ",
     r"^Job aborted due to stage failure: Task \S+ in stage \S+ failed \d+ times?, most recent "
@@ -410,10 +501,13 @@ def first_line(text: str) -> str:
     streaming query's, the failed job's), with the Python exception of a traceback and the
     step of a StreamTest that failed."""
     text = text or ""
-    line = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    line = lines[0] if lines else ""
     for _ in range(3):
         for p in _PREFIXES:
             line = re.sub(p, "", line)
+    if not line and len(lines) > 1:   # 'SomeException: ' with the message on the next line
+        line = lines[1]
     if "Traceback (most recent call last)" in text:
         after = text[text.index("Traceback (most recent call last)"):].splitlines()[1:]
         exc = next((x for x in after if x and not x[0].isspace()), None)
@@ -533,8 +627,12 @@ def compare(suite: str, off: dict | None, on: dict | None) -> list[dict]:
         o = on["tests"].get(name)
         if o is not None and o["status"] == "passed":
             continue
+        if o is None and not (on.get("timed_out") or on.get("aborted")):
+            # a complete run without this name: the suite names tests at random (such as
+            # StateDataSourceSQLConfigSuite's sampled configurations); nothing to compare
+            continue
         if o is None:
-            why = on.get("timed_out") or ("suite aborted" if on.get("aborted") else "not run")
+            why = on.get("timed_out") or "suite aborted"
             entry = {"test": name, "on_status": "not run",
                      "first_line": f"did not run with arrowstate on: {first_line(why)}"}
             if on.get("aborted"):
@@ -704,6 +802,11 @@ def evaluate(suite: str, entry: dict) -> None:
     else:
         regressions = compare(suite, results.get("off"), results.get("on"))
     entry["regressions"] = regressions
+    if "off" in results and "on" in results and not any(
+            r.get("timed_out") or r.get("aborted") for r in results.values()):
+        off_names, on_names = set(results["off"]["tests"]), set(results["on"]["tests"])
+        entry["unmatched_names"] = {"off_only": sorted(off_names - on_names),
+                                    "on_only": sorted(on_names - off_names)}
     entry["expected_but_passed"] = [
         t for t in EXPECTED_FAILURES.get(simple, {})
         if "on" in results and results["on"]["tests"].get(t, {}).get("status") == "passed"]
@@ -718,7 +821,11 @@ def print_regressions(entry: dict) -> None:
         print(f"    pass off, {r['on_status']} on [{mark}]: {r['test']}\n"
               f"        {r['first_line']}", flush=True)
         if r.get("plugin_frames"):
-            print(f"        {r['plugin_frames'][0]}", flush=True)
+            print(f"        {where(r['plugin_frames'])}", flush=True)
+    unmatched = entry.get("unmatched_names") or {}
+    if unmatched.get("off_only") or unmatched.get("on_only"):
+        print(f"    not compared: {len(unmatched['off_only'])} test name(s) only off, "
+              f"{len(unmatched['on_only'])} only on (names that differ between runs)")
     for t in entry["expected_but_passed"]:
         print(f"    listed in EXPECTED_FAILURES but passes on: {t}", flush=True)
 

@@ -62,8 +62,17 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     result = Run(checkpoint=checkpoint)
 
+    batch_errors: list[Exception] = []
+
     def collect(df: DataFrame, batch_id: int) -> None:
-        result.outputs[batch_id] = sorted((tuple(r) for r in df.collect()), key=_sortable)
+        try:
+            rows = df.collect()
+        except Exception as e:
+            # what failed the batch, with its JVM cause chain (the foreachBatch callback
+            # hands Spark only its text): spark_errors reads it from the query's error
+            batch_errors.append(e)
+            raise
+        result.outputs[batch_id] = sorted((tuple(r) for r in rows), key=_sortable)
         result.history.append((batch_id, result.outputs[batch_id]))
 
     def start():
@@ -93,8 +102,9 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
                            os.path.join(source, f"{i:05d}.parquet"))
             try:
                 query.processAllAvailable()
-            except StreamingQueryException:
+            except StreamingQueryException as failed:
                 if recover is None:
+                    failed.batch_errors = list(batch_errors)
                     raise
                 harvest(query)
                 recover()
@@ -241,3 +251,23 @@ def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) 
     from arrowstate.checkpoint import state_command as run
     result = run(command, checkpoint, int(args[0]) if args else None, "UTC")
     return json.loads(json.dumps(result))
+
+
+def spark_errors(error: BaseException) -> dict[str, dict]:
+    """Every SparkThrowable in a captured JVM exception's cause chain: its condition ->
+    {"sqlState", "parameters"}. Tests assert conditions, not message text."""
+    found: dict[str, dict] = {}
+    for cause in getattr(error, "batch_errors", []):
+        found.update(spark_errors(cause))
+    # pyspark's converted exceptions keep the JVM's as _origin, py4j's own as java_exception
+    java = getattr(error, "_origin", None) or getattr(error, "java_exception", None)
+    while java is not None:
+        try:
+            condition = java.getCondition()
+        except Exception:   # noqa: BLE001 - not a SparkThrowable: py4j has no such method
+            condition = None
+        if condition:
+            found.setdefault(condition, {"sqlState": java.getSqlState(),
+                                         "parameters": dict(java.getMessageParameters())})
+        java = java.getCause()
+    return found

@@ -13,7 +13,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import _as_text, run_query  # noqa: E402
+from harness import _as_text, run_query, spark_errors  # noqa: E402
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 BATCHES = [[{"user": u, "ts": dt.datetime.fromtimestamp(i, dt.timezone.utc)}
@@ -73,7 +73,8 @@ def main() -> None:
         seen["cannot_start_error"] = None
     except Exception as e:   # noqa: BLE001 - the error's text is what is checked
         text = str(e)
-        seen["cannot_start_error"] = text[text.find("arrowstate"):][:4000]
+        seen["cannot_start_error"] = text[text.find("the Python state worker"):][:4000]
+        seen["cannot_start_conditions"] = spark_errors(e)
     spark.stop()
     print(json.dumps(seen))
 

@@ -20,6 +20,8 @@ FILES: dict[str, str] = dict(_SPEC["files"])
 FAMILIES: dict[str, dict[str, Any]] = dict(_SPEC["families"])
 METRICS: dict[str, dict[str, Any]] = {m["name"]: m for m in _SPEC["metrics"]}
 SETTINGS: dict[str, dict[str, Any]] = {s["key"]: s for s in _SPEC["settings"]}
+ERRORS: dict[str, dict[str, Any]] = {k: v for k, v in _SPEC["errors"].items()
+                                     if not k.startswith("_")}
 
 
 def python_metrics(family: str) -> frozenset[str]:

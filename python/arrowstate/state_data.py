@@ -153,9 +153,9 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
 def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
     return store_files.CorruptStateFile(
         f"{source.where}/{name}", source.context,
-        f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] the change feed from "
-        f"version {start} needs it, and it does not exist (retention removed it, or the "
-        f"state never reached that version)")
+        f"the change feed from version {start} needs it, and it does not exist (retention "
+        f"removed it, or the state never reached that version)",
+        condition="CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS")
 
 
 # transformWithState: Spark keeps each state variable in a column family of its own;

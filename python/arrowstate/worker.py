@@ -26,9 +26,10 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract, environment, state_data, state_import
+from . import contract, environment, errors, state_data, state_import
 from . import protocol as p
 from ._version import __version__
+from .errors import ArrowStateError
 from .families import REGISTRY
 from .store import VersionedState
 from .store import files as store_files
@@ -191,12 +192,15 @@ class Worker:
             return
         total = state.memory_bytes() + sum(s.memory_bytes() for s in self.states.values())
         if total > cap:
-            raise MemoryError(
-                f"arrowstate: this Python state worker would hold {total} bytes of state, over "
+            raise ArrowStateError(
+                "ARROWSTATE_STATE_CAP_EXCEEDED",
+                f"this Python state worker would hold {total} bytes of state, over "
                 f"spark.arrowstate.worker.maxStateBytes={cap} (query run "
                 f"{header['queryRunId']}, operator {header['operatorId']}, partition "
                 f"{header['partitionId']}, state {header['stateKey']}). Raise the setting, "
-                "give executors more memory or cores, or use more shuffle partitions.")
+                "give executors more memory or cores, or use more shuffle partitions.",
+                bytes=total, cap=cap, queryRunId=header["queryRunId"],
+                operatorId=header["operatorId"], partitionId=header["partitionId"])
 
     def read_state(self, f: BinaryIO) -> None:
         """READ_STATE: one committed version of a partition (or the changes up to it), for
@@ -273,9 +277,9 @@ class Worker:
                 self.serve_task(f)
             except EOFError:
                 return
-            except BaseException:
+            except BaseException as e:
                 p.write_int(f, p.ERROR)
-                p.write_bytes(f, traceback.format_exc().encode())
+                p.write_bytes(f, errors.error_frame(e))
                 f.flush()
                 raise
 
@@ -340,12 +344,14 @@ def main() -> None:
 def failed_to_start(f: BinaryIO, fault_log: Any) -> None:
     """Sends the startup error as the answer to the first request, then waits for the JVM
     to close the connection (exiting first could reset it before the error is read)."""
-    why = ("arrowstate: the Python state worker could not start "
-           f"({sys.executable}, pid {os.getpid()}):\n{traceback.format_exc()}")
-    environment.record_fault(fault_log, why)
+    error = sys.exc_info()[1]
+    why = (f"the Python state worker could not start ({sys.executable}, pid {os.getpid()}): "
+           f"{type(error).__name__}: {error}")
+    environment.record_fault(fault_log, f"arrowstate: {why}\n{traceback.format_exc()}")
     try:
         p.write_int(f, p.ERROR)
-        p.write_bytes(f, why.encode())
+        p.write_bytes(f, errors.error_frame(errors.ArrowStateError(
+            errors.FAILED_TO_START, why, pythonExec=sys.executable, error=str(error))))
         f.flush()
         while f.read(1 << 16):
             pass

@@ -15,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from arrowstate.store import files
-from harness import assert_runs_same, assert_same, native_run, run_query
+from harness import assert_runs_same, assert_same, native_run, run_query, spark_errors
 from procinfo import kill_own_state_workers
 
 NODE = "ArrowStreamingDeduplicate"
@@ -167,11 +167,13 @@ def test_damaged_delta_fails_naming_file_operator_partition_and_version(spark, t
     with pytest.raises(StreamingQueryException) as failure:
         run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["user"]),
                   arrowstate=True, between_batches=damage_before_third)
-    message = str(failure.value)
     partition = os.path.basename(os.path.dirname(damaged[0]))
-    assert "CANNOT_LOAD_STATE_STORE" in message and "2.arrowstate.delta" in message
-    assert f"operator 0, partition {partition}, version 2" in message
-    assert "checksum mismatch" in message
+    error = spark_errors(failure.value)["CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE"]
+    assert error["sqlState"] == "58030"
+    params = error["parameters"]
+    assert params["path"].endswith(f"/state/0/{partition}/2.arrowstate.delta"), params
+    assert params["context"] == f"operator 0, partition {partition}, version 2", params
+    assert "checksum mismatch" in params["reason"], params
 
 
 def test_checkpoint_deleted_and_reused_at_the_same_path(spark, tmp_path):

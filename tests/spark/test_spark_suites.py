@@ -1,9 +1,9 @@
 """Spark's own StreamingDeduplicationSuite (its Scala test jar) with arrowstate on: no test
 that passes without arrowstate fails with it, but those scripts/spark_suites.py lists as
-expected. Runs `on` only: the script runs again without arrowstate just the tests that do not
-pass on, which tells a regression from a test that fails anyway (Spark 4.2's test jar on the
-4.3 runtime), at a fraction of a second full run. Skipped only if Spark's test jars are not
-cached and cannot be downloaded (no `mvn`, no network)."""
+expected. Runs `on` only (about 100 s): the script then runs without arrowstate just the tests
+that did not pass on (about 10 s more), which tells a regression from a test that fails anyway
+(Spark 4.2's test jar on the 4.3 runtime) without a second full run (about 100 s more). Skipped
+only if Spark's test jars are not cached and cannot be downloaded (no `mvn`, no network)."""
 import json
 import subprocess
 import sys

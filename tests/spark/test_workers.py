@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import fmgws_functions as fns
-from harness import run_query
+from harness import run_query, spark_errors
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(fns)
@@ -53,7 +53,10 @@ def test_state_cap_fails_the_task_naming_query_operator_and_setting(spark, spark
                   lambda df: df.dropDuplicates(["user"]), arrowstate=True)
     message = str(failure.value)
     assert "spark.arrowstate.worker.maxStateBytes=2000" in message
-    assert "operator 0" in message and "query run" in message
+    error = spark_errors(failure.value)["ARROWSTATE_STATE_CAP_EXCEEDED"]
+    assert error["sqlState"] == "53200"
+    assert error["parameters"]["cap"] == "2000" and error["parameters"]["operatorId"] == "0"
+    assert int(error["parameters"]["bytes"]) > 2000 and error["parameters"]["queryRunId"]
 
 
 def test_worker_memory_is_reported(spark, tmp_path):
@@ -94,3 +97,6 @@ def test_workers_start_under_spark_testing_and_say_why_they_cannot():
     error = seen["cannot_start_error"] or ""
     assert "the Python state worker could not start" in error, error
     assert "import pandas" in error and "failed to map segment" in error, error
+    failed = seen["cannot_start_conditions"]["ARROWSTATE_WORKER_FAILED_TO_START"]
+    assert failed["sqlState"] == "39000" and "failed to map segment" in failed["parameters"][
+        "error"], failed

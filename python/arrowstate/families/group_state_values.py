@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from ..errors import ArrowStateError
+
 Converter = Callable[[Any], Any]
 _INT_BITS = {"byte": 8, "short": 16, "integer": 32, "long": 64}
 
@@ -32,8 +34,12 @@ def arrow_fields(schema, timezone: str) -> list[pa.Field]:
             for f in to_arrow_type(_deduplicate_field_names(schema), timezone=timezone)]
 
 
-class StateValueError(ValueError):
+class StateValueError(ArrowStateError, ValueError):
     """A value native Spark could not store either."""
+
+    def __init__(self, reason: str,
+                 condition: str = "ARROWSTATE_STATE_VALUE_NOT_STORABLE") -> None:
+        super().__init__(condition, reason, reason=reason)
 
 
 def _java_kind(v: Any) -> str:
@@ -137,8 +143,8 @@ def from_java(data_type) -> Converter:
             digits = len(d.as_tuple().digits)
             if max(digits, scale) > precision:
                 raise StateValueError(
-                    f"[DECIMAL_PRECISION_EXCEEDS_MAX_PRECISION] Decimal precision "
-                    f"{max(digits, scale)} exceeds max precision {precision}: {v}")
+                    f"Decimal precision {max(digits, scale)} exceeds max precision "
+                    f"{precision}: {v}", "DECIMAL_PRECISION_EXCEEDS_MAX_PRECISION")
             return d
         return null_safe(to_decimal)
     if name == "date":
@@ -175,8 +181,8 @@ def struct_from_java(schema) -> Converter:
             return None
         if len(v) != len(fields):
             raise StateValueError(
-                f"[STRUCT_ARRAY_LENGTH_MISMATCH] the state value has {len(v)} values, the "
-                f"schema {schema.simpleString()} {len(fields)}")
+                f"the state value has {len(v)} values, the schema "
+                f"{schema.simpleString()} {len(fields)}", "STRUCT_ARRAY_LENGTH_MISMATCH")
         return {n: f(x) for n, f, x in zip(names, fields, v)}
     return convert
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract import FILES
+from ..errors import ArrowStateError
 
 FORMAT_VERSION = 2
 FORMAT_WITH_CHANGES = 3   # a delta holding change records
@@ -54,23 +55,25 @@ _CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
 _NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
 
 
-class CorruptStateFile(RuntimeError):
+class CorruptStateFile(ArrowStateError):
     """A state file that cannot be used; the message names it and says what is wrong."""
 
-    def __init__(self, path: str, context: str, what: str) -> None:
+    def __init__(self, path: str, context: str, what: str,
+                 condition: str = "CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE") -> None:
         self.path, self.what = path, what
         super().__init__(
-            f"[CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE] An error occurred during loading "
-            f"state. arrowstate cannot use state file {path} ({context}): {what}")
+            condition, f"An error occurred during loading state. arrowstate cannot use state "
+            f"file {path} ({context}): {what}", path=path, context=context, reason=what)
 
 
-class StateLayoutChanged(RuntimeError):
+class StateLayoutChanged(ArrowStateError):
     """Intact files whose columns this query cannot take: not damage (no older snapshot is
     tried instead); the message says what changed."""
 
     def __init__(self, path: str, context: str, what: str) -> None:
-        super().__init__(f"[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION] arrowstate cannot "
-                         f"load state file {path} ({context}) into this query: {what}")
+        super().__init__("STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+                         f"arrowstate cannot load state file {path} ({context}) into this "
+                         f"query: {what}", path=path, context=context, reason=what)
 
 
 COLUMN_NAME = b"arrowstate.column"   # value field metadata: the family's name of the column

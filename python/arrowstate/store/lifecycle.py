@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol, Sequence
 
+from ..errors import ArrowStateError
 from . import files
 from .rows import FrozenRows
 
@@ -26,8 +27,11 @@ class FileSource(Protocol):
         """The file's last `size` bytes (all of a shorter one); empty if it is missing."""
 
 
-class MissingStateFiles(FileNotFoundError):
+class MissingStateFiles(ArrowStateError, FileNotFoundError):
     """No chain of files loads the version; the message names what is missing."""
+
+    def __init__(self, condition: str, message: str, where: str) -> None:
+        super().__init__(condition, message, path=where)
 
 
 def load_plans(names: Sequence[str], version: int, where: str, context: str,
@@ -43,10 +47,10 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
     if snapshot is not None:
         if snapshot not in snapshots or snapshot > version:
             raise MissingStateFiles(
-                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_MISSING_SNAPSHOT_FILE] An error "
-                f"occurred during loading state. arrowstate has no snapshot of version "
-                f"{snapshot} in {where} ({context}): missing "
-                f"{where}/{files.file_name(files.SNAPSHOT, snapshot)}")
+                "CANNOT_LOAD_STATE_STORE.CANNOT_READ_MISSING_SNAPSHOT_FILE",
+                f"An error occurred during loading state. arrowstate has no snapshot of "
+                f"version {snapshot} in {where} ({context}): missing "
+                f"{where}/{files.file_name(files.SNAPSHOT, snapshot)}", where)
         bases = [snapshot]
     plans = []
     for base in bases:
@@ -60,20 +64,21 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
             stores = "; ".join(f"{store}, versions {versions[0]} to {versions[-1]}"
                                for store, versions in spark_files.items())
             raise MissingStateFiles(
-                f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error "
-                f"occurred during loading state. arrowstate cannot load state version "
+                "CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
+                f"An error occurred during loading state. arrowstate cannot load state version "
                 f"{version} of {where} ({context}): this state was written by {stores}, not "
                 f"by arrowstate, and was not converted (arrowstate operators adopt it on "
                 f"their first load; `python -m arrowstate state import` converts it "
                 f"offline). Or run this operator on Spark's own (spark.arrowstate.enabled="
-                f"false) to continue it.")
+                f"false) to continue it.", where)
         missing = [v for v in range(bases[0] + 1, version + 1) if v not in deltas]
         raise MissingStateFiles(
-            f"[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] An error occurred "
-            f"during loading state. arrowstate cannot load state version {version} of "
+            "CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
+            f"An error occurred during loading state. arrowstate cannot load state version "
+            f"{version} of "
             f"{where} ({context}): no snapshot at or below it is followed by every delta; "
             f"missing " + ", ".join(f"{where}/{files.file_name(files.DELTA, v)}"
-                                    for v in missing))
+                                    for v in missing), where)
     return plans, snapshots
 
 

@@ -51,6 +51,14 @@ object Contract {
 
   val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
 
+  /** arrowstate's own error conditions -> their SQLSTATE (Spark's own are in its registry). */
+  val ErrorSqlStates: Map[String, String] = (spec \ "errors") match {
+    case JObject(fields) => fields.collect {
+      case (name, o: JObject) if !name.startsWith("_") => name -> (o \ "sqlState").extract[String]
+    }.toMap
+    case _ => throw new IllegalStateException("arrowstate: contract.json declares no errors")
+  }
+
   /** Header `conf` field name -> the Spark setting it carries. */
   val StoreConf: Map[String, String] = (spec \ "storeConf").extract[Map[String, String]]
 

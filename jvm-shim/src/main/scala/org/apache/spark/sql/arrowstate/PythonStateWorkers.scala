@@ -5,8 +5,12 @@ import java.nio.channels.Channels
 import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
+import scala.jdk.CollectionConverters._
 
-import org.apache.spark.{SparkEnv, TaskContext}
+import org.json4s.{DefaultFormats, Formats}
+import org.json4s.jackson.JsonMethods
+
+import org.apache.spark.{SparkEnv, SparkThrowable, SparkThrowableHelper, TaskContext}
 import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 import org.apache.spark.internal.Logging
@@ -79,8 +83,37 @@ class PostedRows(
   }
 }
 
-/** An exception raised in the Python state worker, with its Python traceback. */
-class ArrowStatePythonException(message: String) extends RuntimeException(message)
+/**
+ * A failure in the Python state worker, raised with the condition it carried across (Spark's
+ * own where Spark has one, else arrowstate's, declared in contract.json), its message
+ * parameters, and its Python traceback in the message.
+ */
+class ArrowStatePythonException(
+    condition: String,
+    parameters: Map[String, String],
+    message: String,
+    val pythonTraceback: String)
+  extends RuntimeException(
+    s"[$condition] $message\n\nPython traceback of the arrowstate state worker:\n" +
+      pythonTraceback) with SparkThrowable {
+
+  override def getCondition: String = condition
+  override def getMessageParameters: java.util.Map[String, String] = parameters.asJava
+  override def getSqlState: String = Contract.ErrorSqlStates.getOrElse(condition,
+    scala.util.Try(SparkThrowableHelper.getSqlState(condition)).toOption.orNull)
+}
+
+object ArrowStatePythonException {
+  private implicit val formats: Formats = DefaultFormats
+
+  /** From an ERROR frame's payload (JSON: condition, parameters, message, traceback). */
+  def fromFrame(payload: Array[Byte]): ArrowStatePythonException = {
+    val error = JsonMethods.parse(new String(payload, UTF_8))
+    new ArrowStatePythonException((error \ "condition").extract[String],
+      (error \ "parameters").extract[Map[String, String]], (error \ "message").extract[String],
+      (error \ "traceback").extract[String])
+  }
+}
 
 /** One Python process that holds the state of any number of operator partitions. */
 class PythonStateWorker(
@@ -148,10 +181,7 @@ class PythonStateWorker(
     val tag = try in.readInt() catch {
       case e: EOFException => throw exitedUnasked(e)
     }
-    if (tag == Contract.Frame.Error) {
-      val traceback = new String(readBytes(), UTF_8)
-      throw new ArrowStatePythonException(s"arrowstate Python worker failed:\n$traceback")
-    }
+    if (tag == Contract.Frame.Error) throw ArrowStatePythonException.fromFrame(readBytes())
     tag
   }
 
