@@ -460,9 +460,10 @@ def export_to_spark(checkpoint: str) -> dict:
         if _is_tws(o):
             return tws_state.export_operator(spark, checkpoint, state_root, o["operator_id"],
                                              version - 1, version, o["partitions"])
-        return conversion.exportOperator(spark._jsparkSession, state_root, o["operator_id"],
-                                         o["partitions"], version, key, value,
-                                         conf.get(PROVIDER_SETTING, HDFS_PROVIDER))
+        return conversion.convertOperator("export", spark._jsparkSession, state_root,
+                                          o["operator_id"], o["partitions"], version, key,
+                                          value, conf.get(PROVIDER_SETTING, HDFS_PROVIDER),
+                                          "UTC")   # export writes Spark's rows: no zone
 
     return _convert(checkpoint, "exported",
                     lambda o: ARROWSTATE in o["engine"].split("+"), check, _store_settings, call,
@@ -492,8 +493,9 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
             return tws_state.convert_operator(spark, checkpoint, o["operator_id"], version - 1,
                                               version, o["partitions"], zone, repartition=False)
         provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
-        return conversion.importOperator(spark._jsparkSession, state_root, o["operator_id"],
-                                         o["partitions"], version, key, value, provider, zone)
+        return conversion.convertOperator("import", spark._jsparkSession, state_root,
+                                          o["operator_id"], o["partitions"], version, key,
+                                          value, provider, zone)
 
     return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
                     _store_settings, call,

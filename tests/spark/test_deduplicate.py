@@ -9,7 +9,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from procinfo import kill_own_state_workers
-from harness import assert_same, run_query
+from harness import assert_same, run_query, spark_errors
 
 NODE = "ArrowStreamingDeduplicate"
 EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
@@ -158,8 +158,10 @@ def test_corrupt_state_file_fails_loudly_naming_it(spark, tmp_path):
                   lambda df: df.dropDuplicates(["user"]), arrowstate=True,
                   between_batches=corrupt_before_third)
     assert corrupted
+    error = spark_errors(failure.value)["CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE"]
+    assert any(error["parameters"]["path"].endswith(c) for c in corrupted), error
     message = str(failure.value)
-    assert "arrowstate Python worker failed" in message
+    assert "Python traceback of the arrowstate state worker" in message
     assert "Traceback" in message and "2.arrowstate.delta" in message
 
 

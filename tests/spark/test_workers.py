@@ -23,13 +23,19 @@ def ev(user, second):
     return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc)}
 
 
-@pytest.mark.slow
-def test_dead_workers_new_sessions_and_memory_after_stop():
-    app = os.path.join(os.path.dirname(__file__), "..", "worker_app.py")
+def seen_by_app(name: str) -> dict:
+    """Runs tests/<name> in a process of its own; what it saw (its last JSON line)."""
+    app = os.path.join(os.path.dirname(__file__), "..", name)
     done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     seen = json.loads(lines[-1])
+    return seen
+
+
+@pytest.mark.slow
+def test_dead_workers_new_sessions_and_memory_after_stop():
+    seen = seen_by_app("worker_app.py")
     assert seen["killed"] and seen["dead_worker_same_outputs"], seen
     assert seen["reloaded_after_kill"] > 0, seen
     assert seen["new_session_same_outputs"], seen
@@ -86,11 +92,7 @@ def test_a_users_function_never_shares_a_process_with_another_querys_state(spark
 
 @pytest.mark.slow
 def test_workers_start_under_spark_testing_and_say_why_they_cannot():
-    app = os.path.join(os.path.dirname(__file__), "..", "startup_app.py")
-    done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
-    seen = json.loads(lines[-1])
+    seen = seen_by_app("startup_app.py")
     # as Spark's own suites run: pyspark's worker modules load in our marked workers
     assert seen["spark_testing_dedup_same"] and seen["spark_testing_flatmap_same"], seen
     # the task's error carries the worker's own reason, not only that it exited

@@ -26,7 +26,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase, gather_rows
-from .group_state_values import StateValueWriter, arrow_fields
+from .group_state_values import StateValueWriter, arrow_fields, python_values
 from .pandas_io import PandasIO
 
 NO_TIMESTAMP = -1
@@ -51,7 +51,6 @@ class FlatMapGroupsWithState(FamilyBase):
         import pandas as pd
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer
-        from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.streaming.state import GroupState
         from pyspark.sql.types import (BooleanType, ByteType, DoubleType, FloatType,
                                        IntegerType, LongType, Row, ShortType, StringType,
@@ -59,7 +58,6 @@ class FlatMapGroupsWithState(FamilyBase):
 
         self._pd, self._Row, self._GroupState = pd, Row, GroupState
         self._TypeError, self._RuntimeError = PySparkTypeError, PySparkRuntimeError
-        self._to_rows = ArrowTableToRowsConversion.convert
         self.io = PandasIO(operator)
 
         self.func, _ = CloudPickleSerializer().loads(base64.b64decode(operator["command"]))
@@ -106,10 +104,8 @@ class FlatMapGroupsWithState(FamilyBase):
         if self._plain_state:   # numbers, booleans, strings: Arrow's Python values are pyspark's
             columns = [rows.column(nk + i).to_pylist() for i in range(len(self.state_fields))]
             return [v if d else None for v, d in zip(zip(*columns), defined)]
-        table = pa.Table.from_batches([pa.RecordBatch.from_arrays(
-            rows.columns[nk:nk + len(self.state_fields)], names=self.state_schema.names)])
-        values = self._to_rows(table, self.state_schema, return_as_tuples=True)
-        return [tuple(v) if d else None for v, d in zip(values, defined)]
+        values = python_values(rows.columns[nk:nk + len(self.state_fields)], self.state_schema)
+        return [v if d else None for v, d in zip(values, defined)]
 
     # -- calling the function ---------------------------------------------------------------
     def _group_state(self, stored, timed_out: bool):

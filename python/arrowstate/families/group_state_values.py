@@ -34,6 +34,19 @@ def arrow_fields(schema, timezone: str) -> list[pa.Field]:
             for f in to_arrow_type(_deduplicate_field_names(schema), timezone=timezone)]
 
 
+def python_values(columns: list[pa.Array], schema) -> list[tuple]:
+    """Stored state columns (one per field of `schema`) as the value tuples pyspark hands
+    Python code for the schema's types (a timestamp as a naive local datetime, as natively,
+    not Arrow's), converted once for all the rows: GroupState's and transformWithState's."""
+    from pyspark.sql.conversion import ArrowTableToRowsConversion
+
+    if not columns or len(columns[0]) == 0:
+        return []
+    table = pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, names=schema.names)])
+    return [tuple(v) for v in
+            ArrowTableToRowsConversion.convert(table, schema, return_as_tuples=True)]
+
+
 class StateValueError(ArrowStateError, ValueError):
     """A value native Spark could not store either."""
 

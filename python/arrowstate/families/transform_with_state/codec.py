@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..group_state_values import StateValueWriter, arrow_fields
+from ..group_state_values import StateValueWriter, arrow_fields, python_values
 
 
 def struct_schema(schema, parsed: str | None):
@@ -27,7 +27,6 @@ class Codec:
     """Python value tuples of one schema <-> Arrow, as Spark stores and returns them."""
 
     def __init__(self, schema, timezone: str) -> None:
-        from pyspark.sql.conversion import ArrowTableToRowsConversion
         from pyspark.sql.streaming import stateful_processor_api_client as client
         client._load_numpy()   # pyspark's normaliser knows numpy only once this ran
         _normalize_state_value = client._normalize_state_value
@@ -35,17 +34,13 @@ class Codec:
         self.fields = arrow_fields(schema, timezone)
         self.type = pa.struct(self.fields)
         self.writer = StateValueWriter(schema, self.fields)
-        self._to_rows = ArrowTableToRowsConversion.convert
         self._normalize = _normalize_state_value
 
     def to_arrow(self, values: list) -> pa.StructArray:
         return pa.StructArray.from_arrays(self.writer.columns(values), fields=self.fields)
 
     def from_arrow(self, array: pa.StructArray) -> list[tuple]:
-        if len(array) == 0:
-            return []
-        table = pa.Table.from_batches([pa.RecordBatch.from_struct_array(array)])
-        return [tuple(v) for v in self._to_rows(table, self.schema, return_as_tuples=True)]
+        return python_values(array.flatten(), self.schema)
 
     def stored(self, value) -> tuple:
         """What Spark makes of a value handed to the state: numpy values made Python (as

@@ -320,9 +320,7 @@ class WorkerReadStream[T](
       ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}") ~
       ("keySchema" -> keySchema.json) ~
       ("valueSchema" -> valueSchema.json)
-    worker.out.writeInt(Contract.Frame.ReadState)
-    worker.writeBytes(compact(render(request)).getBytes(UTF_8))
-    worker.out.flush()
+    worker.requestState(compact(render(request)).getBytes(UTF_8))
   }
 
   private def guarded[A](body: => A): A =
@@ -333,16 +331,11 @@ class WorkerReadStream[T](
     }
 
   private def fetch(): Unit = guarded {
-    var tag = worker.readTag()
-    while (tag != Contract.Frame.Data && tag != Contract.Frame.End) {
-      worker.serveFileRequest(tag, files)
-      tag = worker.readTag()
-    }
-    if (tag == Contract.Frame.End) {
+    if (!worker.serveFilesUntil(Contract.Frame.End, files)) {
       finished = true
       PythonStateWorkers.giveBack(worker)
     } else {
-      val batch = worker.readBytes()
+      val batch = worker.readBatch(none = Contract.Frame.End).get
       val out = Array.newBuilder[Any]
       ArrowBatches.foreachRow(batch, -1) { row =>
         val key = keyProjection(row.getStruct(0, keySchema.length)).copy()

@@ -33,11 +33,14 @@ import org.apache.spark.util.SerializableConfiguration
  * for the caller to move away once every partition is written.
  */
 object StateConversion {
-  /** Writes `version` of each partition of one operator in the format of Spark's
-   * `providerClass`; the rows per partition. HDFS-backed: that version's `<v>.snapshot`.
-   * Another provider (RocksDB): a fresh store of the provider, committed as that version with
-   * a snapshot, as Spark's offline repartition writes its state. */
-  def exportOperator(
+  /**
+   * The state tools' one entry point (py4j): converts `version` of every partition of one
+   * operator, `direction` "export" (arrowstate's state to the format of Spark's
+   * `providerClass`) or "import" (Spark's `providerClass` state to arrowstate's, timestamps
+   * in `timeZone`); the rows per partition.
+   */
+  def convertOperator(
+      direction: String,
       session: SparkSession,
       stateRoot: String,
       operatorId: Long,
@@ -45,10 +48,36 @@ object StateConversion {
       version: Long,
       keySchemaJson: String,
       valueSchemaJson: String,
-      providerClass: String): Array[Long] = {
+      providerClass: String,
+      timeZone: String): Array[Long] = {
     val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
     val storeConf = storeConfWith(session.sessionState.conf, providerClass)
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
+    direction match {
+      case "export" => exportOperator(session, stateRoot, operatorId, partitions, version,
+        keySchema, valueSchema, providerClass, storeConf, settings)
+      case "import" => importOperator(session, stateRoot, operatorId, partitions, version,
+        keySchema, valueSchema, storeConf, settings, timeZone)
+      case other => throw new IllegalArgumentException(
+        s"arrowstate: no state conversion '$other' (export or import)")
+    }
+  }
+
+  /** Writes `version` of each partition of one operator in the format of Spark's
+   * `providerClass`; the rows per partition. HDFS-backed: that version's `<v>.snapshot`.
+   * Another provider (RocksDB): a fresh store of the provider, committed as that version with
+   * a snapshot, as Spark's offline repartition writes its state. */
+  private def exportOperator(
+      session: SparkSession,
+      stateRoot: String,
+      operatorId: Long,
+      partitions: Int,
+      version: Long,
+      keySchema: StructType,
+      valueSchema: StructType,
+      providerClass: String,
+      storeConf: StateStoreConf,
+      settings: WorkerSettings): Array[Long] = {
     val hdfs = providerClass == classOf[HDFSBackedStateStoreProvider].getName
     perPartition(session, partitions) { (partition, conf) =>
       val dir = StateFiles.partitionDir(stateRoot, operatorId, partition)
@@ -175,21 +204,18 @@ object StateConversion {
    * query's session time zone); it lays them out as the family's columns and encodes the
    * snapshot.
    */
-  def importOperator(
+  private def importOperator(
       session: SparkSession,
       stateRoot: String,
       operatorId: Long,
       partitions: Int,
       version: Long,
-      keySchemaJson: String,
-      valueSchemaJson: String,
-      providerClass: String,
+      keySchema: StructType,
+      valueSchema: StructType,
+      storeConf: StateStoreConf,
+      settings: WorkerSettings,
       timeZone: String): Array[Long] = {
-    val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
-    val sqlConf = session.sessionState.conf
-    val storeConf = storeConfWith(sqlConf, providerClass)
-    val settings = ArrowStateStoreProvider.workerSettings(storeConf)
-    val rowsPerBatch = batchSize(sqlConf)
+    val rowsPerBatch = batchSize(session.sessionState.conf)
     perPartition(session, partitions) { (partition, conf) =>
       importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
         valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
@@ -243,13 +269,10 @@ object StateConversion {
     var done = false
     var count = 0L
     try {
-      worker.out.writeInt(Contract.Frame.ImportState)
-      worker.writeBytes(request.getBytes(UTF_8))
-      worker.writeBytes(encoder.schemaIpc)
+      worker.beginImport(request.getBytes(UTF_8), encoder.schemaIpc)
       var inBatch = 0
       def send(): Unit = {
-        worker.out.writeInt(Contract.Frame.Data)
-        worker.writeBytes(encoder.finishBatch())
+        worker.sendBatch(Contract.Frame.Data, encoder.finishBatch(), flush = false)
         inBatch = 0
       }
       rows.foreach { row =>
@@ -259,11 +282,7 @@ object StateConversion {
         if (inBatch == batchSize) send()
       }
       if (inBatch > 0) send()
-      worker.out.writeInt(Contract.Frame.End)
-      worker.out.flush()
-      require(worker.readTag() == Contract.Frame.Data, "arrowstate: no snapshot from Python")
-      val snapshot = worker.readBytes()
-      require(worker.readTag() == Contract.Frame.End, "arrowstate: no END from Python")
+      val snapshot = worker.readImportedSnapshot()
       done = true
       PythonStateWorkers.giveBack(worker)
       new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId,

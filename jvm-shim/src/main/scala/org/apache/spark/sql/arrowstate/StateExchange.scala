@@ -1,0 +1,198 @@
+package org.apache.spark.sql.arrowstate
+
+import java.nio.charset.StandardCharsets.UTF_8
+
+import scala.collection.mutable
+
+import org.apache.spark.TaskContext
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.execution.metric.SQLMetric
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
+
+/**
+ * One task's conversation with its worker about one operator partition:
+ * begin (load the state version), exchange Arrow batches, end input, commit.
+ * Any failure before commit destroys the worker, so no half-applied state survives.
+ */
+class StateExchange(
+    stateKey: String, files: StateFiles, provider: StateStoreProviderId,
+    settings: WorkerSettings) extends Logging {
+
+  private val (worker, drops) = PythonStateWorkers.borrow(stateKey, provider, settings)
+  private var finished = false
+  private var pythonNanos = 0L
+  private var bytesToPython = 0L
+  private var bytesFromPython = 0L
+
+  Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
+    if (!finished) PythonStateWorkers.destroy(worker)
+  })
+
+  def staleKeysToDrop: Seq[String] = drops
+
+  /** Rows of Spark's own state store converted on this load (see StateConversion). */
+  var adoptedRows: Long = 0L
+
+  private def timed[T](body: => T): T = {
+    val t0 = System.nanoTime()
+    try body finally pythonNanos += System.nanoTime() - t0
+  }
+
+  /** Sends the header and the input schema; serves the state files the worker asks for
+   * (it decides which: the store's lifecycle lives in Python) until it is ready. */
+  def begin(headerJson: String, inputSchemaIpc: Array[Byte]): Unit = timed {
+    worker.beginTask(headerJson.getBytes(UTF_8), inputSchemaIpc)
+    require(!worker.serveFilesUntil(Contract.Frame.Ready, files),
+      "arrowstate: the worker sent data before it was ready")
+  }
+
+  private val awaiting = mutable.Queue[Option[Array[Byte]] => Unit]()
+
+  /**
+   * Sends one Arrow batch of input without waiting for the worker's answer; `onAnswer` gets
+   * it (if the worker has one) when `settle` reads it. Answers come back in order. Keeping
+   * one batch in flight lets the worker process it while this task encodes the next.
+   */
+  def post(batchIpc: Array[Byte])(onAnswer: Option[Array[Byte]] => Unit): Unit = {
+    write(Contract.Frame.Data, batchIpc)
+    awaiting.enqueue(onAnswer)
+  }
+
+  def outstanding: Int = awaiting.size
+
+  private var ended = false
+  def inputEnded: Boolean = ended
+
+  /** Reads answers until at most `inFlight` batches are still unanswered. */
+  def settle(inFlight: Int = 0): Unit =
+    while (awaiting.size > inFlight) {
+      val onAnswer = awaiting.dequeue()
+      onAnswer(timed(readAnswer()))
+    }
+
+  /** Sends a batch of initial-state rows (before any input); the worker answers none. */
+  def initialState(batchIpc: Array[Byte]): Unit = {
+    settle()
+    write(Contract.Frame.InitialState, batchIpc)
+    timed(readAnswer()).foreach { _ =>
+      throw new IllegalStateException("arrowstate: the worker answered initial state rows")
+    }
+  }
+
+  /** Asks what the state (the version being updated) holds for a batch of keys. */
+  def lookup(keysIpc: Array[Byte]): Option[Array[Byte]] = {
+    settle()
+    write(Contract.Frame.Lookup, keysIpc)
+    timed(readAnswer())
+  }
+
+  private def write(tag: Int, batchIpc: Array[Byte]): Unit = timed {
+    worker.sendBatch(tag, batchIpc)
+    bytesToPython += batchIpc.length
+  }
+
+  /** A batch the worker sent (None: `none`), counted. */
+  private def received(none: Int): Option[Array[Byte]] = {
+    val answer = worker.readBatch(none)
+    answer.foreach(b => bytesFromPython += b.length)
+    answer
+  }
+
+  private def readAnswer(): Option[Array[Byte]] = received(none = Contract.Frame.NoData)
+
+  /** Ends the input; returns the batches the worker emits after seeing all of it. */
+  def endInput(): Iterator[Array[Byte]] = {
+    require(!ended, "arrowstate: input already ended")
+    ended = true
+    settle()
+    timed(worker.send(Contract.Frame.End))
+    new Iterator[Array[Byte]] {
+      private var nextBatch: Option[Array[Byte]] = fetch()
+      private def fetch(): Option[Array[Byte]] = timed(received(none = Contract.Frame.End))
+      override def hasNext: Boolean = nextBatch.isDefined
+      override def next(): Array[Byte] = {
+        val b = nextBatch.get
+        nextBatch = fetch()
+        b
+      }
+    }
+  }
+
+  /**
+   * Writes the new version's delta atomically, hands the snapshots the worker finished
+   * meanwhile and its pruning to the maintenance thread, tells the worker it is committed
+   * and adds the worker's metrics to the operator's SQL metrics.
+   */
+  def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String,
+      countsInstance: Boolean = true): Unit = {
+    val (delta, snapshots, pruneBelow) = timed(worker.readCommit())
+    val commitStart = System.nanoTime()
+    files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
+    val commitMs = (System.nanoTime() - commitStart) / 1000000
+    StateMaintenance.submit(files, snapshots, pruneBelow)
+    val metricsJson = timed(worker.confirmCommitted())
+    finished = true
+    PythonStateWorkers.giveBack(worker)
+
+    val reported = WorkerMetrics.parse(metricsJson, family)
+    def add(name: String, v: Long): Unit = metrics.get(name) match {
+      case Some(m) => m += v
+      case None => throw new IllegalStateException(
+        s"arrowstate: the $family operator has no SQL metric $name (contract.json declares it)")
+    }
+    reported.foreach { case (k, v) => add(k, v) }
+    add("commitTimeMs", commitMs)
+    if (countsInstance) add("numStateStoreInstances", 1)
+    add("pythonWorkerTimeMs", pythonNanos / 1000000)
+    add("arrowBytesToPython", bytesToPython)
+    add("arrowBytesFromPython", bytesFromPython)
+    add("stateRowsAdopted", adoptedRows)
+  }
+}
+
+object WorkerMetrics {
+  /** The worker's flat JSON object of integer metrics; a name the contract does not let
+   * Python report for this family fails, instead of being dropped. */
+  def parse(json: String, family: String): Map[String, Long] = {
+    import org.json4s._
+    import org.json4s.jackson.JsonMethods
+    val values = JsonMethods.parse(json) match {
+      case JObject(fields) => fields.map {
+        case (k, JInt(v)) => k -> v.toLong
+        case (k, JLong(v)) => k -> v
+        case (k, other) => throw new IllegalStateException(
+          s"arrowstate: the worker reported metric $k as $other, not a whole number")
+      }.toMap
+      case other => throw new IllegalStateException(s"arrowstate: bad worker metrics $other")
+    }
+    val unknown = values.keySet -- Contract.pythonMetrics(family)
+    if (unknown.nonEmpty) {
+      throw new IllegalStateException(s"arrowstate: the worker reported metrics " +
+        s"${unknown.toSeq.sorted.mkString(", ")} that contract.json does not declare for " +
+        s"family $family")
+    }
+    values
+  }
+}
+
+object StateExchange {
+  private val open = new java.util.concurrent.ConcurrentHashMap[(Long, String), StateExchange]()
+
+  /**
+   * The task's exchange for one state partition, begun on first use. Both operators of a
+   * streaming aggregation (restore and save, in the same task) share it: one worker, one
+   * state version, one commit.
+   */
+  def forTask(
+      stateKey: String, files: => StateFiles, provider: StateStoreProviderId,
+      settings: WorkerSettings)(begin: StateExchange => Unit): StateExchange = {
+    val context = TaskContext.get()
+    val id = (context.taskAttemptId(), stateKey)
+    open.computeIfAbsent(id, { _ =>
+      val exchange = new StateExchange(stateKey, files, provider, settings)
+      context.addTaskCompletionListener[Unit](_ => open.remove(id))
+      begin(exchange)
+      exchange
+    })
+  }
+}
