@@ -331,11 +331,12 @@ class WorkerReadStream[T](
     }
 
   private def fetch(): Unit = guarded {
-    if (!worker.serveFilesUntil(Contract.Frame.End, files)) {
+    val answer = worker.serveFilesUntil(Contract.Frame.End, files)
+    if (answer.isEmpty) {
       finished = true
       PythonStateWorkers.giveBack(worker)
     } else {
-      val batch = worker.readBatch(none = Contract.Frame.End).get
+      val batch = answer.get
       val out = Array.newBuilder[Any]
       ArrowBatches.foreachRow(batch, -1) { row =>
         val key = keyProjection(row.getStruct(0, keySchema.length)).copy()

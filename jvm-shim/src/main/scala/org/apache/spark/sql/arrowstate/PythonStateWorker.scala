@@ -100,14 +100,15 @@ class PythonStateWorker(
     out.flush()
   }
 
-  /** Serves the state files the worker reads until it sends `until` or DATA (true: DATA). */
-  def serveFilesUntil(until: Int, files: StateFiles): Boolean = {
+  /** Serves the state files the worker reads until it sends `until` (None) or a DATA
+   * batch (that batch). */
+  def serveFilesUntil(until: Int, files: StateFiles): Option[Array[Byte]] = {
     var tag = readTag()
     while (tag != until && tag != Contract.Frame.Data) {
       serveFileRequest(tag, files)
       tag = readTag()
     }
-    tag == Contract.Frame.Data
+    if (tag == Contract.Frame.Data) Some(readBytes()) else None
   }
 
   /** A frame of `tag` and one Arrow batch (DATA, LOOKUP, INITIAL_STATE); flushed or not. */

@@ -42,7 +42,7 @@ class StateExchange(
    * (it decides which: the store's lifecycle lives in Python) until it is ready. */
   def begin(headerJson: String, inputSchemaIpc: Array[Byte]): Unit = timed {
     worker.beginTask(headerJson.getBytes(UTF_8), inputSchemaIpc)
-    require(!worker.serveFilesUntil(Contract.Frame.Ready, files),
+    require(worker.serveFilesUntil(Contract.Frame.Ready, files).isEmpty,
       "arrowstate: the worker sent data before it was ready")
   }
 
