@@ -2,12 +2,10 @@ package org.apache.spark.sql.arrowstate
 
 import java.nio.charset.StandardCharsets.UTF_8
 
-import scala.jdk.CollectionConverters._
-
 import org.json4s.{DefaultFormats, Formats}
 import org.json4s.jackson.JsonMethods
 
-import org.apache.spark.{SparkThrowable, SparkThrowableHelper}
+import org.apache.spark.{QueryContext, SparkException, SparkThrowableHelper}
 
 /**
  * A failure in the Python state worker, raised with the condition it carried across (Spark's
@@ -19,12 +17,12 @@ class ArrowStatePythonException(
     parameters: Map[String, String],
     message: String,
     val pythonTraceback: String)
-  extends RuntimeException(
+  // a SparkException, as Spark's own task failures are (Spark rethrows a SparkThrowable of
+  // a task as the job's error, and callers match on SparkException)
+  extends SparkException(
     s"[$condition] $message\n\nPython traceback of the arrowstate state worker:\n" +
-      pythonTraceback) with SparkThrowable {
+      pythonTraceback, null, Some(condition), parameters, Array.empty[QueryContext]) {
 
-  override def getCondition: String = condition
-  override def getMessageParameters: java.util.Map[String, String] = parameters.asJava
   override def getSqlState: String = Contract.ErrorSqlStates.getOrElse(condition,
     scala.util.Try(SparkThrowableHelper.getSqlState(condition)).toOption.orNull)
 }
