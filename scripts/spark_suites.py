@@ -181,7 +181,7 @@ class NoTestJars(Exception):
 
 
 class ScriptError(Exception):
-    pass
+    """An error of the script's own (bad arguments, a suite not in the jar): exit code 2."""
 
 
 # ---------------------------------------------------------------------------------------------

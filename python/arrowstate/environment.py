@@ -4,6 +4,7 @@ with `--py-files` / `addPyFile` on sys.path, and the memory limit of
 `spark.executor.pyspark.memory`."""
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
@@ -70,7 +71,5 @@ def close_fault_log(log: TextIO | None) -> None:
     if log is not None:
         faulthandler.disable()
         log.close()
-        try:
+        with contextlib.suppress(OSError):   # already gone: nothing left behind
             os.remove(log.name)
-        except OSError:
-            pass

@@ -14,6 +14,7 @@ and the state is reloaded from the checkpoint by whoever runs the retry.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -348,15 +349,13 @@ def failed_to_start(f: BinaryIO, fault_log: Any) -> None:
     why = (f"the Python state worker could not start ({sys.executable}, pid {os.getpid()}): "
            f"{type(error).__name__}: {error}")
     environment.record_fault(fault_log, f"arrowstate: {why}\n{traceback.format_exc()}")
-    try:
+    with contextlib.suppress(OSError):   # the JVM already closed it: nobody to tell
         p.write_int(f, p.ERROR)
         p.write_bytes(f, errors.error_frame(errors.ArrowStateError(
             errors.FAILED_TO_START, why, pythonExec=sys.executable, error=str(error))))
         f.flush()
-        while f.read(1 << 16):
-            pass
-    except OSError:
-        pass
+        while f.read(1 << 16):   # what the JVM sends meanwhile is dropped unread
+            continue
 
 
 if __name__ == "__main__":
