@@ -54,43 +54,37 @@ object StateConversion {
     val storeConf = storeConfWith(session.sessionState.conf, providerClass)
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
     direction match {
-      case "export" => exportOperator(session, stateRoot, operatorId, partitions, version,
-        keySchema, valueSchema, providerClass, storeConf, settings)
-      case "import" => importOperator(session, stateRoot, operatorId, partitions, version,
-        keySchema, valueSchema, storeConf, settings, timeZone)
+      // export: per partition holding arrowstate's state, its rows in the format of Spark's
+      // provider. HDFS-backed: that version's `<v>.snapshot`. Another (RocksDB): a fresh
+      // store of the provider, committed as that version with a snapshot, as Spark's offline
+      // repartition writes its state.
+      case "export" =>
+        val hdfs = providerClass == classOf[HDFSBackedStateStoreProvider].getName
+        perPartition(session, partitions) { (partition, conf) =>
+          val dir = StateFiles.partitionDir(stateRoot, operatorId, partition)
+          val files = new StateFiles(dir, conf)
+          if (!files.holdsArrowState) 0L else {
+            val id = StateStoreId(stateRoot, operatorId, partition)
+            val rows = new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
+              settings).iterator()
+            try {
+              if (hdfs) writeHdfsSnapshot(dir, version, rows, storeConf, conf)
+              else writeThroughProvider(id, version, keySchema, valueSchema, rows, storeConf,
+                conf)
+            } finally rows.close()
+          }
+        }
+      // import: per partition, `<version>.arrowstate.snapshot` of what Spark's store holds at
+      // that version (rows to a Python state worker in Spark's schemas, as Arrow with the
+      // query's time zone; it lays them out as the family's columns)
+      case "import" =>
+        val rowsPerBatch = batchSize(session.sessionState.conf)
+        perPartition(session, partitions) { (partition, conf) =>
+          importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
+            valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
+        }
       case other => throw new IllegalArgumentException(
         s"arrowstate: no state conversion '$other' (export or import)")
-    }
-  }
-
-  /** Writes `version` of each partition of one operator in the format of Spark's
-   * `providerClass`; the rows per partition. HDFS-backed: that version's `<v>.snapshot`.
-   * Another provider (RocksDB): a fresh store of the provider, committed as that version with
-   * a snapshot, as Spark's offline repartition writes its state. */
-  private def exportOperator(
-      session: SparkSession,
-      stateRoot: String,
-      operatorId: Long,
-      partitions: Int,
-      version: Long,
-      keySchema: StructType,
-      valueSchema: StructType,
-      providerClass: String,
-      storeConf: StateStoreConf,
-      settings: WorkerSettings): Array[Long] = {
-    val hdfs = providerClass == classOf[HDFSBackedStateStoreProvider].getName
-    perPartition(session, partitions) { (partition, conf) =>
-      val dir = StateFiles.partitionDir(stateRoot, operatorId, partition)
-      val files = new StateFiles(dir, conf)
-      if (!files.holdsArrowState) 0L else {
-        val id = StateStoreId(stateRoot, operatorId, partition)
-        val rows = new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
-          settings).iterator()
-        try {
-          if (hdfs) writeHdfsSnapshot(dir, version, rows, storeConf, conf)
-          else writeThroughProvider(id, version, keySchema, valueSchema, rows, storeConf, conf)
-        } finally rows.close()
-      }
     }
   }
 
@@ -197,32 +191,7 @@ object StateConversion {
   private def schema(json: String): StructType =
     DataType.fromJson(json).asInstanceOf[StructType]
 
-  /**
-   * Writes `<version>.arrowstate.snapshot` for each partition of one operator from the
-   * state Spark's own store (`providerClass`) holds at that version; the rows per partition.
-   * Rows go to a Python state worker in Spark's key and value schemas (as Arrow, with the
-   * query's session time zone); it lays them out as the family's columns and encodes the
-   * snapshot.
-   */
-  private def importOperator(
-      session: SparkSession,
-      stateRoot: String,
-      operatorId: Long,
-      partitions: Int,
-      version: Long,
-      keySchema: StructType,
-      valueSchema: StructType,
-      storeConf: StateStoreConf,
-      settings: WorkerSettings,
-      timeZone: String): Array[Long] = {
-    val rowsPerBatch = batchSize(session.sessionState.conf)
-    perPartition(session, partitions) { (partition, conf) =>
-      importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
-        valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
-    }
-  }
-
-  /** One partition of `importOperator`; also how an arrowstate operator adopts Spark's state
+  /** One partition of an import; also how an arrowstate operator adopts Spark's state
    * on its first load. */
   def importPartition(
       id: StateStoreId,
