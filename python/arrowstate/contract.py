@@ -5,16 +5,44 @@ this module exposes them to the Python side.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
+
+import fastjsonschema
 
 _SPEC: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "contract.json").read_text(encoding="utf-8"))
 
 PROTOCOL_VERSION: int = _SPEC["protocolVersion"]
-FRAMES: dict[str, int] = dict(_SPEC["frames"])
-HEADER_FIELDS: tuple[str, ...] = tuple(_SPEC["header"])
+
+
+class Frame(NamedTuple):
+    """A frame: its tag and the (name, type) fields of its body as each side sends it
+    (None: that side never sends it) and of the JVM's untagged reply to it."""
+    name: str
+    tag: int
+    from_jvm: tuple[tuple[str, str], ...] | None
+    from_python: tuple[tuple[str, str], ...] | None
+    reply: tuple[tuple[str, str], ...] | None
+
+
+def _fields(spec: dict, side: str) -> tuple[tuple[str, str], ...] | None:
+    return None if side not in spec else tuple((n, t) for n, t in spec[side])
+
+
+FRAME_SPECS: dict[str, Frame] = {
+    name: Frame(name, f["tag"], _fields(f, "fromJvm"), _fields(f, "fromPython"),
+                _fields(f, "reply"))
+    for name, f in _SPEC["frames"].items()}
+FRAMES: dict[str, int] = {name: f.tag for name, f in FRAME_SPECS.items()}
+FRAME_TYPES: tuple[str, ...] = tuple(_SPEC["frameTypes"])
+PAYLOADS: dict[str, dict[str, Any]] = dict(_SPEC["payloads"])
+HEADER_FIELDS: tuple[str, ...] = tuple(PAYLOADS["header"]["properties"])
+# what contract.json's schemas may use: the JVM's checker implements exactly these
+SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties",
+                             "items", "enum", "description", "x-payload"})
 STORE_CONF: dict[str, str] = dict(_SPEC["storeConf"])
 FILES: dict[str, str] = dict(_SPEC["files"])
 FAMILIES: dict[str, dict[str, Any]] = dict(_SPEC["families"])
@@ -22,6 +50,45 @@ METRICS: dict[str, dict[str, Any]] = {m["name"]: m for m in _SPEC["metrics"]}
 SETTINGS: dict[str, dict[str, Any]] = {s["key"]: s for s in _SPEC["settings"]}
 ERRORS: dict[str, dict[str, Any]] = {k: v for k, v in _SPEC["errors"].items()
                                      if not k.startswith("_")}
+
+
+CONTRACT_VIOLATION = "ARROWSTATE_CONTRACT_VIOLATION"
+
+
+@functools.cache
+def _validator(payload: str) -> Callable[[Any], Any]:
+    return fastjsonschema.compile(PAYLOADS[payload])
+
+
+def check_payload(payload: str, value: Any, at: str = "") -> None:
+    """Fails, naming the field, when `value` does not match `payloads.<payload>`; a field
+    whose schema names a payload of its own (`x-payload`, `{field}` filled from its
+    siblings) is checked against that one too."""
+    from .errors import ArrowStateError   # errors imports this module
+
+    schema = PAYLOADS.get(payload)
+    if schema is None:
+        raise ArrowStateError(CONTRACT_VIOLATION, f"contract.json declares no payload "
+                              f"{payload!r}", payload=payload, field=at, reason="undeclared")
+    try:
+        _validator(payload)(value)
+    except fastjsonschema.JsonSchemaValueException as e:
+        path = [str(x) for x in (e.path[1:] if e.path else [])]
+        if e.rule == "required" and isinstance(e.value, dict):   # name the missing field
+            path += [r for r in e.rule_definition if r not in e.value][:1]
+        elif e.rule == "additionalProperties" and isinstance(e.value, dict):
+            known = e.definition.get("properties", {})
+            path += sorted(k for k in e.value if k not in known)[:1]
+        field = ".".join([at] * bool(at) + path)
+        raise ArrowStateError(
+            CONTRACT_VIOLATION,
+            f"the {payload} payload does not match contract.json at "
+            f"{field or 'its top'}: {e.message}", payload=payload, field=field,
+            reason=e.message) from None
+    for name, sub in schema.get("properties", {}).items():
+        nested = sub.get("x-payload")
+        if nested and isinstance(value.get(name), dict):
+            check_payload(nested.format(**value), value[name], f"{at}.{name}" if at else name)
 
 
 def python_metrics(family: str) -> frozenset[str]:

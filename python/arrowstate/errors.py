@@ -3,13 +3,12 @@
 Where Spark has a condition for what went wrong (`CANNOT_LOAD_STATE_STORE.*`,
 `STATE_STORE_*`, ...) the error carries it; where it has none, arrowstate's own, declared in
 contract.json (`errors`). A failure in the worker crosses to the JVM in the ERROR frame as
-its condition, message parameters, message and traceback (`error_frame`); the JVM raises it
+its condition, message parameters, message and traceback (`error_payload`); the JVM raises it
 as a SparkThrowable with that condition (ArrowStatePythonException), so a user, a test or
 Spark's own error handling reads `getCondition()` instead of searching the message.
 """
 from __future__ import annotations
 
-import json
 import traceback
 from typing import Any
 
@@ -43,12 +42,12 @@ def condition_of(e: BaseException) -> tuple[str, dict[str, str], str]:
     return PYTHON_ERROR, {"errorType": type(e).__name__}, f"{type(e).__name__}: {e}"
 
 
-def error_frame(e: BaseException, condition: str | None = None) -> bytes:
-    """The ERROR frame's payload for `e` (being handled): JSON of its condition (or the one
-    given), message parameters, message and Python traceback."""
+def error_payload(e: BaseException, condition: str | None = None) -> dict[str, Any]:
+    """The ERROR frame's payload for `e` (being handled): its condition (or the one given),
+    message parameters, message and Python traceback."""
     found, parameters, message = condition_of(e)
-    return json.dumps({"condition": condition or found, "parameters": parameters,
-                       "message": message, "traceback": traceback.format_exc()}).encode()
+    return {"condition": condition or found, "parameters": parameters, "message": message,
+            "traceback": traceback.format_exc()}
 
 
 def declared(condition: str) -> bool:

@@ -1,28 +1,39 @@
-"""Framing between the JVM operator and the Python state worker.
+"""The Python side's one codec of the conversation with the JVM operator.
 
-Integers are big-endian (Java's DataOutputStream); byte strings are length-prefixed; every
-record batch is a self-contained Arrow IPC stream. Tags and the version come from
-contract.json, which the shim reads too.
+Every frame is a tag and a body whose fields contract.json declares (`frames`, with the types
+of `frameTypes`): integers big-endian (Java's DataOutputStream), byte strings
+length-prefixed, Arrow batches as self-contained IPC streams, JSON payloads checked against
+their schemas (`payloads`) as they cross. The shim's twin is FrameCodec.scala; both read the
+same declaration, so a field renamed or retyped on one side fails at the boundary, naming it.
 """
 from __future__ import annotations
 
+import json
 import struct
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from .contract import FRAMES, PROTOCOL_VERSION
+from .contract import CONTRACT_VIOLATION, FRAME_SPECS, PROTOCOL_VERSION, Frame, check_payload
 
 VERSION = PROTOCOL_VERSION
-ERROR, READY, LIST_FILES, DATA, NO_DATA = (FRAMES[n] for n in (
+ERROR, READY, LIST_FILES, DATA, NO_DATA = (FRAME_SPECS[n].tag for n in (
     "ERROR", "READY", "LIST_FILES", "DATA", "NO_DATA"))
-END, COMMITTED, LOOKUP, READ_FILE, COMMIT, FILE_TAIL, DROP = (FRAMES[n] for n in (
+END, COMMITTED, LOOKUP, READ_FILE, COMMIT, FILE_TAIL, DROP = (FRAME_SPECS[n].tag for n in (
     "END", "COMMITTED", "LOOKUP", "READ_FILE", "COMMIT", "FILE_TAIL", "DROP"))
-READ_STATE, IMPORT_STATE = FRAMES["READ_STATE"], FRAMES["IMPORT_STATE"]
-INITIAL_STATE = FRAMES["INITIAL_STATE"]
+READ_STATE, IMPORT_STATE = FRAME_SPECS["READ_STATE"].tag, FRAME_SPECS["IMPORT_STATE"].tag
+INITIAL_STATE, HELLO, TASK = (FRAME_SPECS[n].tag for n in ("INITIAL_STATE", "HELLO", "TASK"))
+_BY_TAG: dict[int, Frame] = {f.tag: f for f in FRAME_SPECS.values()}
 
 _INT = struct.Struct("!i")
 _LONG = struct.Struct("!q")
+
+
+def _violation(payload: str, field: str, reason: str) -> Exception:
+    from .errors import ArrowStateError   # errors imports contract, as this module does
+
+    return ArrowStateError(CONTRACT_VIOLATION, f"frame {payload}: {reason}",
+                           payload=payload, field=field, reason=reason)
 
 
 def read_exact(f: BinaryIO, n: int) -> bytes:
@@ -63,6 +74,86 @@ def write_str(f: BinaryIO, s: str) -> None:
 def write_bytes(f: BinaryIO, b: bytes) -> None:
     write_int(f, len(b))
     f.write(b)
+
+
+def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> None:
+    if kind == "int":
+        write_int(f, value)
+    elif kind == "long":
+        write_long(f, value)
+    elif kind in ("bytes", "arrow"):
+        write_bytes(f, value)
+    elif kind == "string":
+        write_str(f, value)
+    elif kind == "strings":
+        write_int(f, len(value))
+        for s in value:
+            write_str(f, s)
+    elif kind == "versionedBytes":
+        write_int(f, len(value))
+        for version, b in value:
+            write_long(f, version)
+            write_bytes(f, b)
+    elif kind.startswith("json:"):
+        check_payload(kind[5:], value)
+        write_bytes(f, json.dumps(value).encode())
+    else:
+        raise _violation(frame, field, f"unknown field type {kind!r}")
+
+
+def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
+    if kind == "int":
+        return read_int(f)
+    if kind == "long":
+        return read_long(f)
+    if kind in ("bytes", "arrow"):
+        return read_bytes(f)
+    if kind == "string":
+        return read_str(f)
+    if kind == "strings":
+        return [read_str(f) for _ in range(read_int(f))]
+    if kind == "versionedBytes":
+        return [(read_long(f), read_bytes(f)) for _ in range(read_int(f))]
+    if kind.startswith("json:"):
+        value = json.loads(read_bytes(f))
+        check_payload(kind[5:], value)
+        return value
+    raise _violation(frame, field, f"unknown field type {kind!r}")
+
+
+def _write_body(f: BinaryIO, frame: str, fields, values: tuple) -> None:
+    if fields is None:
+        raise _violation(frame, "", "the worker does not send this frame")
+    if len(values) != len(fields):
+        raise _violation(frame, "", f"{len(values)} values for fields "
+                                    f"{[n for n, _ in fields]}")
+    for (name, kind), value in zip(fields, values):
+        _write_value(f, frame, name, kind, value)
+
+
+def send(f: BinaryIO, name: str, *values: Any) -> None:
+    """Writes frame `name` (as the worker sends it) with its body's values, unflushed."""
+    frame = FRAME_SPECS[name]
+    write_int(f, frame.tag)
+    _write_body(f, name, frame.from_python, values)
+
+
+def receive(f: BinaryIO, *expected: str) -> tuple[str, list[Any]]:
+    """The JVM's next frame, one of `expected`: its name and its body's values."""
+    tag = read_int(f)
+    frame = _BY_TAG.get(tag)
+    if frame is None or frame.name not in expected or frame.from_jvm is None:
+        raise _violation(frame.name if frame else str(tag), "",
+                         f"expected {' or '.join(expected)} from the JVM, got "
+                         f"{frame.name if frame else f'unknown tag {tag}'}")
+    return frame.name, [_read_value(f, frame.name, n, k) for n, k in frame.from_jvm]
+
+
+def request(f: BinaryIO, name: str, *values: Any) -> list[Any]:
+    """Sends request `name` and reads the JVM's untagged reply to it."""
+    send(f, name, *values)
+    f.flush()
+    return [_read_value(f, name, n, k) for n, k in FRAME_SPECS[name].reply]
 
 
 MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])

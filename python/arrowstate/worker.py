@@ -2,21 +2,24 @@
 
 One process serves one task at a time and keeps every operator partition it has run in
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
-A task's conversation (frame tags in contract.json):
-  header, input schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it needs]
-  -> READY
-  (DATA | LOOKUP) batch -> DATA answer | NO_DATA    (repeated; a LOOKUP only reads state)
+A connection opens with HELLO both ways (protocol and package versions); then a task's
+conversation (frames and their bodies in contract.json, read and written by protocol.py):
+  TASK header, input schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it
+  needs] -> READY
+  (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
+  reads state)
   END -> DATA batch* END
   COMMIT delta, snapshots of earlier versions, prune-below version -> COMMITTED (the JVM
-  wrote the delta) -> COMMITTED, metrics
-Any exception sends ERROR with the traceback and ends the process: the JVM fails the task,
-and the state is reloaded from the checkpoint by whoever runs the retry.
+  wrote the delta) -> COMMITTED metrics
+Between tasks: DROP, READ_STATE and IMPORT_STATE requests.
+Any exception sends ERROR (condition, parameters, message, traceback) and ends the process:
+the JVM fails the task, and the state is reloaded from the checkpoint by whoever runs the
+retry.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import socket
 import sys
@@ -43,22 +46,13 @@ class JvmFiles:
         self._f, self.where, self.context = f, where, context
 
     def names(self) -> list[str]:
-        p.write_int(self._f, p.LIST_FILES)
-        self._f.flush()
-        return [p.read_str(self._f) for _ in range(p.read_int(self._f))]
+        return p.request(self._f, "LIST_FILES")[0]
 
     def read(self, name: str) -> bytes:
-        p.write_int(self._f, p.READ_FILE)
-        p.write_str(self._f, name)
-        self._f.flush()
-        return p.read_bytes(self._f)
+        return p.request(self._f, "READ_FILE", name)[0]
 
     def tail(self, name: str, size: int) -> bytes:
-        p.write_int(self._f, p.FILE_TAIL)
-        p.write_str(self._f, name)
-        p.write_int(self._f, size)
-        self._f.flush()
-        return p.read_bytes(self._f)
+        return p.request(self._f, "FILE_TAIL", name, size)[0]
 
 
 def resident_bytes() -> int:
@@ -87,13 +81,7 @@ class Worker:
         self.states: dict[str, VersionedState] = {}
         self.reported: dict[tuple, int] = {}   # (run, operator) -> version RSS was sent for
 
-    def serve_task(self, f: BinaryIO) -> None:
-        header: dict[str, Any] = json.loads(p.read_bytes(f))
-        input_schema = p.ipc_schema(p.read_bytes(f))
-        if header.get("shimVersion") != __version__:
-            raise RuntimeError(
-                f"arrowstate: the JVM shim is version {header.get('shimVersion')} but the "
-                f"Python package is {__version__}; rebuild with `python -m arrowstate build`")
+    def serve_task(self, f: BinaryIO, header: dict[str, Any], input_schema: pa.Schema) -> None:
         for stale in header["drop"]:
             self.states.pop(stale, None)
         # the environment pyspark's own worker gives Python code, before any user code loads
@@ -132,42 +120,30 @@ class Worker:
                 metrics["stateSnapshotsSkipped"] = state.files_skipped
             family.rebuild_index(state)
             metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
-        p.write_int(f, p.READY)
+        p.send(f, "READY")
         f.flush()
 
-        while (tag := p.read_int(f)) in (p.DATA, p.LOOKUP, p.INITIAL_STATE):
-            batch = p.ipc_to_batch(p.read_bytes(f))
-            answer = (family.process(state, batch) if tag == p.DATA
-                      else family.lookup(state, batch) if tag == p.LOOKUP
-                      else family.initial_state(state, batch))
+        handlers = {"DATA": family.process, "LOOKUP": family.lookup,
+                    "INITIAL_STATE": family.initial_state}
+        while (frame := p.receive(f, "DATA", "LOOKUP", "INITIAL_STATE", "END"))[0] != "END":
+            answer = handlers[frame[0]](state, p.ipc_to_batch(frame[1][0]))
             if answer is None:
-                p.write_int(f, p.NO_DATA)
+                p.send(f, "NO_DATA")
             else:
-                p.write_int(f, p.DATA)
-                p.write_bytes(f, p.batch_to_ipc(answer))
+                p.send(f, "DATA", p.batch_to_ipc(answer))
             f.flush()
-        if tag != p.END:
-            raise RuntimeError(f"arrowstate: unexpected frame {tag} from the JVM")
         for batch in family.finish(state):
-            p.write_int(f, p.DATA)
-            p.write_bytes(f, p.batch_to_ipc(batch))
-        p.write_int(f, p.END)
+            p.send(f, "DATA", p.batch_to_ipc(batch))
+        p.send(f, "END")
 
         self.check_cap(state, int(conf.get("maxStateBytes", 0)), header)
         start = time.perf_counter()
         delta, snapshots, prune_below = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]))
         commit_ms = int((time.perf_counter() - start) * 1000)
-        p.write_int(f, p.COMMIT)
-        p.write_bytes(f, delta)
-        p.write_int(f, len(snapshots))
-        for snapshot_version, snapshot in snapshots:
-            p.write_long(f, snapshot_version)
-            p.write_bytes(f, snapshot)
-        p.write_long(f, prune_below)
+        p.send(f, "COMMIT", delta, snapshots, prune_below)
         f.flush()
-        if p.read_int(f) != p.COMMITTED:
-            raise RuntimeError("arrowstate: the JVM did not commit")
+        p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]))
         self.states[key] = state
 
@@ -183,8 +159,7 @@ class Worker:
         metrics["pythonWorkerRssBytes"] = resident_bytes() if first else 0
         self.reported[operator] = version
         contract.check_reported(family.name, metrics)
-        p.write_int(f, p.COMMITTED)
-        p.write_bytes(f, json.dumps(metrics).encode())
+        p.send(f, "COMMITTED", metrics)
         f.flush()
 
     def check_cap(self, state: VersionedState, cap: int, header: dict[str, Any]) -> None:
@@ -203,11 +178,10 @@ class Worker:
                 bytes=total, cap=cap, queryRunId=header["queryRunId"],
                 operatorId=header["operatorId"], partitionId=header["partitionId"])
 
-    def read_state(self, f: BinaryIO) -> None:
+    def read_state(self, f: BinaryIO, request: dict[str, Any]) -> None:
         """READ_STATE: one committed version of a partition (or the changes up to it), for
         Spark's state readers, in the key and value schemas Spark records for the operator.
         Loaded apart from (and never kept beside) the state tasks use."""
-        request = json.loads(p.read_bytes(f))
         files = JvmFiles(f, request["where"], request["context"])
         if "changesFrom" in request and "columnFamily" in request:
             batches = state_data.read_column_family_changes(
@@ -224,65 +198,74 @@ class Worker:
             batches = state_data.read_state(files, request["version"], request["keySchema"],
                                             request["valueSchema"], request.get("snapshot"))
         for batch in batches:
-            p.write_int(f, p.DATA)
-            p.write_bytes(f, p.batch_to_ipc(batch))
-        p.write_int(f, p.END)
+            p.send(f, "DATA", p.batch_to_ipc(batch))
+        p.send(f, "END")
         f.flush()
 
-    def import_state(self, f: BinaryIO) -> None:
+    def import_state(self, f: BinaryIO, request: dict[str, Any], schema: pa.Schema) -> None:
         """IMPORT_STATE: rows of Spark's own state store in Spark's key and value schemas,
         answered with the arrowstate snapshot of the version that holds them."""
-        request = json.loads(p.read_bytes(f))
-        schema = p.ipc_schema(p.read_bytes(f))
         batches = []
-        while (tag := p.read_int(f)) == p.DATA:
-            batches.append(p.ipc_to_batch(p.read_bytes(f)))
-        if tag != p.END:
-            raise RuntimeError(f"arrowstate: unexpected frame {tag} from the JVM")
+        while (frame := p.receive(f, "DATA", "END"))[0] == "DATA":
+            batches.append(p.ipc_to_batch(frame[1][0]))
         snapshot = state_import.snapshot(request["version"], request["valueSchema"], batches,
                                          schema)
-        p.write_int(f, p.DATA)
-        p.write_bytes(f, snapshot)
-        p.write_int(f, p.END)
+        p.send(f, "DATA", snapshot)
+        p.send(f, "END")
         f.flush()
 
-    def drop(self, f: BinaryIO) -> None:
+    def drop(self, f: BinaryIO, state_keys: list[str]) -> None:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
-        for _ in range(p.read_int(f)):
-            self.states.pop(p.read_str(f), None)
+        for key in state_keys:
+            self.states.pop(key, None)
         gc.collect()
         pa.default_memory_pool().release_unused()
-        p.write_int(f, p.DROP)
-        p.write_long(f, resident_bytes())
+        p.send(f, "DROP", resident_bytes())
         f.flush()
 
     def serve(self, f: BinaryIO) -> None:
+        greeted = False
         while True:
             try:
-                proto = p.read_int(f)
-            except EOFError:
-                return
-            try:
-                if proto == p.DROP:
-                    self.drop(f)
-                    continue
-                if proto == p.READ_STATE:
-                    self.read_state(f)
-                    continue
-                if proto == p.IMPORT_STATE:
-                    self.import_state(f)
-                    continue
-                if proto != p.VERSION:
-                    raise RuntimeError(f"arrowstate: unknown protocol version {proto}")
-                self.serve_task(f)
+                name, body = p.receive(f, *(("TASK", "DROP", "READ_STATE", "IMPORT_STATE")
+                                            if greeted else ("HELLO",)))
+                if name == "HELLO":
+                    greet(f, *body)
+                    greeted = True
+                elif name == "TASK":
+                    self.serve_task(f, body[0], p.ipc_schema(body[1]))
+                elif name == "DROP":
+                    self.drop(f, body[0])
+                elif name == "READ_STATE":
+                    self.read_state(f, body[0])
+                else:
+                    self.import_state(f, body[0], p.ipc_schema(body[1]))
             except EOFError:
                 return
             except BaseException as e:
-                p.write_int(f, p.ERROR)
-                p.write_bytes(f, errors.error_frame(e))
-                f.flush()
+                send_error(f, e)
                 raise
+
+
+def greet(f: BinaryIO, jvm_version: int, shim_version: str) -> None:
+    """HELLO: the worker answers with its versions, or fails when the JVM's differ (a shim
+    jar and a Python package of different builds)."""
+    if jvm_version != p.VERSION or shim_version != __version__:
+        raise ArrowStateError(
+            "ARROWSTATE_PROTOCOL_MISMATCH",
+            f"the JVM shim speaks protocol {jvm_version} (shim {shim_version}) but the Python "
+            f"package speaks {p.VERSION} (package {__version__}); install one build of both "
+            "(`python -m arrowstate build` rebuilds the jar)",
+            jvmVersion=jvm_version, workerVersion=p.VERSION, shimVersion=shim_version,
+            packageVersion=__version__)
+    p.send(f, "HELLO", p.VERSION, __version__)
+
+
+def send_error(f: BinaryIO, e: BaseException) -> None:
+    """ERROR: the failure's condition, parameters, message and traceback."""
+    p.send(f, "ERROR", errors.error_payload(e))
+    f.flush()
 
 
 def exit_with_parent(interval: float = 1.0) -> None:
@@ -350,10 +333,8 @@ def failed_to_start(f: BinaryIO, fault_log: Any) -> None:
            f"{type(error).__name__}: {error}")
     environment.record_fault(fault_log, f"arrowstate: {why}\n{traceback.format_exc()}")
     with contextlib.suppress(OSError):   # the JVM already closed it: nobody to tell
-        p.write_int(f, p.ERROR)
-        p.write_bytes(f, errors.error_frame(errors.ArrowStateError(
-            errors.FAILED_TO_START, why, pythonExec=sys.executable, error=str(error))))
-        f.flush()
+        send_error(f, errors.ArrowStateError(
+            errors.FAILED_TO_START, why, pythonExec=sys.executable, error=str(error)))
         while f.read(1 << 16):   # what the JVM sends meanwhile is dropped unread
             continue
 

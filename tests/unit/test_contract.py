@@ -48,3 +48,153 @@ def test_every_declared_entry_is_complete():
         assert f["switch"] in contract.SETTINGS
     with open(os.path.join(os.path.dirname(contract.__file__), "contract.json")) as f:
         json.load(f)
+
+
+# -- shapes: payloads (JSON Schema) and frame bodies, checked where they cross --
+
+def _schemas(schema):
+    yield schema
+    for sub in schema.get("properties", {}).values():
+        yield from _schemas(sub)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _schemas(schema[key])
+
+
+def test_payload_schemas_use_only_what_both_checkers_implement():
+    for name, schema in contract.PAYLOADS.items():
+        for s in _schemas(schema):
+            assert set(s) <= contract.SCHEMA_KEYWORDS, (name, set(s) - contract.SCHEMA_KEYWORDS)
+            if "x-payload" in s:
+                families = [s["x-payload"].format(family=f) for f in contract.FAMILIES]
+                assert all(p in contract.PAYLOADS for p in families) or (
+                    s["x-payload"] in contract.PAYLOADS), s["x-payload"]
+
+
+def test_every_family_declares_its_operator_payload_and_every_frame_type_is_known():
+    assert {f"operator.{f}" for f in contract.FAMILIES} <= set(contract.PAYLOADS)
+    for frame in contract.FRAME_SPECS.values():
+        for fields in (frame.from_jvm, frame.from_python, frame.reply):
+            for _, kind in fields or ():
+                assert kind in contract.FRAME_TYPES or (
+                    kind.startswith("json:") and kind[5:] in contract.PAYLOADS), (frame, kind)
+
+
+def _header(**operator):
+    return {"family": "deduplicate", "stateKey": "/ck/state/0/1", "queryRunId": "run",
+            "operatorId": 0, "partitionId": 1, "version": 3, "drop": [],
+            "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
+                     "maxStateBytes": 0},
+            "operator": {"keyCount": 1, "eventTimeIndex": -1, "evictByKey": False,
+                         "withinWatermark": False, **operator},
+            "task": None, "sparkFilesDir": "/tmp"}
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda h: h.pop("stateKey"), "stateKey"),
+    (lambda h: h.update(version="3"), "version"),
+    (lambda h: h.update(renamed=1), "renamed"),
+    (lambda h: h["operator"].pop("keyCount"), "operator.keyCount"),
+    (lambda h: h["operator"].update(evictByKey=1), "operator.evictByKey"),
+    (lambda h: h["conf"].update(maxStateBytes=None), "conf.maxStateBytes"),
+    (lambda h: h.update(task={"stageId": 1}), "task.stageAttemptNumber"),
+])
+def test_a_payload_that_does_not_match_fails_naming_the_field(change, field):
+    from arrowstate.errors import ArrowStateError
+
+    contract.check_payload("header", _header())
+    header = _header()
+    change(header)
+    with pytest.raises(ArrowStateError) as e:
+        contract.check_payload("header", header)
+    assert e.value.condition == "ARROWSTATE_CONTRACT_VIOLATION"
+    assert e.value.parameters["payload"] in ("header", "operator.deduplicate", "task")
+    assert e.value.parameters["field"] == field
+
+
+def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
+    import io
+
+    from arrowstate.errors import ArrowStateError
+
+    f = io.BytesIO()
+    protocol.send(f, "COMMIT", b"delta", [(3, b"snap")], 2)
+    protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
+    raw = f.getvalue()
+    # the declared layout: tag, delta, one (version, bytes), prune-below
+    assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
+    assert raw[4:17] == (5).to_bytes(4, "big") + b"delta" + (1).to_bytes(4, "big")
+    with pytest.raises(ArrowStateError, match="metrics"):
+        protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})
+    with pytest.raises(ArrowStateError, match="does not send"):
+        protocol.send(io.BytesIO(), "TASK", _header(), b"")
+    # what the JVM sends, read back: a TASK is expected, a DATA is not
+    jvm = io.BytesIO()
+    protocol.write_int(jvm, contract.FRAMES["DROP"])
+    protocol.write_int(jvm, 2)
+    for key in ("a", "b"):
+        protocol.write_str(jvm, key)
+    jvm.seek(0)
+    assert protocol.receive(jvm, "DROP") == ("DROP", [["a", "b"]])
+    jvm = io.BytesIO(contract.FRAMES["END"].to_bytes(4, "big"))
+    with pytest.raises(ArrowStateError, match="expected TASK from the JVM, got END"):
+        protocol.receive(jvm, "TASK")
+
+
+class _Duplex:
+    """A connection: reads what the JVM sent, keeps what the worker answers."""
+
+    def __init__(self, sent: bytes) -> None:
+        import io
+        self.inbox, self.outbox = io.BytesIO(sent), io.BytesIO()
+
+    def read(self, n):
+        return self.inbox.read(n)
+
+    def write(self, b):
+        return self.outbox.write(b)
+
+    def flush(self):
+        pass
+
+
+def _answers(sent: bytes):
+    import io
+
+    from arrowstate.worker import Worker
+
+    conn = _Duplex(sent)
+    try:
+        Worker().serve(conn)
+    except Exception:   # noqa: BLE001 - the worker sends ERROR, then ends
+        pass
+    out, frames = io.BytesIO(conn.outbox.getvalue()), []
+    by_tag = {f.tag: f for f in contract.FRAME_SPECS.values()}
+    while out.tell() < len(conn.outbox.getvalue()):
+        frame = by_tag[protocol.read_int(out)]
+        frames.append((frame.name, [protocol._read_value(out, frame.name, n, k)
+                                    for n, k in frame.from_python]))
+    return frames
+
+
+def _hello(version, shim):
+    import io
+    f = io.BytesIO()
+    protocol.write_int(f, contract.FRAMES["HELLO"])
+    protocol.write_int(f, version)
+    protocol.write_str(f, shim)
+    return f.getvalue()
+
+
+def test_a_connection_opens_with_hello_and_versions_must_match():
+    from arrowstate import __version__
+
+    assert _answers(_hello(protocol.VERSION, __version__)) == [
+        ("HELLO", [protocol.VERSION, __version__])]
+    for version, shim in ((protocol.VERSION - 1, __version__), (protocol.VERSION, "0.0.0")):
+        [(name, [error])] = _answers(_hello(version, shim))
+        assert name == "ERROR" and error["condition"] == "ARROWSTATE_PROTOCOL_MISMATCH"
+        assert error["parameters"]["jvmVersion"] == str(version)
+    # anything before HELLO is out of turn
+    [(name, [error])] = _answers(contract.FRAMES["END"].to_bytes(4, "big"))
+    assert error["condition"] == "ARROWSTATE_CONTRACT_VIOLATION"

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import PySparkValueError
 
 import arrowstate
-from arrowstate import errors
+from arrowstate import contract, errors
 from arrowstate.contract import ERRORS
 from arrowstate.families.group_state_values import StateValueError
 from arrowstate.store.files import CorruptStateFile
@@ -35,7 +35,9 @@ def frame_of(error):
     try:
         raise error
     except Exception as e:   # noqa: BLE001 - any error makes a frame
-        return json.loads(errors.error_frame(e))
+        payload = errors.error_payload(e)
+        contract.check_payload("error", payload)   # what the ERROR frame may carry
+        return payload
 
 
 def test_an_error_of_ours_crosses_with_its_condition_parameters_and_traceback():

@@ -2,7 +2,6 @@ package org.apache.spark.sql.arrowstate
 
 import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
-import org.json4s.jackson.JsonMethods.{compact, render}
 
 import scala.jdk.CollectionConverters._
 import scala.reflect.ClassTag
@@ -27,27 +26,21 @@ object ArrowStateVersion {
   }
 }
 
-/** Header fields common to every family, for one partition (declared in contract.json). */
+/** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue): String = {
-    val header: JObject =
-      ("shimVersion" -> ArrowStateVersion.version) ~
-        ("family" -> family) ~
-        ("stateKey" -> stateKey) ~
-        ("queryRunId" -> info.queryRunId.toString) ~
-        ("operatorId" -> info.operatorId) ~
-        ("partitionId" -> partitionId) ~
-        ("version" -> info.storeVersion) ~
-        ("drop" -> drop.toList) ~
-        ("conf" -> conf) ~
-        ("operator" -> operator) ~
-        ("task" -> task) ~
-        ("sparkFilesDir" -> SparkFiles.getRootDirectory())
-    require(header.obj.map(_._1).toSet == Contract.HeaderFields,
-      "arrowstate: the header's fields differ from contract.json's")
-    compact(render(header))
-  }
+      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue): JValue =
+    ("family" -> family) ~
+      ("stateKey" -> stateKey) ~
+      ("queryRunId" -> info.queryRunId.toString) ~
+      ("operatorId" -> info.operatorId) ~
+      ("partitionId" -> partitionId) ~
+      ("version" -> info.storeVersion) ~
+      ("drop" -> drop.toList) ~
+      ("conf" -> conf) ~
+      ("operator" -> operator) ~
+      ("task" -> task) ~
+      ("sparkFilesDir" -> SparkFiles.getRootDirectory())
 }
 
 

@@ -1,13 +1,11 @@
 package org.apache.spark.sql.arrowstate
 
-import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.{JObject, JString, JValue}
 import org.json4s.JsonDSL._
-import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.InternalRow
@@ -320,7 +318,7 @@ class WorkerReadStream[T](
       ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}") ~
       ("keySchema" -> keySchema.json) ~
       ("valueSchema" -> valueSchema.json)
-    worker.requestState(compact(render(request)).getBytes(UTF_8))
+    worker.requestState(request)
   }
 
   private def guarded[A](body: => A): A =

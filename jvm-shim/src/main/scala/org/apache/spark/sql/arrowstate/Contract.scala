@@ -27,29 +27,50 @@ object Contract {
 
   val ProtocolVersion: Int = (spec \ "protocolVersion").extract[Int]
 
-  private val frames: Map[String, Int] = (spec \ "frames").extract[Map[String, Int]]
-  private def frame(name: String): Int =
-    frames.getOrElse(name, throw new IllegalStateException(s"arrowstate: no frame $name"))
+  /** A frame: its tag and the (name, type) fields of its body as each side sends it (None:
+   * that side never sends it) and of the JVM's untagged reply to it. */
+  case class FrameSpec(
+      name: String, tag: Int, fromJvm: Option[Seq[(String, String)]],
+      fromPython: Option[Seq[(String, String)]], reply: Option[Seq[(String, String)]])
+
+  val Frames: Map[String, FrameSpec] = (spec \ "frames") match {
+    case JObject(fields) => fields.map { case (name, f) =>
+      def body(side: String): Option[Seq[(String, String)]] =
+        (f \ side).extractOpt[List[List[String]]].map(_.map { case List(n, t) => n -> t })
+      name -> FrameSpec(name, (f \ "tag").extract[Int], body("fromJvm"), body("fromPython"),
+        body("reply"))
+    }.toMap
+    case _ => throw new IllegalStateException("arrowstate: contract.json declares no frames")
+  }
+  val FramesByTag: Map[Int, FrameSpec] = Frames.values.map(f => f.tag -> f).toMap
+  private def frame(name: String): FrameSpec =
+    Frames.getOrElse(name, throw new IllegalStateException(s"arrowstate: no frame $name"))
 
   object Frame {
-    val Error: Int = frame("ERROR")
-    val Ready: Int = frame("READY")
-    val ListFiles: Int = frame("LIST_FILES")
-    val Data: Int = frame("DATA")
-    val NoData: Int = frame("NO_DATA")
-    val End: Int = frame("END")
-    val Committed: Int = frame("COMMITTED")
-    val Lookup: Int = frame("LOOKUP")
-    val ReadFile: Int = frame("READ_FILE")
-    val Commit: Int = frame("COMMIT")
-    val FileTail: Int = frame("FILE_TAIL")
-    val Drop: Int = frame("DROP")
-    val ReadState: Int = frame("READ_STATE")
-    val ImportState: Int = frame("IMPORT_STATE")
-    val InitialState: Int = frame("INITIAL_STATE")
+    val Error: FrameSpec = frame("ERROR")
+    val Ready: FrameSpec = frame("READY")
+    val ListFiles: FrameSpec = frame("LIST_FILES")
+    val Data: FrameSpec = frame("DATA")
+    val NoData: FrameSpec = frame("NO_DATA")
+    val End: FrameSpec = frame("END")
+    val Committed: FrameSpec = frame("COMMITTED")
+    val Lookup: FrameSpec = frame("LOOKUP")
+    val ReadFile: FrameSpec = frame("READ_FILE")
+    val Commit: FrameSpec = frame("COMMIT")
+    val FileTail: FrameSpec = frame("FILE_TAIL")
+    val Drop: FrameSpec = frame("DROP")
+    val ReadState: FrameSpec = frame("READ_STATE")
+    val ImportState: FrameSpec = frame("IMPORT_STATE")
+    val InitialState: FrameSpec = frame("INITIAL_STATE")
+    val Hello: FrameSpec = frame("HELLO")
+    val Task: FrameSpec = frame("TASK")
   }
 
-  val HeaderFields: Set[String] = (spec \ "header").extract[Map[String, String]].keySet
+  /** JSON payloads by name, as JSON Schema (checked by ContractSchema). */
+  val Payloads: Map[String, JValue] = (spec \ "payloads") match {
+    case JObject(fields) => fields.toMap
+    case _ => throw new IllegalStateException("arrowstate: contract.json declares no payloads")
+  }
 
   /** arrowstate's own error conditions -> their SQLSTATE (Spark's own are in its registry). */
   val ErrorSqlStates: Map[String, String] = (spec \ "errors") match {
@@ -109,15 +130,8 @@ object Contract {
   def describe: String = JsonMethods.compact(JsonMethods.render(
     JObject(
       "protocolVersion" -> JInt(ProtocolVersion),
-      "frames" -> JObject(List(
-        "ERROR" -> Frame.Error, "READY" -> Frame.Ready, "LIST_FILES" -> Frame.ListFiles,
-        "DATA" -> Frame.Data, "NO_DATA" -> Frame.NoData, "END" -> Frame.End,
-        "COMMITTED" -> Frame.Committed, "LOOKUP" -> Frame.Lookup,
-        "READ_FILE" -> Frame.ReadFile, "COMMIT" -> Frame.Commit,
-        "FILE_TAIL" -> Frame.FileTail, "DROP" -> Frame.Drop,
-        "READ_STATE" -> Frame.ReadState, "IMPORT_STATE" -> Frame.ImportState,
-        "INITIAL_STATE" -> Frame.InitialState).map { case (k, v) =>
-          k -> JInt(v) }),
+      "frames" -> JObject(Frames.values.toList.sortBy(_.tag).map(f => f.name -> JInt(f.tag))),
+      "payloads" -> JArray(Payloads.keys.toList.sorted.map(JString(_))),
       "deltaSuffix" -> JString(DeltaSuffix),
       "snapshotSuffix" -> JString(SnapshotSuffix),
       "families" -> JArray(Families.keys.toList.sorted.map(JString(_))),

@@ -2,17 +2,17 @@ package org.apache.spark.sql.arrowstate
 
 import java.io._
 import java.nio.channels.Channels
-import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
+
+import org.json4s.JValue
 
 import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
 
 /**
- * One Python process that holds the state of any number of operator partitions, and the
- * JVM side's one codec of the conversation with it: every frame (tags in contract.json;
- * integers big-endian, byte strings length-prefixed, Arrow batches as IPC streams) is
- * written and read here; python/arrowstate/protocol.py is its Python twin.
+ * One Python process that holds the state of any number of operator partitions: its
+ * connection, and the conversation's requests and answers as typed calls (the frames
+ * themselves are FrameCodec's, from contract.json).
  */
 class PythonStateWorker(
     val handle: PythonWorker, process: Option[PythonWorkerHandle], val id: Int,
@@ -62,142 +62,126 @@ class PythonStateWorker(
           " without a message (see the executor log for its output)"), cause)
   }
 
-  private def writeBytes(b: Array[Byte]): Unit = {
-    out.writeInt(b.length)
-    out.write(b)
-  }
+  private val codec = new FrameCodec(in, out)
+  // HELLO opens the connection; its answer is read before the first answer to anything else
+  // (so the first request costs no extra round trip)
+  codec.write(Contract.Frame.Hello, Contract.ProtocolVersion, ArrowStateVersion.version)
+  private var helloAnswered = false
 
-  private def readBytes(): Array[Byte] = {
-    val n = in.readInt()
-    val b = new Array[Byte](n)
-    in.readFully(b)
-    b
-  }
-
-  /** The next frame's tag; an ERROR frame becomes an exception with the Python traceback. */
-  private def readTag(): Int = {
-    val tag = try in.readInt() catch {
-      case e: EOFException => throw exitedUnasked(e)
+  /** The next frame from the worker, one of `expected` (ERROR raised as its exception; the
+   * connection closed unasked raised with the worker's last words). */
+  private def read(expected: Contract.FrameSpec*): (Contract.FrameSpec, IndexedSeq[Any]) = {
+    def next(frames: Contract.FrameSpec*) =
+      try codec.read(frames: _*) catch { case e: EOFException => throw exitedUnasked(e) }
+    if (!helloAnswered) {
+      val (_, Seq(version: Int, packageVersion: String)) = next(Contract.Frame.Hello)
+      if (version != Contract.ProtocolVersion || packageVersion != ArrowStateVersion.version) {
+        throw new ArrowStateException(ArrowStateException.ProtocolMismatch,
+          Map("jvmVersion" -> Contract.ProtocolVersion.toString,
+            "workerVersion" -> version.toString, "shimVersion" -> ArrowStateVersion.version,
+            "packageVersion" -> packageVersion),
+          s"the JVM shim speaks protocol ${Contract.ProtocolVersion} (shim " +
+            s"${ArrowStateVersion.version}) but the Python state worker ($pythonExec) speaks " +
+            s"$version (package $packageVersion); install one build of both (`python -m " +
+            "arrowstate build` rebuilds the jar)")
+      }
+      helloAnswered = true
     }
-    if (tag == Contract.Frame.Error) throw ArrowStatePythonException.fromFrame(readBytes())
-    tag
+    next(expected: _*)
   }
 
-  private def expect(tag: Int, what: String): Unit = {
-    val got = readTag()
-    if (got != tag) {
-      throw new IllegalStateException(s"arrowstate: expected $what from Python, got frame $got")
-    }
-  }
+  // -- a task (python/arrowstate/worker.py's docstring: TASK ... COMMITTED) --
 
-  // -- a task (contract.json's worker docstring: header ... COMMITTED) --
-
-  /** Opens a task: the protocol version, the header and the schema of the rows sent. */
-  def beginTask(headerJson: Array[Byte], inputSchemaIpc: Array[Byte]): Unit = {
-    out.writeInt(Contract.ProtocolVersion)
-    writeBytes(headerJson)
-    writeBytes(inputSchemaIpc)
-    out.flush()
+  /** TASK: the header (checked against contract.json) and the schema of the rows sent. */
+  def beginTask(header: JValue, inputSchemaIpc: Array[Byte]): Unit = {
+    codec.write(Contract.Frame.Task, header, inputSchemaIpc)
+    codec.flush()
   }
 
   /** Serves the state files the worker reads until it sends `until` (None) or a DATA
    * batch (that batch). */
-  def serveFilesUntil(until: Int, files: StateFiles): Option[Array[Byte]] = {
-    var tag = readTag()
-    while (tag != until && tag != Contract.Frame.Data) {
-      serveFileRequest(tag, files)
-      tag = readTag()
+  def serveFilesUntil(until: Contract.FrameSpec, files: StateFiles): Option[Array[Byte]] = {
+    import Contract.Frame._
+    var frame = read(until, Data, ListFiles, ReadFile, FileTail)
+    while (frame._1 != until && frame._1 != Data) {
+      serveFileRequest(frame._1, frame._2, files)
+      frame = read(until, Data, ListFiles, ReadFile, FileTail)
     }
-    if (tag == Contract.Frame.Data) Some(readBytes()) else None
+    if (frame._1 == Data) Some(frame._2.head.asInstanceOf[Array[Byte]]) else None
   }
 
-  /** A frame of `tag` and one Arrow batch (DATA, LOOKUP, INITIAL_STATE); flushed or not. */
-  def sendBatch(tag: Int, batchIpc: Array[Byte], flush: Boolean = true): Unit = {
-    out.writeInt(tag)
-    writeBytes(batchIpc)
-    if (flush) out.flush()
+  /** A frame of one Arrow batch (DATA, LOOKUP, INITIAL_STATE); flushed or not. */
+  def sendBatch(frame: Contract.FrameSpec, batchIpc: Array[Byte], flush: Boolean = true): Unit = {
+    codec.write(frame, batchIpc)
+    if (flush) codec.flush()
   }
 
-  /** A frame of its tag alone (END, COMMITTED). */
-  def send(tag: Int): Unit = {
-    out.writeInt(tag)
-    out.flush()
+  /** A frame with no body (END, COMMITTED). */
+  def send(frame: Contract.FrameSpec): Unit = {
+    codec.write(frame)
+    codec.flush()
   }
 
   /** The next answer: DATA's batch, or None for `none` (NO_DATA, or END after the input). */
-  def readBatch(none: Int): Option[Array[Byte]] = readTag() match {
-    case Contract.Frame.Data => Some(readBytes())
-    case `none` => None
-    case other => throw new IllegalStateException(s"arrowstate: unexpected frame $other")
-  }
+  def readBatch(none: Contract.FrameSpec): Option[Array[Byte]] =
+    read(Contract.Frame.Data, none) match {
+      case (Contract.Frame.Data, Seq(batch: Array[Byte])) => Some(batch)
+      case _ => None
+    }
 
   /** COMMIT: the new version's delta, the snapshots the worker finished meanwhile
    * (version, bytes) and the version below which files may be pruned. */
   def readCommit(): (Array[Byte], Seq[(Long, Array[Byte])], Long) = {
-    expect(Contract.Frame.Commit, "the commit")
-    val delta = readBytes()
-    val snapshots = Seq.fill(in.readInt())(in.readLong() -> readBytes())
-    (delta, snapshots, in.readLong())
+    val (_, Seq(delta: Array[Byte], snapshots: Seq[(Long, Array[Byte])] @unchecked,
+      pruneBelow: Long)) = read(Contract.Frame.Commit)
+    (delta, snapshots, pruneBelow)
   }
 
-  /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics as JSON. */
-  def confirmCommitted(): String = {
+  /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics. */
+  def confirmCommitted(): JValue = {
     send(Contract.Frame.Committed)
-    expect(Contract.Frame.Committed, "the commit's confirmation")
-    new String(readBytes(), UTF_8)
+    read(Contract.Frame.Committed)._2.head.asInstanceOf[JValue]
   }
 
   // -- requests outside tasks --
 
   /** DROP: the worker forgets these partitions' state; its resident bytes after. */
   def drop(keys: Seq[String]): Long = {
-    out.writeInt(Contract.Frame.Drop)
-    out.writeInt(keys.size)
-    keys.foreach(k => writeBytes(k.getBytes(UTF_8)))
-    out.flush()
-    expect(Contract.Frame.Drop, "the drop's confirmation")
-    in.readLong()
+    codec.write(Contract.Frame.Drop, keys)
+    codec.flush()
+    read(Contract.Frame.Drop)._2.head.asInstanceOf[Long]
   }
 
-  /** READ_STATE: the request (JSON); batches follow as DATA until END (readBatch). */
-  def requestState(requestJson: Array[Byte]): Unit = {
-    out.writeInt(Contract.Frame.ReadState)
-    writeBytes(requestJson)
-    out.flush()
+  /** READ_STATE: the request; batches follow as DATA until END (readBatch). */
+  def requestState(request: JValue): Unit = {
+    codec.write(Contract.Frame.ReadState, request)
+    codec.flush()
   }
 
-  /** IMPORT_STATE: the request (JSON) and the schema of the rows that follow as DATA. */
-  def beginImport(requestJson: Array[Byte], schemaIpc: Array[Byte]): Unit = {
-    out.writeInt(Contract.Frame.ImportState)
-    writeBytes(requestJson)
-    writeBytes(schemaIpc)
-  }
+  /** IMPORT_STATE: the request and the schema of the rows that follow as DATA. */
+  def beginImport(request: JValue, schemaIpc: Array[Byte]): Unit =
+    codec.write(Contract.Frame.ImportState, request, schemaIpc)
 
   /** After the imported rows' END: the snapshot the worker made of them. */
   def readImportedSnapshot(): Array[Byte] = {
     send(Contract.Frame.End)
     val snapshot = readBatch(none = Contract.Frame.End).getOrElse(
       throw new IllegalStateException("arrowstate: no snapshot from Python"))
-    expect(Contract.Frame.End, "END after the snapshot")
+    read(Contract.Frame.End)
     snapshot
   }
 
   /** Answers the worker's request for the state files it decides to read (the store's
-   * lifecycle lives in Python); any other frame is a protocol error. */
-  private def serveFileRequest(tag: Int, files: StateFiles): Unit = {
-    tag match {
-      case Contract.Frame.ListFiles =>
-        val names = files.names()
-        out.writeInt(names.size)
-        names.foreach(n => writeBytes(n.getBytes(UTF_8)))
-      case Contract.Frame.ReadFile =>
-        writeBytes(files.read(new String(readBytes(), UTF_8)))
-      case Contract.Frame.FileTail =>
-        val name = new String(readBytes(), UTF_8)
-        writeBytes(files.tail(name, in.readInt()))
-      case other =>
-        throw new IllegalStateException(s"arrowstate: unexpected frame $other from Python")
+   * lifecycle lives in Python). */
+  private def serveFileRequest(frame: Contract.FrameSpec, body: IndexedSeq[Any],
+      files: StateFiles): Unit = {
+    (frame, body) match {
+      case (Contract.Frame.ListFiles, _) => codec.reply(frame, files.names())
+      case (Contract.Frame.ReadFile, Seq(name: String)) => codec.reply(frame, files.read(name))
+      case (Contract.Frame.FileTail, Seq(name: String, size: Int)) =>
+        codec.reply(frame, files.tail(name, size))
+      case _ => throw new IllegalStateException(s"arrowstate: unexpected ${frame.name}")
     }
-    out.flush()
+    codec.flush()
   }
 }

@@ -1,11 +1,10 @@
 package org.apache.spark.sql.arrowstate
 
 import java.io.DataOutputStream
-import java.nio.charset.StandardCharsets.UTF_8
 import java.util.UUID
 
+import org.json4s.JValue
 import org.json4s.JsonDSL._
-import org.json4s.jackson.JsonMethods.{compact, render}
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
@@ -233,12 +232,12 @@ object StateConversion {
     val encoder = new ArrowBatchEncoder(
       StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
       timeZone)
-    val request = compact(render(("version" -> version) ~ ("valueSchema" -> valueSchema.json)))
+    val request: JValue = ("version" -> version) ~ ("valueSchema" -> valueSchema.json)
     val worker = PythonStateWorkers.borrowAny(settings)
     var done = false
     var count = 0L
     try {
-      worker.beginImport(request.getBytes(UTF_8), encoder.schemaIpc)
+      worker.beginImport(request, encoder.schemaIpc)
       var inBatch = 0
       def send(): Unit = {
         worker.sendBatch(Contract.Frame.Data, encoder.finishBatch(), flush = false)

@@ -1,8 +1,8 @@
 package org.apache.spark.sql.arrowstate
 
-import java.nio.charset.StandardCharsets.UTF_8
-
 import scala.collection.mutable
+
+import org.json4s.JValue
 
 import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
@@ -40,8 +40,8 @@ class StateExchange(
 
   /** Sends the header and the input schema; serves the state files the worker asks for
    * (it decides which: the store's lifecycle lives in Python) until it is ready. */
-  def begin(headerJson: String, inputSchemaIpc: Array[Byte]): Unit = timed {
-    worker.beginTask(headerJson.getBytes(UTF_8), inputSchemaIpc)
+  def begin(header: JValue, inputSchemaIpc: Array[Byte]): Unit = timed {
+    worker.beginTask(header, inputSchemaIpc)
     require(worker.serveFilesUntil(Contract.Frame.Ready, files).isEmpty,
       "arrowstate: the worker sent data before it was ready")
   }
@@ -86,13 +86,13 @@ class StateExchange(
     timed(readAnswer())
   }
 
-  private def write(tag: Int, batchIpc: Array[Byte]): Unit = timed {
-    worker.sendBatch(tag, batchIpc)
+  private def write(frame: Contract.FrameSpec, batchIpc: Array[Byte]): Unit = timed {
+    worker.sendBatch(frame, batchIpc)
     bytesToPython += batchIpc.length
   }
 
   /** A batch the worker sent (None: `none`), counted. */
-  private def received(none: Int): Option[Array[Byte]] = {
+  private def received(none: Contract.FrameSpec): Option[Array[Byte]] = {
     val answer = worker.readBatch(none)
     answer.foreach(b => bytesFromPython += b.length)
     answer
@@ -130,11 +130,11 @@ class StateExchange(
     files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
     val commitMs = (System.nanoTime() - commitStart) / 1000000
     StateMaintenance.submit(files, snapshots, pruneBelow)
-    val metricsJson = timed(worker.confirmCommitted())
+    val reportedJson = timed(worker.confirmCommitted())
     finished = true
     PythonStateWorkers.giveBack(worker)
 
-    val reported = WorkerMetrics.parse(metricsJson, family)
+    val reported = WorkerMetrics.parse(reportedJson, family)
     def add(name: String, v: Long): Unit = metrics.get(name) match {
       case Some(m) => m += v
       case None => throw new IllegalStateException(
@@ -151,19 +151,16 @@ class StateExchange(
 }
 
 object WorkerMetrics {
-  /** The worker's flat JSON object of integer metrics; a name the contract does not let
-   * Python report for this family fails, instead of being dropped. */
-  def parse(json: String, family: String): Map[String, Long] = {
+  /** The worker's metrics (a `metrics` payload, checked as it crossed); a name the
+   * contract does not let Python report for this family fails, instead of being dropped. */
+  def parse(json: JValue, family: String): Map[String, Long] = {
     import org.json4s._
-    import org.json4s.jackson.JsonMethods
-    val values = JsonMethods.parse(json) match {
-      case JObject(fields) => fields.map {
+    val values = json match {
+      case JObject(fields) => fields.collect {
         case (k, JInt(v)) => k -> v.toLong
         case (k, JLong(v)) => k -> v
-        case (k, other) => throw new IllegalStateException(
-          s"arrowstate: the worker reported metric $k as $other, not a whole number")
       }.toMap
-      case other => throw new IllegalStateException(s"arrowstate: bad worker metrics $other")
+      case _ => Map.empty[String, Long]
     }
     val unknown = values.keySet -- Contract.pythonMetrics(family)
     if (unknown.nonEmpty) {

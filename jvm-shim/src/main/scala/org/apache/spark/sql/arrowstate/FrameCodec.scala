@@ -1,0 +1,122 @@
+package org.apache.spark.sql.arrowstate
+
+import java.io.{DataInputStream, DataOutputStream}
+import java.nio.charset.StandardCharsets.UTF_8
+
+import org.json4s.JValue
+import org.json4s.jackson.JsonMethods
+
+import org.apache.spark.sql.arrowstate.Contract.FrameSpec
+
+/**
+ * The JVM side's one codec of the conversation with a Python state worker: every frame is a
+ * tag and a body whose fields contract.json declares (`frames`, types in `frameTypes`),
+ * written and read here from that declaration. Integers are big-endian, byte strings
+ * length-prefixed, Arrow batches self-contained IPC streams, JSON payloads checked against
+ * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
+ *
+ * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
+ * Seq[String], versionedBytes Seq[(Long, Array[Byte])], json:* JValue.
+ */
+class FrameCodec(in: DataInputStream, out: DataOutputStream) {
+
+  /** Frame `frame` as the JVM sends it, unflushed. */
+  def write(frame: FrameSpec, values: Any*): Unit = {
+    val fields = frame.fromJvm.getOrElse(throw ArrowStateException.contract(
+      frame.name, "", "the JVM does not send this frame"))
+    out.writeInt(frame.tag)
+    writeBody(frame, fields, values)
+  }
+
+  /** The untagged reply to the worker's request `frame`, unflushed. */
+  def reply(frame: FrameSpec, values: Any*): Unit =
+    writeBody(frame, frame.reply.getOrElse(throw ArrowStateException.contract(
+      frame.name, "", "this frame has no reply")), values)
+
+  def flush(): Unit = out.flush()
+
+  private def writeBody(frame: FrameSpec, fields: Seq[(String, String)], values: Seq[Any])
+    : Unit = {
+    if (fields.size != values.size) {
+      throw ArrowStateException.contract(frame.name, "",
+        s"${values.size} values for fields ${fields.map(_._1).mkString(", ")}")
+    }
+    fields.zip(values).foreach { case ((name, kind), value) =>
+      writeValue(frame.name, name, kind, value)
+    }
+  }
+
+  private def writeBytes(b: Array[Byte]): Unit = {
+    out.writeInt(b.length)
+    out.write(b)
+  }
+
+  private def writeValue(frame: String, field: String, kind: String, value: Any): Unit =
+    (kind, value) match {
+      case ("int", v: Int) => out.writeInt(v)
+      case ("long", v: Long) => out.writeLong(v)
+      case ("bytes" | "arrow", v: Array[Byte]) => writeBytes(v)
+      case ("string", v: String) => writeBytes(v.getBytes(UTF_8))
+      case ("strings", v: Seq[_]) =>
+        out.writeInt(v.size)
+        v.foreach(s => writeValue(frame, field, "string", s))
+      case ("versionedBytes", v: Seq[_]) =>
+        out.writeInt(v.size)
+        v.foreach {
+          case (version: Long, b: Array[Byte]) => out.writeLong(version); writeBytes(b)
+          case other => throw ArrowStateException.contract(frame, field,
+            s"a versionedBytes item must be (Long, Array[Byte]), not $other")
+        }
+      case (json, v: JValue) if json.startsWith("json:") =>
+        ContractSchema.check(json.stripPrefix("json:"), v)
+        writeBytes(JsonText.compact(v).getBytes(UTF_8))
+      case _ => throw ArrowStateException.contract(frame, field,
+        s"must be $kind, not ${Option(value).map(_.getClass.getName).orNull}")
+    }
+
+  private def readBytes(): Array[Byte] = {
+    val b = new Array[Byte](in.readInt())
+    in.readFully(b)
+    b
+  }
+
+  private def readValue(frame: String, field: String, kind: String): Any = kind match {
+    case "int" => in.readInt()
+    case "long" => in.readLong()
+    case "bytes" | "arrow" => readBytes()
+    case "string" => new String(readBytes(), UTF_8)
+    case "strings" => Seq.fill(in.readInt())(new String(readBytes(), UTF_8))
+    case "versionedBytes" => Seq.fill(in.readInt())(in.readLong() -> readBytes())
+    case json if json.startsWith("json:") =>
+      val v = JsonMethods.parse(new String(readBytes(), UTF_8))
+      ContractSchema.check(json.stripPrefix("json:"), v)
+      v
+    case other => throw ArrowStateException.contract(frame, field, s"unknown type $other")
+  }
+
+  private def readBody(frame: FrameSpec, fields: Seq[(String, String)]): IndexedSeq[Any] =
+    fields.map { case (name, kind) => readValue(frame.name, name, kind) }.toIndexedSeq
+
+  /** The worker's next frame (its tag read already by `readTag`), one of `expected`, and its
+   * body's values; an ERROR frame is raised as the worker's exception. */
+  def readFrom(tag: Int, expected: FrameSpec*): (FrameSpec, IndexedSeq[Any]) = {
+    val frame = Contract.FramesByTag.getOrElse(tag, throw ArrowStateException.contract(
+      s"tag $tag", "", s"expected ${expected.map(_.name).mkString(" or ")} from Python, " +
+        s"got an unknown tag $tag"))
+    val fields = frame.fromPython.getOrElse(throw ArrowStateException.contract(frame.name, "",
+      "the worker does not send this frame"))
+    val body = readBody(frame, fields)
+    if (frame == Contract.Frame.Error) throw ArrowStatePythonException.fromPayload(
+      body.head.asInstanceOf[JValue])
+    if (!expected.contains(frame)) {
+      throw ArrowStateException.contract(frame.name, "",
+        s"expected ${expected.map(_.name).mkString(" or ")} from Python, got ${frame.name}")
+    }
+    frame -> body
+  }
+
+  def readTag(): Int = in.readInt()
+
+  /** The next frame, one of `expected`. */
+  def read(expected: FrameSpec*): (FrameSpec, IndexedSeq[Any]) = readFrom(readTag(), expected: _*)
+}
