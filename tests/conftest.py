@@ -19,13 +19,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def test_jar(tmp_path_factory):
     """tests/jvm/*.scala (test-only JVM helpers such as the failure-injecting checkpoint
-    file manager), compiled against Spark and the shim: kept out of the shipped jar."""
+    file manager) and tests/jvm/unit/*.scala (Scala unit tests and their runner, run by
+    tests/spark/test_jvm_units.py), compiled in one scalac run against Spark and the shim:
+    kept out of the shipped jar."""
     from pathlib import Path
 
     from arrowstate.shim import compile_scala, jar_path, write_jar
 
     out = tmp_path_factory.mktemp("test-jar")
-    sources = sorted((Path(__file__).parent / "jvm").glob("*.scala"))
+    jvm = Path(__file__).parent / "jvm"
+    sources = sorted(jvm.glob("*.scala")) + sorted((jvm / "unit").glob("*.scala"))
     compile_scala(sources, out, [jar_path()])
     return str(write_jar(out, out / "arrowstate-tests.jar"))
 

@@ -1,0 +1,143 @@
+package org.apache.spark.sql.arrowstate.unit
+
+import java.nio.charset.StandardCharsets.UTF_8
+import java.nio.file.{Files, Paths}
+
+import org.json4s._
+import org.json4s.jackson.JsonMethods
+
+import org.apache.spark.sql.arrowstate.{ArrowStateConf, Contract}
+
+/**
+ * Contract (the shim's view of contract.json, loaded from the jar) against the JSON file
+ * itself, read here on its own: the file the pytest side names in `-Darrowstate.contract`
+ * (the Python package's contract.json), else the copy in the jar.
+ */
+object ContractTests extends UnitTests {
+  private implicit val formats: Formats = DefaultFormats
+
+  private lazy val json: JValue = {
+    val text = sys.props.get("arrowstate.contract") match {
+      case Some(path) => new String(Files.readAllBytes(Paths.get(path)), UTF_8)
+      case None =>
+        val in = getClass.getResourceAsStream("/arrowstate/contract.json")
+        assertTrue(in != null, "no -Darrowstate.contract and no contract.json in the jar")
+        try new String(in.readAllBytes(), UTF_8) finally in.close()
+    }
+    JsonMethods.parse(text)
+  }
+
+  private def fields(key: String): List[(String, JValue)] = json \ key match {
+    case JObject(fs) => fs.filterNot(_._1.startsWith("_"))
+    case other => fail(s"contract.json's '$key' is not an object: $other")
+  }
+
+  /** A metric's `families`: None when absent (json4s' extractOpt of a list gives Some(Nil)). */
+  private def families(metric: JValue): Option[List[String]] = metric \ "families" match {
+    case JNothing => None
+    case v => Some(v.extract[List[String]])
+  }
+
+  private lazy val frameTags: Map[String, Int] = (json \ "frames").extract[Map[String, Int]]
+
+  test("the protocol version is the file's") {
+    assertEqual(Contract.ProtocolVersion, (json \ "protocolVersion").extract[Int])
+  }
+
+  test("every frame tag is the file's") {
+    val shim = Map(
+      "ERROR" -> Contract.Frame.Error, "READY" -> Contract.Frame.Ready,
+      "LIST_FILES" -> Contract.Frame.ListFiles, "DATA" -> Contract.Frame.Data,
+      "NO_DATA" -> Contract.Frame.NoData, "END" -> Contract.Frame.End,
+      "COMMITTED" -> Contract.Frame.Committed, "LOOKUP" -> Contract.Frame.Lookup,
+      "READ_FILE" -> Contract.Frame.ReadFile, "COMMIT" -> Contract.Frame.Commit,
+      "FILE_TAIL" -> Contract.Frame.FileTail, "DROP" -> Contract.Frame.Drop,
+      "READ_STATE" -> Contract.Frame.ReadState, "IMPORT_STATE" -> Contract.Frame.ImportState,
+      "INITIAL_STATE" -> Contract.Frame.InitialState)
+    assertEqual(shim.keySet, frameTags.keySet, "frame names (the file's and Contract.Frame's)")
+    for ((name, tag) <- shim) assertEqual(tag, frameTags(name), s"frame $name")
+  }
+
+  test("frame tags are distinct") {
+    val tags = frameTags.values.toList
+    assertEqual(tags.distinct.size, tags.size, s"tags $frameTags")
+  }
+
+  test("describe() reports the frames, families, metrics and settings the file declares") {
+    val seen = JsonMethods.parse(Contract.describe)
+    assertEqual((seen \ "protocolVersion").extract[Int], (json \ "protocolVersion").extract[Int])
+    assertEqual((seen \ "frames").extract[Map[String, Int]], frameTags)
+    assertEqual((seen \ "families").extract[List[String]], fields("families").map(_._1).sorted)
+    assertEqual((seen \ "metrics").extract[List[String]],
+      (json \ "metrics").extract[List[JValue]].map(m => (m \ "name").extract[String]))
+    assertEqual((seen \ "settings").extract[List[String]],
+      (json \ "settings").extract[List[JValue]].map(s => (s \ "key").extract[String]).sorted)
+  }
+
+  test("every setting is the file's, with its default, scope and doc") {
+    val declared = (json \ "settings").extract[List[Map[String, String]]]
+    assertEqual(Contract.Settings.keySet, declared.map(_("key")).toSet, "setting keys")
+    for (s <- declared) {
+      val setting = Contract.setting(s("key"))
+      assertEqual(setting, Contract.Setting(s("key"), s("default"), s("scope"), s("doc")))
+    }
+  }
+
+  test("ArrowStateConf's keys are declared settings") {
+    for (key <- Seq(ArrowStateConf.Enabled, ArrowStateConf.FallbackStrict,
+        ArrowStateConf.AffinityWaitMs, ArrowStateConf.IdleTimeoutSeconds)) {
+      assertTrue(Contract.Settings.contains(key), s"$key is not in contract.json's settings")
+    }
+  }
+
+  test("an undeclared setting or family fails with its name") {
+    val e = assertThrows[IllegalStateException](Contract.setting("spark.arrowstate.nope"))
+    assertTrue(e.getMessage.contains("spark.arrowstate.nope"), e.getMessage)
+    val f = assertThrows[IllegalStateException](Contract.family("nope"))
+    assertTrue(f.getMessage.contains("nope"), f.getMessage)
+  }
+
+  test("every metric is the file's, in its order, with all its fields") {
+    val declared = (json \ "metrics").extract[List[JValue]]
+    assertEqual(Contract.Metrics.map(_.name), declared.map(m => (m \ "name").extract[String]))
+    for ((metric, m) <- Contract.Metrics.zip(declared)) {
+      assertEqual(metric, Contract.Metric(
+        (m \ "name").extract[String], (m \ "owner").extract[String],
+        (m \ "reportedBy").extract[String], (m \ "kind").extract[String],
+        (m \ "unit").extract[String], (m \ "description").extract[String],
+        families(m)))
+    }
+    assertEqual(Contract.MetricsByName.keySet, Contract.Metrics.map(_.name).toSet)
+  }
+
+  test("the metrics the worker may report per family follow reportedBy and families") {
+    val declared = (json \ "metrics").extract[List[JValue]]
+    for ((family, _) <- fields("families")) {
+      val expected = declared.filter { m =>
+        Set("python", "both")((m \ "reportedBy").extract[String]) &&
+          families(m).forall(_.contains(family))
+      }.map(m => (m \ "name").extract[String]).toSet
+      assertEqual(Contract.pythonMetrics(family), expected, s"family $family")
+    }
+    assertEqual(Contract.pythonMetrics("noSuchFamily"), Set.empty[String])
+  }
+
+  test("every family is the file's, with its node, switch and userCode") {
+    val declared = fields("families")
+    assertEqual(Contract.Families.keySet, declared.map(_._1).toSet)
+    for ((name, f) <- declared) {
+      assertEqual(Contract.family(name), Contract.Family(name, (f \ "node").extract[String],
+        (f \ "switch").extract[String], (f \ "userCode").extractOpt[Boolean].getOrElse(false)))
+    }
+  }
+
+  test("file suffixes, header fields, store settings and error SQLSTATEs are the file's") {
+    val files = (json \ "files").extract[Map[String, String]]
+    assertEqual(Contract.DeltaSuffix, files("deltaSuffix"))
+    assertEqual(Contract.SnapshotSuffix, files("snapshotSuffix"))
+    assertEqual(Contract.HeaderFields, (json \ "header").extract[Map[String, String]].keySet)
+    assertEqual(Contract.StoreConf, (json \ "storeConf").extract[Map[String, String]])
+    assertEqual(Contract.ErrorSqlStates,
+      fields("errors").map { case (name, e) => name -> (e \ "sqlState").extract[String] }.toMap)
+  }
+}
