@@ -38,24 +38,27 @@ object ContractTests extends UnitTests {
     case v => Some(v.extract[List[String]])
   }
 
-  private lazy val frameTags: Map[String, Int] = (json \ "frames").extract[Map[String, Int]]
+  private lazy val frameTags: Map[String, Int] =
+    fields("frames").map { case (name, f) => name -> (f \ "tag").extract[Int] }.toMap
 
   test("the protocol version is the file's") {
     assertEqual(Contract.ProtocolVersion, (json \ "protocolVersion").extract[Int])
   }
 
-  test("every frame tag is the file's") {
-    val shim = Map(
-      "ERROR" -> Contract.Frame.Error, "READY" -> Contract.Frame.Ready,
-      "LIST_FILES" -> Contract.Frame.ListFiles, "DATA" -> Contract.Frame.Data,
-      "NO_DATA" -> Contract.Frame.NoData, "END" -> Contract.Frame.End,
-      "COMMITTED" -> Contract.Frame.Committed, "LOOKUP" -> Contract.Frame.Lookup,
-      "READ_FILE" -> Contract.Frame.ReadFile, "COMMIT" -> Contract.Frame.Commit,
-      "FILE_TAIL" -> Contract.Frame.FileTail, "DROP" -> Contract.Frame.Drop,
-      "READ_STATE" -> Contract.Frame.ReadState, "IMPORT_STATE" -> Contract.Frame.ImportState,
-      "INITIAL_STATE" -> Contract.Frame.InitialState)
-    assertEqual(shim.keySet, frameTags.keySet, "frame names (the file's and Contract.Frame's)")
-    for ((name, tag) <- shim) assertEqual(tag, frameTags(name), s"frame $name")
+  test("every frame is the file's: its tag and the fields each side sends") {
+    assertEqual(Contract.Frames.keySet, frameTags.keySet, "frame names")
+    for ((name, f) <- fields("frames")) {
+      val frame = Contract.Frames(name)
+      assertEqual(frame.tag, frameTags(name), s"frame $name")
+      def body(side: String) = (f \ side).extractOpt[List[List[String]]]
+        .map(_.map { case List(n, t) => n -> t })
+      assertEqual(frame.fromJvm, body("fromJvm"), s"frame $name fromJvm")
+      assertEqual(frame.fromPython, body("fromPython"), s"frame $name fromPython")
+      assertEqual(frame.reply, body("reply"), s"frame $name reply")
+    }
+    for (name <- Seq("ERROR", "HELLO", "TASK", "DATA", "COMMIT", "COMMITTED", "END")) {
+      assertTrue(Contract.Frames.contains(name), s"Contract.Frame names $name")
+    }
   }
 
   test("frame tags are distinct") {
@@ -131,11 +134,11 @@ object ContractTests extends UnitTests {
     }
   }
 
-  test("file suffixes, header fields, store settings and error SQLSTATEs are the file's") {
+  test("file suffixes, payloads, store settings and error SQLSTATEs are the file's") {
     val files = (json \ "files").extract[Map[String, String]]
     assertEqual(Contract.DeltaSuffix, files("deltaSuffix"))
     assertEqual(Contract.SnapshotSuffix, files("snapshotSuffix"))
-    assertEqual(Contract.HeaderFields, (json \ "header").extract[Map[String, String]].keySet)
+    assertEqual(Contract.Payloads.keySet, fields("payloads").map(_._1).toSet)
     assertEqual(Contract.StoreConf, (json \ "storeConf").extract[Map[String, String]])
     assertEqual(Contract.ErrorSqlStates,
       fields("errors").map { case (name, e) => name -> (e \ "sqlState").extract[String] }.toMap)

@@ -1,0 +1,137 @@
+package org.apache.spark.sql.arrowstate.unit
+
+import java.io._
+import java.nio.charset.StandardCharsets.UTF_8
+
+import org.json4s._
+import org.json4s.JsonDSL._
+
+import org.apache.spark.sql.arrowstate._
+
+/** FrameCodec writes and reads every frame as contract.json declares it; ContractSchema
+ * fails a payload that does not match, naming the field. */
+object FramingTests extends UnitTests {
+  private def written(body: FrameCodec => Unit): Array[Byte] = {
+    val bytes = new ByteArrayOutputStream()
+    val codec = new FrameCodec(new DataInputStream(new ByteArrayInputStream(Array.empty)),
+      new DataOutputStream(bytes))
+    body(codec)
+    codec.flush()
+    bytes.toByteArray
+  }
+
+  /** A codec reading what the worker sent, written as its frames' declared fields. */
+  private def reading(write: DataOutputStream => Unit): FrameCodec = {
+    val bytes = new ByteArrayOutputStream()
+    val out = new DataOutputStream(bytes)
+    write(out)
+    out.flush()
+    new FrameCodec(new DataInputStream(new ByteArrayInputStream(bytes.toByteArray)),
+      new DataOutputStream(new ByteArrayOutputStream()))
+  }
+
+  private def str(out: DataOutputStream, s: String): Unit = {
+    val b = s.getBytes(UTF_8)
+    out.writeInt(b.length)
+    out.write(b)
+  }
+
+  private def header(operator: JValue): JValue =
+    ("family" -> "deduplicate") ~ ("stateKey" -> "/ck/state/0/1") ~ ("queryRunId" -> "run") ~
+      ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
+      ("drop" -> List.empty[String]) ~
+      ("conf" -> Map("minDeltasForSnapshot" -> 10L, "minVersionsToRetain" -> 100L,
+        "maxStateBytes" -> 0L)) ~
+      ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp")
+
+  private val dedup: JValue = ("keyCount" -> 1) ~ ("eventTimeIndex" -> -1) ~
+    ("evictByKey" -> false) ~ ("withinWatermark" -> false) ~
+    ("delayMs" -> Option.empty[Long])   // a None: left out, as rendering leaves it out
+
+  private def violation(body: => Any): ArrowStateException = {
+    val e = assertThrows[ArrowStateException](body)
+    assertEqual(e.getCondition, "ARROWSTATE_CONTRACT_VIOLATION")
+    e
+  }
+
+  test("HELLO is written as its tag, the protocol version and the shim version") {
+    val in = new DataInputStream(new ByteArrayInputStream(written(
+      _.write(Contract.Frame.Hello, Contract.ProtocolVersion, "1.2.3"))))
+    assertEqual(in.readInt(), Contract.Frame.Hello.tag)
+    assertEqual(in.readInt(), Contract.ProtocolVersion)
+    val shim = new Array[Byte](in.readInt())
+    in.readFully(shim)
+    assertEqual(new String(shim, UTF_8), "1.2.3")
+    assertEqual(in.available(), 0)
+  }
+
+  test("a TASK's header is checked before it is sent; a good one crosses whole") {
+    val bytes = written(_.write(Contract.Frame.Task, header(dedup), Array[Byte](1, 2)))
+    val text = new String(bytes, UTF_8)
+    assertTrue(text.contains("\"keyCount\":1") && !text.contains("delayMs"), text)
+  }
+
+  test("a payload that does not match fails naming the field") {
+    val missing = dedup.removeField(_._1 == "keyCount")
+    assertEqual(violation(ContractSchema.check("header", header(missing)))
+      .getMessageParameters.get("field"), "operator.keyCount")
+    val retyped = dedup.transformField { case ("evictByKey", _) => "evictByKey" -> JInt(1) }
+    assertEqual(violation(ContractSchema.check("header", header(retyped)))
+      .getMessageParameters.get("field"), "operator.evictByKey")
+    val renamed = header(dedup) merge (("stateKeyy" -> "x"): JValue)
+    assertEqual(violation(ContractSchema.check("header", renamed))
+      .getMessageParameters.get("field"), "stateKeyy")
+    val wrongTask = header(dedup).transformField { case ("task", _) => "task" -> ("cpus" -> 1) }
+    assertEqual(violation(ContractSchema.check("header", wrongTask))
+      .getMessageParameters.get("field"), "task.stageId")
+    // and the codec refuses to send it
+    violation(written(_.write(Contract.Frame.Task, header(missing), Array.emptyByteArray)))
+  }
+
+  test("a value of the wrong type for a frame field fails naming the field") {
+    val e = violation(written(_.write(Contract.Frame.Drop, Seq("a"), 3)))
+    assertTrue(e.getMessage.contains("DROP"), e.getMessage)
+    val typed = violation(written(_.write(Contract.Frame.Hello, "3", "1.2.3")))
+    assertEqual(typed.getMessageParameters.get("field"), "protocolVersion")
+    violation(written(_.write(Contract.Frame.Commit, Array.emptyByteArray)))   // Python's
+  }
+
+  test("COMMIT is read as delta, (version, snapshot) pairs and the prune-below version") {
+    val codec = reading { out =>
+      out.writeInt(Contract.Frame.Commit.tag)
+      out.writeInt(2); out.write(Array[Byte](7, 8))
+      out.writeInt(1); out.writeLong(5L); out.writeInt(1); out.write(Array[Byte](9))
+      out.writeLong(4L)
+    }
+    val (frame, Seq(delta: Array[Byte], snaps: Seq[(Long, Array[Byte])] @unchecked,
+      prune: Long)) = codec.read(Contract.Frame.Commit)
+    assertEqual(frame, Contract.Frame.Commit)
+    assertEqual(delta.toSeq, Seq[Byte](7, 8))
+    assertEqual(snaps.map { case (v, b) => v -> b.toSeq }, Seq(5L -> Seq[Byte](9)))
+    assertEqual(prune, 4L)
+  }
+
+  test("a frame out of turn fails naming both; an ERROR frame raises the worker's error") {
+    val early = reading(_.writeInt(Contract.Frame.Ready.tag))
+    assertTrue(violation(early.read(Contract.Frame.Commit)).getMessage
+      .contains("expected COMMIT from Python, got READY"))
+    val error = reading { out =>
+      out.writeInt(Contract.Frame.Error.tag)
+      str(out, """{"condition": "ARROWSTATE_STATE_CAP_EXCEEDED", "parameters": {"cap": "1"},
+        "message": "too big", "traceback": "Traceback ..."}""")
+    }
+    val e = assertThrows[ArrowStatePythonException](error.read(Contract.Frame.Commit))
+    assertEqual(e.getCondition, "ARROWSTATE_STATE_CAP_EXCEEDED")
+    assertEqual(e.getSqlState, "53200")
+    assertEqual(e.pythonTraceback, "Traceback ...")
+  }
+
+  test("metrics from the worker are checked as they cross") {
+    val bad = reading { out =>
+      out.writeInt(Contract.Frame.Committed.tag)
+      str(out, """{"numTotalStateRows": "five"}""")
+    }
+    assertEqual(violation(bad.read(Contract.Frame.Committed)).getMessageParameters
+      .get("field"), "numTotalStateRows")
+  }
+}
