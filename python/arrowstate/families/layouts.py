@@ -27,6 +27,24 @@ def layout(family: str) -> SparkLayout:
                          f"{sorted(LAYOUTS)})") from None
 
 
+def missing(registry: dict, layouts: dict[str, SparkLayout], declared: dict) -> list[str]:
+    """What a family of `registry` (name -> family class) lacks: its layout object (the
+    class's `layout`, registered in `layouts` under its name), an operation of SparkLayout
+    the layout does not implement, its declaration in the contract (`declared`, with the
+    operator names Spark records for it). Empty when every family has every part."""
+    lacks = []
+    for name, family in registry.items():
+        own = getattr(family, "layout", None)
+        if own is None or layouts.get(name) is not own or own.family != name:
+            lacks.append(f"{name}: no layout object of its own registered under its name")
+        elif type(own).__abstractmethods__:
+            lacks.append(f"{name}: its layout does not implement "
+                         f"{sorted(type(own).__abstractmethods__)}")
+        if not declared.get(name, {}).get("sparkMetadataNames"):
+            lacks.append(f"{name}: contract.json declares no sparkMetadataNames for it")
+    return lacks + [f"{name}: a layout without a family" for name in set(layouts) - set(registry)]
+
+
 def layout_of_schema(value_schema: dict, column_family: str | None = None) -> SparkLayout:
     """The one place a layout is chosen without the family's name: a READ_STATE or
     IMPORT_STATE request of the shim carries Spark's schemas only (Spark's state readers
