@@ -1,14 +1,9 @@
 """arrowstate state as Spark's state stores present it: key and value rows in the schemas
 Spark records for the operator (its `_metadata/schema` files), so that Spark's own readers
-(`spark.read.format("statestore")`) show arrowstate state as they show native state.
-
-Our files hold the key columns `k0..` then the value columns `v0..` of each family:
-- deduplication: no value (Spark's value is one null `__dummy__` field); within the
-  watermark: `expiresAtMicros`;
-- aggregation: the aggregation buffer, field for field, as Spark's value;
-- applyInPandasWithState: the state fields, whether a value is defined, and the timeout
-  timestamp; Spark's value is the `groupState` struct (null when undefined) and, when the
-  operator has timeouts, `timeoutTimestamp`.
+(`spark.read.format("statestore")`) show arrowstate state as they show native state. The
+rows are laid out by the family's layout object (families.layouts); the requests read here
+carry Spark's schemas only, so the layout is the one those schemas are
+(`layouts.layout_of_schema`).
 """
 from __future__ import annotations
 
@@ -18,55 +13,22 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import keys as keycodec
-from .families.transform_with_state.layout import TIMER_VARIABLE, is_map_type
+from .families.layouts import layout_of_schema
+from .families.transform_with_state.layout import TIMER_VARIABLE
+from .families.transform_with_state.spark_layout import (FEED_DELETE, FEED_MERGE,  # noqa: F401
+                                                         FEED_PUT, TIMER_FAMILIES,
+                                                         change_records)
 from .store import VersionedState
 from .store import files as store_files
 from .store.lifecycle import FileSource, load_plans
 
-DUMMY = "__dummy__"
-GROUP_STATE, TIMEOUT = "groupState", "timeoutTimestamp"
 BATCH_ROWS = 1 << 16
-
-
-def value_layout(value_schema: dict) -> str:
-    names = [f["name"] for f in value_schema["fields"]]
-    if names == [DUMMY]:
-        return "dummy"
-    if names and names[0] == GROUP_STATE and isinstance(value_schema["fields"][0]["type"], dict):
-        return "groupState"
-    return "fields"
 
 
 def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
                ) -> pa.RecordBatch:
     """Stored rows as two struct columns, `key` and `value`, in Spark's schemas."""
-    key_count = len(key_schema["fields"])
-    key_names = [f["name"] for f in key_schema["fields"]]
-    values = batch.columns[key_count:]
-    n = batch.num_rows
-    layout = value_layout(value_schema)
-    value_names = [f["name"] for f in value_schema["fields"]]
-    if layout == "dummy":
-        value = pa.StructArray.from_arrays([pa.nulls(n, pa.null())], names=[DUMMY])
-    elif layout == "groupState":
-        state_names = [f["name"] for f in value_schema["fields"][0]["type"]["fields"]]
-        width = len(state_names)
-        defined = pc.fill_null(values[width], False)   # null in a removal record
-        group = pa.StructArray.from_arrays(values[:width], names=state_names,
-                                           mask=pc.invert(defined))
-        columns, names = [group], [GROUP_STATE]
-        if TIMEOUT in value_names:
-            columns.append(values[width + 1])
-            names.append(TIMEOUT)
-        value = pa.StructArray.from_arrays(columns, names=names)
-    else:
-        if len(values) != len(value_names):
-            raise ValueError(f"arrowstate holds {len(values)} value columns, but Spark's "
-                             f"value schema has {len(value_names)} ({value_names})")
-        value = pa.StructArray.from_arrays(values, names=value_names)
-    key = pa.StructArray.from_arrays(batch.columns[:key_count], names=key_names)
-    return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])
+    return layout_of_schema(value_schema).spark_rows(batch, key_schema, value_schema)
 
 
 def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
@@ -158,15 +120,8 @@ def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
         condition="CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS")
 
 
-# transformWithState: Spark keeps each state variable in a column family of its own;
-# arrowstate keeps one row per grouping key and variable (see families/transform_with_state/layout)
-TIMER_FAMILIES = ("$procTimers_keyToTimestamp", "$eventTimers_keyToTimestamp")
-
-
-def _renamed(array: pa.StructArray, names: list[str]) -> pa.StructArray:
-    """The struct with Spark's field names (arrowstate's TTL struct names its expiry
-    `expiresAtMs`, Spark's `ttlExpirationMs`); nulls stay nulls."""
-    return pa.StructArray.from_arrays(array.flatten(), names=names, mask=array.is_null())
+# transformWithState: Spark keeps each state variable in a column family of its own
+# (families/transform_with_state/spark_layout.py lays its rows out)
 
 
 def _variable_column(source: FileSource, state: VersionedState, column_family: str
@@ -198,23 +153,14 @@ def read_column_family(source: FileSource, version: int, column_family: str,
     state = stored_state(source, version)
     if state is None:
         return
-    key_count, column, variable = _variable_column(source, state, column_family)
-    fields = list(state.schema)
+    _variable_column(source, state, column_family)   # fails naming the files
+    layout = layout_of_schema(value_schema, column_family)
     state.load(source, version, snapshot)
-    grouping_names = [f["name"] for f in (
-        key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES
-        or is_map_type(fields[column].type) else key_schema)["fields"]]
-    value_names = [f["name"] for f in value_schema["fields"]]
     for batch in state.rows.frozen().batches(BATCH_ROWS):
-        mine = batch.filter(pc.equal(batch.column(key_count - 1), variable))
-        if mine.num_rows:
-            yield _family_rows(mine, key_count - 1, mine.column(column), column_family,
-                               grouping_names, key_schema, value_names)
-
-
-# what the change feed of a transformWithState variable gives per record, as Spark's RocksDB
-# changelog: 1 a put (Spark's "update"), 2 a merge ("append"), 0 a delete
-FEED_PUT, FEED_MERGE, FEED_DELETE = 1, 2, 0
+        rows = layout.spark_rows(pa.RecordBatch.from_arrays(batch.columns, schema=state.schema),
+                                 key_schema, value_schema, column_family)
+        if rows.num_rows:
+            yield rows
 
 
 def read_column_family_changes(source: FileSource, start: int, end: int,
@@ -248,82 +194,6 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
         mine = [b.filter(pc.equal(b.column(key_count - 1), variable)) for b in batches]
         mine = [b for b in mine if b.num_rows]
         if mine:
-            yield _change_records(pa.concat_batches(mine), key_count - 1, column, key_schema,
-                                  value_names, version)
+            yield change_records(pa.concat_batches(mine), key_count - 1, column, key_schema,
+                                 value_names, version)
 
-
-def _change_records(batch: pa.RecordBatch, grouping_count: int, column: int,
-                    key_schema: dict, value_names: list[str], version: int
-                    ) -> pa.RecordBatch:
-    """One delta's rows of a variable as change feed records, per key in order."""
-    ops = batch.column(batch.num_columns - 1).to_pylist()
-    groups = keycodec.rows(batch.columns[:grouping_count], batch.num_rows)
-    with_records = {g for g, op in zip(groups, ops) if op > store_files.OP_PUT}
-    values = batch.column(column)
-    is_list = pa.types.is_list(values.type)
-    is_map = is_map_type(values.type)
-    lengths = (pc.fill_null(pc.list_value_length(values), 0).to_pylist() if is_list
-               else None)
-    offsets = values.offsets.to_pylist() if is_list else None
-    # per record: its row, the element it shows (an index into the list's elements, or
-    # the row's value), its feed op
-    rows, elements, feed = [], [], []
-    for i, (group, op) in enumerate(zip(groups, ops)):
-        if (op > store_files.OP_PUT) != (group in with_records):
-            continue   # a key with change records: its rows are the state they led to
-        if op in (store_files.OP_REMOVE, store_files.CHANGE_DELETE) and not is_map:
-            rows.append(i)
-            elements.append(None)
-            feed.append(FEED_DELETE)
-        elif not is_list:
-            rows.append(i)
-            elements.append(i)
-            feed.append(FEED_PUT)
-        else:
-            for j in range(lengths[i]):
-                rows.append(i)
-                elements.append(offsets[i] + j)
-                if is_map:
-                    feed.append(FEED_DELETE if op == store_files.CHANGE_DELETE else FEED_PUT)
-                else:
-                    feed.append(FEED_PUT if j == 0 and op != store_files.CHANGE_APPEND
-                                else FEED_MERGE)
-    take_rows = pa.array(rows, pa.int32())
-    picked = pa.array(elements, pa.int32())
-    grouping_names = [f["name"] for f in (key_schema["fields"][0]["type"] if is_map
-                                          else key_schema)["fields"]]
-    grouping = pa.StructArray.from_arrays(
-        [c.take(take_rows) for c in batch.columns[:grouping_count]], names=grouping_names)
-    if is_map:
-        entries = values.flatten().take(picked)
-        user_key, value = entries.flatten()
-        key = pa.StructArray.from_arrays([grouping, user_key],
-                                         names=[f["name"] for f in key_schema["fields"]])
-    else:
-        key, value = grouping, (values.flatten() if is_list else values).take(picked)
-    return pa.RecordBatch.from_arrays(
-        [key, _renamed(value, value_names), pa.array(feed, pa.int8()),
-         pa.array([version] * len(feed), pa.int64())], names=["key", "value", "op", "version"])
-
-
-def _family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,
-                 column_family: str, grouping_names: list[str], key_schema: dict,
-                 value_names: list[str]) -> pa.RecordBatch:
-    grouping = pa.StructArray.from_arrays(batch.columns[:grouping_count], names=grouping_names)
-    if not pa.types.is_list(values.type):   # a value
-        return pa.RecordBatch.from_arrays([grouping, _renamed(values, value_names)],
-                                          names=["key", "value"])
-    owner = pc.list_parent_indices(values)
-    grouping, elements = grouping.take(owner), values.flatten()
-    outer = [f["name"] for f in key_schema["fields"]]
-    if column_family in TIMER_FAMILIES:
-        key = pa.StructArray.from_arrays([grouping, elements], names=outer)
-        value = pa.StructArray.from_arrays(
-            [pa.nulls(len(elements), pa.null()) for _ in value_names], names=value_names)
-    elif is_map_type(values.type):
-        user_key, value = elements.flatten()
-        key = pa.StructArray.from_arrays([grouping, user_key], names=outer)
-        value = _renamed(value, value_names)
-    else:
-        key, value = grouping, _renamed(elements, value_names)
-    return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])

@@ -1,7 +1,7 @@
 """Streaming aggregation state, as Spark's StateStoreRestoreExec + StateStoreSaveExec pair.
 
 Spark's own merge aggregate runs in the JVM between the two; this family only keeps each
-group's aggregation buffer (see shared/reference/StateStoreSaveExec.md):
+group's aggregation buffer, as Spark's StateStoreSaveExec keeps it:
 - lookup (restore): for a batch of group keys, the stored buffers of those that have one;
 - process (save): late rows (event time at or below the late-events watermark, append and
   update modes) are dropped and counted, the rest are stored;
@@ -19,11 +19,13 @@ import pyarrow as pa
 from .. import keys as keycodec
 from .. import protocol
 from ..store import VersionedState
+from .aggregate_layout import LAYOUT
 from .base import FamilyBase
 
 
 class Aggregate(FamilyBase):
     name = "aggregate"
+    layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, (

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..store import VersionedState
+from .spark_layout import SparkLayout
 
 
 class StateFamily(Protocol):
@@ -18,6 +19,7 @@ class StateFamily(Protocol):
     the header's `operator` fields and the schema of the rows the JVM sends."""
 
     name: ClassVar[str]
+    layout: ClassVar[SparkLayout]   # its rows as Spark's stores lay them out (offline tools)
     key_fields: list[pa.Field]     # the state's key columns
     value_fields: list[pa.Field]   # the state's value columns
     metrics: dict[str, int]        # reported after the commit (names from contract.json)

@@ -1,6 +1,6 @@
 """Streaming deduplication, as Spark's StreamingDeduplicateExec and its WithinWatermark twin.
 
-Per partition and micro-batch (see shared/reference/StreamingDeduplicateExec.adoc):
+Per partition and micro-batch, as Spark's operator does it:
 1. rows whose event time is at or below the late-events watermark are dropped and counted;
 2. a row whose key is in state is a duplicate and dropped; otherwise it is output and its
    key stored (for the WithinWatermark variant with `expiresAt = event time + delay`);
@@ -20,10 +20,12 @@ from .. import keys as keycodec
 from .. import protocol
 from ..store import VersionedState
 from .base import FamilyBase
+from .dedup_layout import LAYOUT
 
 
 class Deduplicate(FamilyBase):
     name = "deduplicate"
+    layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, (

@@ -1,7 +1,6 @@
 """applyInPandasWithState, with the user's function in the worker that holds the state.
 
-Semantics follow Spark's FlatMapGroupsInPandasWithStateExec and its InputProcessor
-(shared/reference/FlatMapGroupsWithStateExec.md, InputProcessor.txt):
+Semantics follow Spark's FlatMapGroupsInPandasWithStateExec and its InputProcessor:
 - rows arrive sorted by group, in batches of at most maxRecordsPerBatch rows, late rows
   already dropped by the JVM; a group's rows are the DataFrames the function iterates over,
   one per batch it spans (Spark's chunks);
@@ -26,6 +25,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase, gather_rows
+from .flatmap_layout import LAYOUT
 from .group_state_values import StateValueWriter, arrow_fields, python_values
 from .pandas_io import PandasIO
 
@@ -44,6 +44,7 @@ class _Group:
 
 class FlatMapGroupsWithState(FamilyBase):
     name = "flatMapGroupsWithState"
+    layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",

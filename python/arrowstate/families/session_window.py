@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from .. import keys as keycodec
 from ..store import VersionedState
 from .base import FamilyBase
+from .session_window_layout import LAYOUT
 
 _NONE = object()   # no key looked up yet in this task
 
@@ -48,6 +49,7 @@ def _micros(arr: pa.Array) -> np.ndarray:
 
 class SessionWindow(FamilyBase):
     name = "sessionWindow"
+    layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, (

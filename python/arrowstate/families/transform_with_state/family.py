@@ -38,12 +38,14 @@ from .codec import list_offsets, state_error, struct_schema
 from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, TIMERS, VALUE,
                      is_map_type)
 from .processor_input import ProcessorInput
+from .spark_layout import LAYOUT
 from .timers import Timers
 from .variables import DELETED_CLIENTS, NO_KEY, Variable
 
 
 class TransformWithState(FamilyBase):
     name = "transformWithState"
+    layout = LAYOUT
     named_columns = True   # a processor may add state variables between runs, as in Spark
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):

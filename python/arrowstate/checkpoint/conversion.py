@@ -1,0 +1,256 @@
+"""`python -m arrowstate state export` and `import`: an operator's state converted between
+arrowstate's files and Spark's own store (the newest committed version), by the family's
+layout object (families.layouts), in a Spark session; the offset log records a changed
+provider, and the old engine's files are moved aside.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from .. import tws_state
+from ..families.layouts import LAYOUTS, layout_of_schema
+from ..families.spark_layout import (HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER,
+                                     OperatorJob, SparkLayout)
+from ..store import files as store_files
+from .files import (ARROWSTATE, CheckpointError, LocalFiles, offset_conf, offsets_with_conf,
+                    planned_batch, read_schema_file, write_log_entry)
+from .inventory import describe
+
+
+def operator_layout(checkpoint: str, o: dict) -> SparkLayout:
+    """The layout of the operator's family; for an operator Spark's metadata does not name
+    (older checkpoints have none), the one its schema file's value is."""
+    if o["family"] is not None:
+        return LAYOUTS[o["family"]]
+    _, value = read_schema_file(os.path.join(checkpoint, "state", str(o["operator_id"]), "0",
+                                             "_metadata", "schema"))
+    return layout_of_schema(value)
+
+
+def in_column_families(o: dict) -> bool:
+    """Whether Spark keeps the operator's family's state in column families."""
+    return o["family"] is not None and LAYOUTS[o["family"]].column_families
+
+
+def refuse_running(checkpoint: str, last: int | None) -> None:
+    planned = planned_batch(checkpoint)
+    if planned is not None and (last is None or planned > last):
+        raise CheckpointError(
+            f"{checkpoint}: batch {planned} is planned (offsets/{planned}) but not committed: "
+            "a query is running on this checkpoint, or stopped in the middle of a batch. "
+            "Stop the query; if it had stopped mid-batch, run it to the end of a batch first.")
+
+
+def refuse_column_families(checkpoint: str, o: dict, last: int) -> None:
+    """State in column families is converted for transformWithState and for nothing else;
+    arrowstate's transformWithState state, while it holds no variable the processor no
+    longer declares (the conversions read the declared ones)."""
+    if o["key_schema"] is None and not in_column_families(o):
+        raise CheckpointError(
+            f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps its state in "
+            "column families, which this command does not convert yet; nothing was changed")
+    kept = _undeclared_variables(checkpoint, o, last) if in_column_families(o) else []
+    if kept:
+        raise CheckpointError(
+            f"{checkpoint}: operator {o['operator_id']} ({o['name']}) keeps the state of "
+            f"variables {kept} that its processor no longer declares (as Spark keeps their "
+            "column families), and this command converts declared variables only. Run the "
+            "query once with a processor whose init() declares them again, or removes them "
+            "with deleteIfExists; nothing was changed")
+
+
+def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
+    """The state variables arrowstate's files of the operator hold at batch `last` that
+    the processor (its newest operator metadata) does not declare."""
+    from ..state_data import stored_schema
+    if ARROWSTATE not in o["engine"].split("+"):
+        return []
+    op_dir = os.path.join(checkpoint, "state", str(o["operator_id"]))
+    declared = {v["stateName"] for v in
+                tws_state.operator_properties(op_dir, last)["stateVariables"]}
+    held = set()
+    for p in range(o["partitions"]):
+        where = os.path.join(op_dir, str(p))
+        source = LocalFiles(where, f"operator {o['operator_id']}, partition {p}")
+        if os.path.isdir(where) and any(store_files.parse_name(n) for n in source.names()):
+            held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
+                        for f in stored_schema(source, last + 1))
+    return sorted(held - declared - {"", tws_state.TIMER_VARIABLE})
+
+
+@contextlib.contextmanager
+def conversion_session(app: str, conf: dict):
+    """The Spark session a conversion reads and writes state with. Called from a process
+    whose active session runs arrowstate (a notebook, an application): a new session of its
+    SparkContext, so no second Spark starts, with the checkpoint's store settings as its
+    own. Else (the command line) a local Spark, started for it and stopped after."""
+    from pyspark.sql import SparkSession
+
+    from .. import EXTENSION_CLASS, configure
+    active = SparkSession.getActiveSession()
+    if (getattr(active, "_jsparkSession", None) is not None
+            and EXTENSION_CLASS in active.conf.get("spark.sql.extensions", "")):
+        session = active.newSession()
+        for k, v in conf.items():
+            session.conf.set(k, v)
+        jvm_session = session._jvm.org.apache.spark.sql.SparkSession
+        jvm_session.setActiveSession(session._jsparkSession)   # what SQLConf.get reads
+        try:
+            yield session
+        finally:
+            jvm_session.setActiveSession(active._jsparkSession)
+        return
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = configure(builder).getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) -> None:
+    """Moves the files `is_moved` picks from the operators' partition directories (and their
+    checksum files) to the same places under `backup`."""
+    state_root = os.path.join(checkpoint, "state")
+    for op in operators:
+        op_dir = os.path.join(state_root, str(op))
+        for p in (n for n in os.listdir(op_dir) if n.isdigit()):
+            src = os.path.join(op_dir, p)
+            for name in os.listdir(src):
+                if is_moved(name.lstrip(".").removesuffix(".crc")):
+                    dst = os.path.join(backup, "state", str(op), p)
+                    os.makedirs(dst, exist_ok=True)
+                    os.replace(os.path.join(src, name), os.path.join(dst, name))
+
+
+def _convert(checkpoint: str, direction: str, choose, check, operate, backup_prefix: str,
+             is_moved, time_zone: str | None = None) -> dict:
+    """The shared steps of export and import: pick the operators (`choose`), refuse what
+    cannot be converted (`check(conf, last, chosen, operators)`, given the offset log's
+    settings; it returns the settings the conversion changes there, if any), write the other
+    engine's snapshot of the newest committed version per operator in the session of
+    `conversion_session`, by the operator's layout (`operate(layout, job)` gives the rows
+    per partition; the job's time zone is `time_zone`, else the session's), then record the
+    changed settings in the offset log's newest entry, and only then move the old engine's
+    files aside."""
+    described = describe(checkpoint)
+    last = described["lastCommittedBatch"]
+    chosen = [o for o in described["operators"] if choose(o)]
+    if not chosen:
+        return {"checkpoint": described["checkpoint"], direction: [],
+                "message": f"no state to {direction.removesuffix('ed')} in this checkpoint: "
+                           "nothing to do"}
+    refuse_running(checkpoint, last)
+    conf = offset_conf(checkpoint, last)
+    changed = check(conf, last, chosen, described["operators"])
+    conf = {**conf, **changed}
+    for o in chosen:
+        if o["stores"] != ["default"]:
+            raise CheckpointError(f"{checkpoint}: operator {o['operator_id']} has state stores "
+                                  f"{o['stores']}; only the default store is converted")
+        refuse_column_families(checkpoint, o, last)
+    version = last + 1
+    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    converted = []
+    with conversion_session(f"arrowstate state {direction}", _store_settings(conf)) as spark:
+        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
+        zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
+        for o in chosen:
+            job = OperatorJob(spark, conversion, checkpoint, state_root, o, last, version,
+                              o["partitions"], conf, zone)
+            rows = operate(operator_layout(checkpoint, o), job)
+            converted.append({"operator_id": o["operator_id"], "version": version,
+                              "rows": sum(rows)})
+    message = ""
+    if changed:   # before the move: a failure in between leaves a run of this to redo
+        offsets = os.path.join(checkpoint, "offsets")
+        text = offsets_with_conf(checkpoint, last, changed)
+        with contextlib.suppress(FileNotFoundError):   # Hadoop's checksum of the old text
+            os.remove(os.path.join(offsets, f".{last}.crc"))
+        write_log_entry(os.path.join(offsets, str(last)), text)
+        message = "; offsets/{} now records {}".format(
+            last, ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    backup = os.path.join(checkpoint, f"{backup_prefix}-{version}")
+    _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
+    return {"checkpoint": described["checkpoint"], direction: converted,
+            "message": f"the old engine's files were moved to {backup}{message}"}
+
+
+def _store_settings(conf: dict) -> dict:
+    """The state store settings the checkpoint's offset log records (provider, codec,
+    RocksDB's), for the session that converts its state."""
+    return {k: v for k, v in conf.items() if k.startswith("spark.sql.streaming.")}
+
+
+def export_to_spark(checkpoint: str) -> dict:
+    """Converts every arrowstate operator's state to the format of the Spark state store
+    the checkpoint records (the newest committed version: HDFS-backed, `<v>.snapshot` per
+    partition; RocksDB, a snapshot of that version written through its provider, and for
+    transformWithState through Spark's own state variable implementations), so that the
+    query continues on Spark's own operators. arrowstate's files are moved, once every
+    partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
+    nothing."""
+    def check(conf, last, chosen, operators):
+        provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
+        if provider not in (HDFS_PROVIDER, ROCKSDB_PROVIDER):
+            raise CheckpointError(
+                f"{checkpoint}: the query's state store provider is {provider} "
+                f"(offsets/{last}); export writes the formats of {HDFS_PROVIDER} and "
+                f"{ROCKSDB_PROVIDER} only")
+        if conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled") == "true":
+            raise CheckpointError(f"{checkpoint}: the query stores row checksums "
+                                  "(spark.sql.streaming.stateStore.rowChecksum.enabled=true); "
+                                  "export does not write them")
+        tws = [o for o in chosen if in_column_families(o)]
+        encoding = conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow")
+        if tws and encoding != "unsaferow":
+            raise CheckpointError(
+                f"{checkpoint}: operator {tws[0]['operator_id']} ({tws[0]['name']}) records "
+                f"the state encoding {encoding} (spark.sql.streaming.stateStore."
+                f"encodingFormat, offsets/{last}); export writes transformWithState state as "
+                "unsaferow only; nothing was changed")
+        if provider == ROCKSDB_PROVIDER or not tws:
+            return {}
+        # Spark runs transformWithState on RocksDB only: arrowstate ran it on the recorded
+        # HDFS-backed provider, so every operator's state is written for RocksDB and the
+        # offset log records it, which needs all the query's state to be arrowstate's
+        theirs = [o for o in operators if o["engine"] != "none" and o not in chosen]
+        if theirs:
+            raise CheckpointError(
+                f"{checkpoint}: operator {theirs[0]['operator_id']} ({theirs[0]['name']}) "
+                f"holds {theirs[0]['engine']} state of {HDFS_PROVIDER}; Spark runs "
+                f"transformWithState on {ROCKSDB_PROVIDER} only, and export moves only "
+                "arrowstate's state to it; nothing was changed")
+        return {PROVIDER_SETTING: ROCKSDB_PROVIDER}
+
+    return _convert(checkpoint, "exported", lambda o: ARROWSTATE in o["engine"].split("+"),
+                    check, lambda layout, job: layout.export_operator(job),
+                    "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
+
+
+def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
+    """Converts the state Spark's own store holds (through the provider the checkpoint
+    records: HDFS-backed or RocksDB) for the operators arrowstate runs to arrowstate's
+    format (the newest committed version, as one snapshot per partition), so that the
+    query continues on arrowstate. Spark's files are moved, once every snapshot is written,
+    to `<checkpoint>/spark-state-imported-<v>/`. Timestamps in the state take `time_zone`
+    (the session time zone the query runs with; this machine's by default). Running it
+    again does nothing."""
+    def choose(o):
+        if o["engine"] == "none" or ARROWSTATE in o["engine"].split("+"):
+            return False
+        if o["family"] is None:
+            raise CheckpointError(
+                f"{checkpoint}: operator {o['operator_id']} ({o['name']}) is not one "
+                "arrowstate runs; its state stays Spark's (nothing was converted)")
+        return True
+
+    return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
+                    lambda layout, job: layout.import_operator(job), "spark-state-imported",
+                    # RocksDB's SST files too: left behind, they read as Spark's state
+                    lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])),
+                    time_zone)

@@ -1,0 +1,143 @@
+"""A streaming checkpoint's files, as Spark lays them out, read (and the logs written) on the
+local filesystem: `commits/<batch>`, `offsets/<batch>` (with the SQL settings a restart
+keeps), `state/<op>/_metadata/metadata` (operator metadata v1: name, stores, partitions;
+transformWithState writes v2 entries, `_metadata/v2/<batch>`), `state/<op>/<partition>/
+_metadata/schema` (state schema v1 or v2: the key and value schemas as JSON) and the
+partition directories with the engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`,
+Spark's HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from ..store import files as store_files
+
+ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
+_ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be described; the message says what and where."""
+
+
+class LocalFiles:
+    """One partition directory on the local filesystem, as the store's FileSource."""
+
+    def __init__(self, where: str, context: str) -> None:
+        self.where, self.context = where, context
+
+    def names(self) -> list[str]:
+        return os.listdir(self.where)
+
+    def read(self, name: str) -> bytes:
+        with open(os.path.join(self.where, name), "rb") as f:
+            return f.read()
+
+    def tail(self, name: str, size: int) -> bytes:
+        return self.read(name)[-size:]
+
+
+def _read_utf(b: bytes, i: int) -> tuple[str, int]:
+    n = struct.unpack(">H", b[i:i + 2])[0]
+    return b[i + 2:i + 2 + n].decode(), i + 2 + n
+
+
+def read_schema_file(path: str) -> tuple[dict, dict]:
+    """Key and value schemas (Spark's JSON) of a state schema file, format v1 or v2."""
+    with open(path, "rb") as f:
+        b = f.read()
+    version, i = _read_utf(b, 0)
+    if version not in ("v1", "v2"):
+        raise CheckpointError(f"{path}: state schema file format {version} is not one this "
+                              "arrowstate reads (v1, v2)")
+    schemas = []
+    for _ in range(2):
+        if version == "v1":
+            text, i = _read_utf(b, i)
+        else:
+            chunks = struct.unpack(">i", b[i:i + 4])[0]
+            i += 4
+            text = ""
+            for _ in range(chunks):
+                part, i = _read_utf(b, i)
+                text += part
+        schemas.append(json.loads(text))
+    return schemas[0], schemas[1]
+
+
+def last_committed_batch(checkpoint: str) -> int | None:
+    commits = os.path.join(checkpoint, "commits")
+    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if os.path.isdir(commits) else []
+    return max(ids, default=None)
+
+
+def planned_batch(checkpoint: str) -> int | None:
+    offsets = os.path.join(checkpoint, "offsets")
+    return max((int(n) for n in os.listdir(offsets) if n.isdigit()), default=None)
+
+
+def offset_conf(checkpoint: str, batch: int) -> dict:
+    """The SQL settings the offset log recorded for `batch` (those a restart keeps)."""
+    path = os.path.join(checkpoint, "offsets", str(batch))
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+        return json.loads(lines[1]).get("conf", {})
+    except (OSError, IndexError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the offset log entry: {e}") from e
+
+
+def operator_metadata(op_dir: str) -> dict | None:
+    """The operator's metadata: v1 (`_metadata/metadata`), or the newest v2 entry
+    (`_metadata/v2/<batch>`, which transformWithState writes)."""
+    paths = [os.path.join(op_dir, "_metadata", "metadata")]
+    v2 = os.path.join(op_dir, "_metadata", "v2")
+    if os.path.isdir(v2):
+        paths += [os.path.join(v2, str(b)) for b in
+                  sorted((int(n) for n in os.listdir(v2) if n.isdigit()), reverse=True)[:1]]
+    for path in paths:
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = f.read().splitlines()
+            if len(lines) > 1 and lines[0] in ("v1", "v2"):
+                return json.loads(lines[1])
+    return None
+
+
+def partition_engine(names: list[str]) -> tuple[str | None, int]:
+    """Whose files a partition directory holds, and the newest version among them."""
+    ours = [p for p in map(store_files.parse_name, names) if p is not None]
+    native = {_ENGINE[store]: versions
+              for store, versions in store_files.spark_store_files(names).items()}
+    engines = [e for e, found in ((ARROWSTATE, ours), *native.items()) if found]
+    if "SSTs" in names and ROCKSDB not in engines:
+        engines.append(ROCKSDB)
+    versions = [v for v, _ in ours] + [v for found in native.values() for v in found]
+    return (None if not engines else "+".join(engines)), max(versions, default=0)
+
+
+def dir_size(path: str) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
+    return total
+
+
+def write_log_entry(path: str, text: str) -> None:
+    """A new offsets/ or commits/ entry, written whole or not at all."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.arrowstate-tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def offsets_with_conf(checkpoint: str, batch: int, changes: dict) -> str:
+    """offsets/`batch`'s text with `changes` made to the settings it records."""
+    with open(os.path.join(checkpoint, "offsets", str(batch))) as f:
+        lines = f.read().split("\n")
+    meta = json.loads(lines[1])
+    meta["conf"].update(changes)
+    lines[1] = json.dumps(meta, separators=(",", ":"))
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""`python -m arrowstate state describe`: a streaming checkpoint's state, read offline (no
+Spark, local filesystem): per stateful operator, its family, partitions, newest version,
+rows, bytes on disk, key and value schemas and the engine whose files hold it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from .. import contract
+from ..store import files as store_files
+from .files import (ARROWSTATE, CheckpointError, LocalFiles, dir_size, last_committed_batch,
+                    offset_conf, operator_metadata, partition_engine, read_schema_file)
+
+# Spark's operator names (operator metadata) and the arrowstate family that runs them
+FAMILIES = {name: family for family, declared in contract.FAMILIES.items()
+            for name in declared["sparkMetadataNames"]}
+
+
+@dataclass
+class Operator:
+    operator_id: int
+    name: str
+    family: str | None
+    engine: str
+    partitions: int
+    newest_version: int
+    rows: int | None
+    bytes_on_disk: int
+    key_schema: str | None
+    value_schema: str | None
+    stores: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+def _simple(schema: dict) -> str:
+    from pyspark.sql.types import StructType
+    return StructType.fromJson(schema).simpleString()
+
+
+def describe(checkpoint: str) -> dict:
+    """What the checkpoint's state is, per operator (see the module's docstring)."""
+    state_root = os.path.join(checkpoint, "state")
+    if not os.path.isdir(checkpoint):
+        raise CheckpointError(f"{checkpoint}: no such directory")
+    if not os.path.isdir(os.path.join(checkpoint, "offsets")):
+        raise CheckpointError(f"{checkpoint}: not a streaming checkpoint (no offsets/)")
+    last = last_committed_batch(checkpoint)
+    operators = []
+    op_ids = sorted(int(n) for n in os.listdir(state_root) if n.isdigit()) \
+        if os.path.isdir(state_root) else []
+    for op in op_ids:
+        operators.append(_describe_operator(checkpoint, op, last, _partitions(checkpoint,
+                                                                             last)))
+    return {"checkpoint": os.path.abspath(checkpoint), "lastCommittedBatch": last,
+            "operators": [asdict(o) for o in operators]}
+
+
+def _partitions(checkpoint: str, last: int | None) -> int | None:
+    """The state partitions the query runs with now (a repartition changes them)."""
+    if last is None:
+        return None
+    try:
+        value = offset_conf(checkpoint, last).get("spark.sql.shuffle.partitions")
+    except CheckpointError:
+        return None
+    return int(value) if value is not None else None
+
+
+def _describe_operator(checkpoint: str, op: int, last: int | None,
+                       active: int | None) -> Operator:
+    op_dir = os.path.join(checkpoint, "state", str(op))
+    name, stores, declared = "unknown", ["default"], None
+    info = operator_metadata(op_dir)
+    if info is not None:
+        name = info["operatorInfo"]["operatorName"]
+        stores = [s["storeName"] for s in info["stateStoreInfo"]]
+        declared = max((s["numPartitions"] for s in info["stateStoreInfo"]), default=None)
+    parts = sorted(int(n) for n in os.listdir(op_dir) if n.isdigit())
+    if active is not None:   # directories beyond are left from an earlier partitioning
+        parts = [p for p in parts if p < active]
+        declared = active
+    engines, newest = set(), 0
+    for p in parts:
+        engine, version = partition_engine(os.listdir(os.path.join(op_dir, str(p))))
+        if engine:
+            engines.add(engine)
+        newest = max(newest, version)
+    engine = "+".join(sorted(engines)) or "none"
+    key_schema = value_schema = None
+    schema_file = os.path.join(op_dir, "0", "_metadata", "schema")
+    if os.path.exists(schema_file):
+        key, value = read_schema_file(schema_file)
+        key_schema, value_schema = _simple(key), _simple(value)
+    elif info is not None and "operatorPropertiesJson" in info:   # column families
+        variables = [v for v in json.loads(info["operatorPropertiesJson"]).get(
+            "stateVariables", []) if v["stateVariableType"] != "TimerState"]
+        value_schema = "state variables: " + (", ".join(
+            f"{v['stateName']} ({v['stateVariableType']}{', TTL' if v['ttlEnabled'] else ''})"
+            for v in variables) or "none")
+    version = None if last is None else last + 1
+    rows, note = None, None
+    if engine == ARROWSTATE and version is not None:
+        rows = sum(_arrowstate_rows(os.path.join(op_dir, str(p)), op, p, version)
+                   for p in parts)
+    elif engine not in ("none", ARROWSTATE):
+        note = ("rows are counted for arrowstate state only; for Spark's own state, "
+                "spark.read.format('statestore') counts them")
+    return Operator(op, name, FAMILIES.get(name), engine, declared or len(parts),
+                    newest, rows, dir_size(op_dir), key_schema, value_schema, stores, note)
+
+
+def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
+    from ..state_data import stored_state
+    source = LocalFiles(where, f"operator {op}, partition {partition}, version {version}")
+    if not any(store_files.parse_name(n) for n in source.names()):
+        return 0
+    state = stored_state(source, version)
+    state.load(source, version)
+    return len(state)
+
+
+def format_text(described: dict) -> str:
+    lines = [f"checkpoint {described['checkpoint']} (last committed batch "
+             f"{described['lastCommittedBatch']})"]
+    if not described["operators"]:
+        lines.append("  no stateful operators")
+    for o in described["operators"]:
+        family = f" (arrowstate family {o['family']})" if o["family"] else ""
+        rows = "n/a" if o["rows"] is None else o["rows"]
+        lines += [f"operator {o['operator_id']}: {o['name']}{family}",
+                  f"  engine: {o['engine']} | partitions: {o['partitions']} | newest version: "
+                  f"{o['newest_version']} | rows: {rows} | bytes on disk: {o['bytes_on_disk']}",
+                  f"  key:   {o['key_schema']}", f"  value: {o['value_schema']}"]
+        if o["note"]:
+            lines.append(f"  note: {o['note']}")
+    return "\n".join(lines)
