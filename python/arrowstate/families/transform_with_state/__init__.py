@@ -6,13 +6,24 @@
 - changelog: the change feed's records;
 - handle: pyspark's StatefulProcessorHandle and states over what is held here;
 - processor_input: each key's rows, cut as pyspark's worker hands them over;
-- family: TransformWithState, the family itself.
+- family: TransformWithState, the family itself;
+- spark_layout: its rows as Spark's stores lay them out, for the offline tools.
+The family loads on first use of `TransformWithState`, so the offline tools that import
+`layout` need not load pyspark's function machinery.
 """
 from __future__ import annotations
 
-from .family import TransformWithState
+from typing import Any
+
 from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, TIMERS, VALUE,
                      is_map_type)
 
 __all__ = ["TransformWithState", "STATE_NAME", "TIMER_VARIABLE", "VALUE", "LIST", "MAP",
            "TIMERS", "COUNTED_METRICS", "is_map_type"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TransformWithState":
+        from .family import TransformWithState
+        return TransformWithState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
