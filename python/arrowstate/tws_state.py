@@ -214,6 +214,6 @@ def export_operator(spark, checkpoint: str, state_root: str, operator: int, batc
         ttls.append(False)
         frames.append(_reader(spark, checkpoint, operator, batch,
                               readRegisteredTimers="true")._jdf)
-    export = spark._jvm.org.apache.spark.sql.arrowstate.TransformWithStateExport
+    export = spark._jvm.org.apache.spark.sql.arrowstate.tools.TransformWithStateExport
     return list(export.exportOperator(spark._jsparkSession, state_root, operator, partitions,
                                       version, names, kinds, ttls, frames, time_mode))

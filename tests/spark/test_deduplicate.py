@@ -172,7 +172,7 @@ def test_snapshots_and_retention(spark, spark_conf, tmp_path):
     run_query(spark, str(tmp_path), EVENTS, batches,
               lambda df: df.dropDuplicates(["user"]), arrowstate=True)
     # snapshots are written and old files pruned by the maintenance thread, off the batch
-    spark._jvm.org.apache.spark.sql.arrowstate.StateMaintenance.awaitIdle()
+    spark._jvm.org.apache.spark.sql.arrowstate.store.StateMaintenance.awaitIdle()
     state_dirs = glob.glob(os.path.join(str(tmp_path), "*-on", "ck", "state", "0", "[0-9]*"))
     assert state_dirs
     for d in state_dirs:

@@ -36,7 +36,7 @@ def dedup(df):
 
 
 def await_maintenance(spark):
-    spark._jvm.org.apache.spark.sql.arrowstate.StateMaintenance.awaitIdle()
+    spark._jvm.org.apache.spark.sql.arrowstate.store.StateMaintenance.awaitIdle()
 
 
 def state_files(checkpoint):

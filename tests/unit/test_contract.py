@@ -1,5 +1,5 @@
 """contract.json is the one declaration both halves read: the Python half and the README
-must agree with it (tests/spark/test_contract_jvm.py checks the JVM half)."""
+must agree with it (tests/jvm/unit/ContractTests.scala checks the JVM half)."""
 import json
 import os
 

@@ -157,7 +157,7 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
     with conversion_session(f"arrowstate state {direction}", _store_settings(conf)) as spark:
-        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
+        conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         for o in chosen:
             job = OperatorJob(spark, conversion, checkpoint, state_root, o, last, version,

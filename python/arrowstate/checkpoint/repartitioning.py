@@ -59,7 +59,7 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
     done = []
     with conversion_session("arrowstate state repartition", {}) as spark:
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
-        conversion = spark._jvm.org.apache.spark.sql.arrowstate.StateConversion
+        conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         for o in stateful:
             job = OperatorJob(spark, conversion, checkpoint, state_root, o, last, version,
                               partitions, {}, zone)

@@ -6,7 +6,7 @@ import java.nio.file.{Files, Paths}
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
-import org.apache.spark.sql.arrowstate.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 
 /**
  * Contract (the shim's view of contract.json, loaded from the jar) against the JSON file

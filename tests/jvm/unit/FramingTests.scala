@@ -6,7 +6,9 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.json4s._
 import org.json4s.JsonDSL._
 
-import org.apache.spark.sql.arrowstate._
+import org.apache.spark.sql.arrowstate.contract.{Contract, ContractSchema}
+import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
+import org.apache.spark.sql.arrowstate.worker.{FrameCodec, WorkerMetrics}
 
 /** FrameCodec writes and reads every frame as contract.json declares it; ContractSchema
  * fails a payload that does not match, naming the field. */
@@ -133,5 +135,17 @@ object FramingTests extends UnitTests {
     }
     assertEqual(violation(bad.read(Contract.Frame.Committed)).getMessageParameters
       .get("field"), "numTotalStateRows")
+  }
+
+  test("a metric the contract does not declare for the family fails") {
+    val parse = (json: String, family: String) =>
+      WorkerMetrics.parse(org.json4s.jackson.JsonMethods.parse(json), family)
+    assertEqual(parse("""{"numDroppedDuplicateRows": 2}""", "deduplicate"),
+      Map("numDroppedDuplicateRows" -> 2L))
+    assertTrue(assertThrows[IllegalStateException](parse("""{"rowsSeen": 1}""", "deduplicate"))
+      .getMessage.contains("rowsSeen"))
+    assertTrue(assertThrows[IllegalStateException](
+      parse("""{"numDroppedDuplicateRows": 1}""", "aggregate")).getMessage
+      .contains("numDroppedDuplicateRows"))
   }
 }

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.contract
 
 import java.nio.charset.StandardCharsets.UTF_8
 

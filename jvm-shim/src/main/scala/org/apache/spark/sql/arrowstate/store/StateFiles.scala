@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.store
 
 import java.io.{DataOutputStream, FileNotFoundException}
 import java.util.concurrent.{Executors, ThreadFactory}
@@ -8,6 +8,8 @@ import org.apache.hadoop.fs.{Path, PathFilter}
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+
+import org.apache.spark.sql.arrowstate.contract.Contract
 
 /**
  * The files of one operator partition's state, under

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.families
 
 import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.JValue
@@ -17,6 +17,10 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
  * What the restore and save halves of one streaming aggregation share: the state they talk

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.families
 
 import scala.collection.mutable
 
@@ -19,6 +19,10 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, StateSchemaValidationResult}
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
  * What the restore and save halves of one session window aggregation share: the state they

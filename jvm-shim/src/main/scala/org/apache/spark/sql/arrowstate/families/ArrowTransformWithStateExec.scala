@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.families
 
 import java.util.Base64
 import java.util.concurrent.ConcurrentHashMap
@@ -24,6 +24,11 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, StateSchemaValidationResult}
 import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, StatePartitionOpener, StateTasks, TaskEnvironment}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
+import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**
  * PySpark's `transformWithState` / `transformWithStateInPandas` with the user's

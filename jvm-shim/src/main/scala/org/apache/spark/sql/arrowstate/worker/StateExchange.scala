@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.worker
 
 import scala.collection.mutable
 
@@ -8,6 +8,9 @@ import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.store.{StateFiles, StateMaintenance}
 
 /**
  * One task's conversation with its worker about one operator partition:

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.families
 
 import java.util.Base64
 
@@ -22,6 +22,10 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, StatePartitionOpener, StateTasks, TaskEnvironment}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds

@@ -1,8 +1,10 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.exec
 
 import scala.collection.mutable
 
 import org.apache.spark.sql.catalyst.InternalRow
+
+import org.apache.spark.sql.arrowstate.worker.StateExchange
 
 /**
  * Sends a partition's rows to the worker as they come, in batches of `batchSize`, with one

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.tools
 
 import org.apache.hadoop.fs.Path
 
@@ -9,6 +9,8 @@ import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation
 import org.apache.spark.sql.execution.datasources.v2.state.{StateSourceOptions, StateTable}
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf
+
+import org.apache.spark.sql.arrowstate.store.{ArrowStateStoreProvider, StateFiles}
 
 /**
  * Spark's `statestore` reader takes the state store provider class from the checkpoint's

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.worker
 
 import java.io._
 import java.nio.channels.Channels
@@ -8,6 +8,11 @@ import scala.collection.mutable
 import org.json4s.JValue
 
 import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
+import org.apache.spark.sql.arrowstate.exec.ArrowStateVersion
+import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**
  * One Python process that holds the state of any number of operator partitions: its

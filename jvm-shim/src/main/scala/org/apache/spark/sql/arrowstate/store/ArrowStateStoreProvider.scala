@@ -1,5 +1,4 @@
-package org.apache.spark.sql.arrowstate
-
+package org.apache.spark.sql.arrowstate.store
 
 import scala.collection.mutable
 
@@ -14,6 +13,10 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.NextIterator
+
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.exec.ArrowBatches
+import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
 /**
  * Spark's view of arrowstate state: a StateStoreProvider over arrowstate's files, so that

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.tools
 
 import java.io.DataOutputStream
 import java.util.UUID
@@ -19,6 +19,12 @@ import org.apache.spark.sql.execution.streaming.state.{HDFSBackedStateStoreProvi
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, NullType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.ArrowBatchEncoder
+import org.apache.spark.sql.arrowstate.families.DeduplicateFamily
+import org.apache.spark.sql.arrowstate.store.{ArrowStateReadStore, ArrowStateStoreProvider, StateFiles}
+import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
 /**
  * Converts state between the engines, per operator and partition, at the newest committed

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.worker
 
 import java.nio.charset.StandardCharsets.UTF_8
 
@@ -7,6 +7,8 @@ import scala.collection.mutable
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
+
+import org.apache.spark.sql.arrowstate.exec.ExecutorCoordinator
 
 /**
  * What a task tells the pool about the session it runs for. `owner` is set for families that

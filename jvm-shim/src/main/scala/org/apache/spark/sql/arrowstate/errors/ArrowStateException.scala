@@ -1,8 +1,10 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.errors
 
 import org.json4s.{DefaultFormats, Formats, JValue}
 
 import org.apache.spark.{QueryContext, SparkException, SparkThrowableHelper}
+
+import org.apache.spark.sql.arrowstate.contract.Contract
 
 /**
  * An arrowstate failure with its condition (Spark's own where Spark has one, else

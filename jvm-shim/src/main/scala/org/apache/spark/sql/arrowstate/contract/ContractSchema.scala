@@ -1,6 +1,8 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.contract
 
 import org.json4s._
+
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
 /**
  * Checks a JSON payload against its schema in contract.json (`payloads`), naming the field

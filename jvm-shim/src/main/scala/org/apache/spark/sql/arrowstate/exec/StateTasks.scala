@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.exec
 
 import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
@@ -16,6 +16,11 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
+
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.tools.StateConversion
+import org.apache.spark.sql.arrowstate.worker.{FunctionEnvironment, StateExchange, WorkerSettings}
 
 object ArrowStateVersion {
   lazy val version: String = {
@@ -42,7 +47,6 @@ object StateHeader {
       ("task" -> task) ~
       ("sparkFilesDir" -> SparkFiles.getRootDirectory())
 }
-
 
 /**
  * Made on the driver: opens a task's exchange with the Python worker for one partition of an

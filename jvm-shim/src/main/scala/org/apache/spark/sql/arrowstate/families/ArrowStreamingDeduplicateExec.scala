@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.families
 
 import org.apache.hadoop.conf.Configuration
 import org.json4s.JsonAST.JValue
@@ -12,6 +12,10 @@ import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
+
+import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python

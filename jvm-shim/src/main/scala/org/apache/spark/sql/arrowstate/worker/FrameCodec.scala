@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.worker
 
 import java.io.{DataInputStream, DataOutputStream}
 import java.nio.charset.StandardCharsets.UTF_8
@@ -6,7 +6,9 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.json4s.JValue
 import org.json4s.jackson.JsonMethods
 
-import org.apache.spark.sql.arrowstate.Contract.FrameSpec
+import org.apache.spark.sql.arrowstate.contract.Contract.FrameSpec
+import org.apache.spark.sql.arrowstate.contract.{Contract, ContractSchema, JsonText}
+import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
 
 /**
  * The JVM side's one codec of the conversation with a Python state worker: every frame is a

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate
+package org.apache.spark.sql.arrowstate.tools
 
 import java.time.Duration
 import java.util.UUID

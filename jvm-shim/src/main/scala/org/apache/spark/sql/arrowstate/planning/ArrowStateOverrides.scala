@@ -1,0 +1,198 @@
+package org.apache.spark.sql.arrowstate.planning
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.{ExtendedExplainGenerator, SparkSession, SparkSessionExtensions}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, SortOrder}
+import org.apache.spark.sql.catalyst.plans.physical.Partitioning
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.catalyst.trees.TreeNodeTag
+import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
+import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
+import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
+import org.apache.spark.sql.internal.SQLConf
+
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.families.{AggregateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
+import org.apache.spark.sql.arrowstate.store.StateFiles
+
+case class ArrowStateColumnarRule(session: SparkSession) extends ColumnarRule {
+  override def preColumnarTransitions: Rule[SparkPlan] = ArrowStateOverrides
+}
+
+/**
+ * One operator family on the JVM side: which Spark nodes it answers for, every reason it
+ * cannot run one, and the swap. Its exec and its Python twin (`arrowstate.families`) do the
+ * rest; contract.json names it.
+ */
+trait ArrowStateFamily {
+  /** The family's name in contract.json (and in the Python registry). */
+  def name: String
+
+  /** The setting that turns the family on. */
+  final def switch: String = Contract.family(name).switch
+
+  /** Whether it runs user code: then its workers serve one query run only. */
+  final def runsUserCode: Boolean = Contract.family(name).userCode
+
+  def matches(plan: SparkPlan): Boolean
+
+  /** Every reason this node cannot run in arrowstate; empty when it can. */
+  def unsupportedReasons(plan: SparkPlan): Seq[String]
+
+  /** The arrowstate plan for the node; called only when there is no reason against it. */
+  def replace(plan: SparkPlan): SparkPlan
+}
+
+/** Stateful Spark nodes no family runs: they stay Spark's, with this reason. */
+private case class SparkOnly(matches: SparkPlan => Boolean, reason: String)
+
+object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
+
+  /** Set on a Spark node we decided to keep, so running the rule twice does not wrap twice. */
+  val KeptReasons: TreeNodeTag[Seq[String]] = TreeNodeTag[Seq[String]]("arrowstate.keptReasons")
+
+  /** The families, in the order they are asked. */
+  val families: Seq[ArrowStateFamily] =
+    Seq(DeduplicateFamily, AggregateFamily, SessionWindowFamily, FlatMapGroupsWithStateFamily,
+      TransformWithStateFamily)
+
+  private val sparkOnly: Seq[SparkOnly] = Seq(
+    SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
+      "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
+        "arrowstate runs Python functions only"),
+    SparkOnly(_.isInstanceOf[TransformWithStateExec],
+      "the stateful processor is a JVM one (Scala/Java transformWithState): " +
+        "arrowstate runs Python functions only"),
+    SparkOnly(_.isInstanceOf[StreamingSymmetricHashJoinExec],
+      "stream-stream joins keep Spark's own state store operators"),
+    SparkOnly(_.isInstanceOf[StreamingGlobalLimitExec],
+      "a streaming limit keeps Spark's own state store operator"))
+
+  override def apply(plan: SparkPlan): SparkPlan = {
+    val conf = SQLConf.get
+    if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled)) {
+      plan.foreach(StateEngineCheck(_, Seq(s"${ArrowStateConf.Enabled}=false")))
+      return plan
+    }
+    plan.transformUp {
+      case node if node.getTagValue(KeptReasons).isEmpty =>
+        decide(node, conf) match {
+          case None => node
+          case Some(Right(replacement)) => replacement
+          case Some(Left(reasons)) => keep(node, reasons, conf)
+        }
+    }
+  }
+
+  /** None: not a node we run. Right: our plan. Left: every reason it stays Spark's. */
+  private def decide(node: SparkPlan, conf: SQLConf): Option[Either[Seq[String], SparkPlan]] =
+    families.find(_.matches(node)).map { family =>
+      val reasons =
+        (if (ArrowStateConf.flag(conf, family.switch)) Nil else Seq(s"${family.switch}=false")) ++
+          commonUnsupportedReasons(node, conf) ++ family.unsupportedReasons(node)
+      if (reasons.isEmpty) Right(family.replace(node)) else Left(reasons)
+    }.orElse(sparkOnly.find(_.matches(node)).map(s => Left(Seq(s.reason))))
+
+  /** Reasons a stateful operator cannot run in arrowstate, whatever its family. */
+  def commonUnsupportedReasons(node: SparkPlan, conf: SQLConf): Seq[String] = {
+    val stateInfo = node match {
+      case s: StatefulOperator => s.stateInfo
+      case _ => None
+    }
+    Seq(
+      if (stateInfo.isEmpty) Some("no state info (not planned by a streaming query)") else None,
+      if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf)) {
+        Some("spark.sql.streaming.stateStore.checkpointFormatVersion >= 2 is not supported")
+      } else None,
+      TriggerSupport.unsupportedReason(node)).flatten
+  }
+
+  private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {
+    StateEngineCheck(node, reasons)
+    if (ArrowStateConf.flag(conf, ArrowStateConf.FallbackStrict)) {
+      throw new ArrowStateFallbackException(node.nodeName, reasons)
+    }
+    FallbackLog.once(node, reasons) {
+      logWarning(s"arrowstate leaves ${node.nodeName} to Spark: ${reasons.mkString("; ")}")
+    }
+    node.setTagValue(KeptReasons, reasons)
+    // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
+    if (TriggerSupport.isRealTime(node)) node else ArrowStateFallbackExec(reasons, node)
+  }
+}
+
+/**
+ * A stateful operator that stays Spark's must not meet arrowstate's state: Spark's store
+ * would fail on the missing files with an error that names neither engine. Checked once per
+ * query run and operator (a listing of its state directory).
+ */
+private object StateEngineCheck {
+  private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
+
+  def apply(node: SparkPlan, reasons: Seq[String]): Unit = node match {
+    // a batch query's stateful operator (transformWithState) has no checkpoint location
+    case s: StatefulOperator if s.stateInfo.exists(_.checkpointLocation.nonEmpty) =>
+      val info = s.stateInfo.get
+      if (checked.add((info.queryRunId.toString, info.operatorId))) {
+        val dir = new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString)
+        val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
+        if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
+          checked.remove((info.queryRunId.toString, info.operatorId))
+          throw new IllegalStateException(
+            s"arrowstate: operator ${info.operatorId} (${node.nodeName}) runs on Spark's own " +
+              s"state store (${reasons.mkString("; ")}), but its state in $dir was written by " +
+              "arrowstate, which Spark's state stores cannot read. Run it on arrowstate " +
+              s"(${ArrowStateConf.Enabled}=true, with the reasons above resolved), or convert " +
+              "the checkpoint's state to Spark's format first, with the query stopped: " +
+              s"`python -m arrowstate state export ${info.checkpointLocation.stripSuffix("/state")}`.")
+        }
+      }
+    case _ =>
+  }
+}
+
+/** Raised under `spark.arrowstate.fallback.strict=true` instead of falling back. */
+class ArrowStateFallbackException(nodeName: String, reasons: Seq[String])
+  extends IllegalStateException(
+    s"arrowstate cannot run $nodeName and ${ArrowStateConf.FallbackStrict} is true: " +
+      reasons.mkString("; "))
+
+/** Logs a fallback once per query run and operator, not once per micro-batch. */
+private object FallbackLog {
+  private val MaxRemembered = 4096
+  private val logged = new java.util.LinkedHashMap[(String, Long, Seq[String]), Unit]() {
+    override def removeEldestEntry(
+        e: java.util.Map.Entry[(String, Long, Seq[String]), Unit]): Boolean =
+      size() > MaxRemembered
+  }
+
+  def once(node: SparkPlan, reasons: Seq[String])(log: => Unit): Unit = {
+    val (run, operatorId) = node match {
+      case s: StatefulOperator => s.stateInfo.map(i => (i.queryRunId.toString, i.operatorId))
+        .getOrElse(("", -1L))
+      case _ => ("", -1L)
+    }
+    val first = logged.synchronized { logged.put((run, operatorId, reasons), ()) == null }
+    if (first) log
+  }
+}
+
+/**
+ * Marks a stateful Spark operator that arrowstate left in place, so the reasons show in
+ * EXPLAIN. It runs its child unchanged; Spark still finds the child as a StateStoreWriter.
+ */
+case class ArrowStateFallbackExec(reasons: Seq[String], child: SparkPlan) extends UnaryExecNode {
+  override def output: Seq[Attribute] = child.output
+  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def outputOrdering: Seq[SortOrder] = child.outputOrdering
+  override protected def doExecute(): RDD[InternalRow] = child.execute()
+  override def nodeName: String = "ArrowStateFallback"
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName [reason: ${reasons.mkString("; ")}]"
+  override protected def withNewChildInternal(newChild: SparkPlan): SparkPlan =
+    copy(child = newChild)
+}
