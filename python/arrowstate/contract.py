@@ -124,3 +124,12 @@ def metrics_table() -> str:
         lines.append(f"| `{m['name']}` | {m['owner']} | {m['unit']} | {families} | "
                      f"{m['description']} |")
     return "\n".join(lines)
+
+
+def errors_table() -> str:
+    """The README's table of arrowstate's own error conditions, generated from the
+    declaration."""
+    lines = ["| condition | SQLSTATE | when |", "| --- | --- | --- |"]
+    for name, e in ERRORS.items():
+        lines.append(f"| `{name}` | {e['sqlState']} | {e['doc']} |")
+    return "\n".join(lines)

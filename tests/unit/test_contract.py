@@ -19,6 +19,26 @@ def test_readme_settings_and_metrics_tables_are_the_declared_ones():
     assert contract.metrics_table() in text, (
         "README's metrics table differs from contract.json; paste "
         "`python -c 'import arrowstate.contract as c; print(c.metrics_table())'`")
+    assert contract.errors_table() in text, (
+        "README's errors table differs from contract.json; paste "
+        "`python -c 'import arrowstate.contract as c; print(c.errors_table())'`")
+
+
+def test_nothing_points_outside_the_repository():
+    """What the workplace's notes taught belongs in the project's own docs, in its words."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    found = []
+    for top in ("python", "jvm-shim", "docs", "tests", "scripts", "README.md", "build.sbt"):
+        for dirpath, _, names in os.walk(os.path.join(root, top)) if not top.endswith(
+                (".md", ".sbt")) else [(root, [], [top])]:
+            for name in names:
+                if not name.endswith((".py", ".scala", ".md", ".json", ".sbt")):
+                    continue
+                with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                    text = f.read()
+                if any(p in text for p in ("../" + "shared", "shared/" + "reference")):
+                    found.append(os.path.join(dirpath, name))
+    assert found == []
 
 
 def test_protocol_tags_come_from_the_contract():

@@ -7,6 +7,7 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.planning.ArrowStateOverrides
 
 /**
  * Contract (the shim's view of contract.json, loaded from the jar) against the JSON file
@@ -142,5 +143,14 @@ object ContractTests extends UnitTests {
     assertEqual(Contract.StoreConf, (json \ "storeConf").extract[Map[String, String]])
     assertEqual(Contract.ErrorSqlStates,
       fields("errors").map { case (name, e) => name -> (e \ "sqlState").extract[String] }.toMap)
+  }
+
+  test("every declared family has one JVM family in the planning rule and an operator payload") {
+    val planned = ArrowStateOverrides.families.map(_.name)
+    assertEqual(planned.distinct.size, planned.size, s"families asked twice: $planned")
+    assertEqual(planned.toSet, Contract.Families.keySet, "the rule's families and the file's")
+    for (name <- planned) {
+      assertTrue(Contract.Payloads.contains(s"operator.$name"), s"payloads.operator.$name")
+    }
   }
 }
