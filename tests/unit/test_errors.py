@@ -17,6 +17,13 @@ from arrowstate.families.group_state_values import StateValueError
 from arrowstate.store.files import CorruptStateFile
 
 PACKAGE = os.path.dirname(arrowstate.__file__)
+SHIM = os.path.join(os.path.dirname(__file__), "..", "..", "jvm-shim", "src", "main", "scala")
+
+
+def source_paths():
+    """Both halves' sources: conditions are raised on either side."""
+    return (glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True)
+            + glob.glob(os.path.join(SHIM, "**", "*.scala"), recursive=True))
 
 
 def sparks_conditions() -> set[str]:
@@ -71,11 +78,12 @@ def test_state_value_errors_name_sparks_condition_where_spark_has_one():
 def test_every_condition_is_sparks_or_declared_and_ours_are_not_sparks():
     spark = sparks_conditions()
     used, environment = set(), set()
-    for path in glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True):
+    for path in source_paths():
         with open(path, encoding="utf-8") as f:
             text = f.read()
         used |= set(re.findall(r'"((?:[A-Z][A-Z0-9]*_)+[A-Z0-9]+(?:\.[A-Z_]+)?)"', text))
         environment |= set(re.findall(r'environ(?:\.get\(|\[)"([A-Z_]+)"', text))
+        environment |= set(re.findall(r'"([A-Z_]+)" -> ', text))   # the shim's env maps
     conditions = {c for c in used - environment
                   if c in spark or c in ERRORS or c.startswith("ARROWSTATE_") or "." in c}
     undeclared = sorted(c for c in conditions if c not in spark and c not in ERRORS)
@@ -88,7 +96,6 @@ def test_every_condition_is_sparks_or_declared_and_ours_are_not_sparks():
 
 @pytest.mark.parametrize("condition", sorted(ERRORS))
 def test_declared_conditions_are_raised_somewhere(condition):
-    sources = "".join(open(p, encoding="utf-8").read()
-                      for p in glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True))
+    sources = "".join(open(p, encoding="utf-8").read() for p in source_paths())
     assert f'"{condition}"' in sources or condition in (errors.PYTHON_ERROR,
                                                         errors.FAILED_TO_START)

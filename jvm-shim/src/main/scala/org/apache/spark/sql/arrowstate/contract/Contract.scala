@@ -9,6 +9,7 @@ import org.apache.spark.SparkContext
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorCustomMetric
 import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
 /**
  * The JVM <-> Python contract, loaded from `arrowstate/contract.json` in the jar: the same
@@ -165,7 +166,8 @@ object ArrowStateConf {
 
   def long(conf: SQLConf, key: String): Long = {
     val v = get(conf, key)
-    v.toLongOption.getOrElse(throw new IllegalArgumentException(
-      s"arrowstate: setting $key must be a whole number, not '$v'"))
+    v.toLongOption.getOrElse(throw new ArrowStateException("INVALID_CONF_VALUE.TYPE_MISMATCH",
+      Map("confValue" -> v, "confName" -> key, "confType" -> "long"),
+      s"The value '$v' in the config \"$key\" is invalid. It should be a/an 'long' value."))
   }
 }

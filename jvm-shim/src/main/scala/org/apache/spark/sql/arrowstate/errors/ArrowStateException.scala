@@ -27,6 +27,8 @@ class ArrowStateException(
 object ArrowStateException {
   val ContractViolation = "ARROWSTATE_CONTRACT_VIOLATION"
   val ProtocolMismatch = "ARROWSTATE_PROTOCOL_MISMATCH"
+  val WorkerExited = "ARROWSTATE_WORKER_EXITED"
+  val NeedsExport = "ARROWSTATE_STATE_NEEDS_EXPORT"
 
   /** A frame or payload that does not match contract.json, naming the field. */
   def contract(payload: String, field: String, reason: String): ArrowStateException =

@@ -15,6 +15,7 @@ import org.apache.spark.sql.execution.arrow.ArrowWriter
 import org.apache.spark.sql.types._
 import org.apache.spark.sql.util.ArrowUtils
 import org.apache.spark.sql.vectorized.{ArrowColumnVector, ColumnVector, ColumnarBatch}
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
 /** Turns rows into self-contained Arrow IPC stream messages, one record batch each. */
 class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoCloseable {
@@ -73,7 +74,9 @@ object ArrowBatches {
     try {
       val reader = new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
       try {
-        require(reader.loadNextBatch(), "arrowstate: empty answer from the Python worker")
+        if (!reader.loadNextBatch()) {
+          throw ArrowStateException.contract("DATA", "batch", "an Arrow stream with no batch")
+        }
         read(reader.getVectorSchemaRoot)
       } finally reader.close()
     } finally allocator.close()
@@ -91,8 +94,10 @@ object ArrowBatches {
     withBatch(bytes) { root =>
       val columns: Array[ColumnVector] =
         root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
-      require(width < 0 || columns.length == width,
-        s"arrowstate: the worker sent ${columns.length} columns, expected $width")
+      if (width >= 0 && columns.length != width) {
+        throw ArrowStateException.contract("DATA", "batch",
+          s"${columns.length} columns, where the operator reads $width")
+      }
       new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala.foreach(f)
     }
 

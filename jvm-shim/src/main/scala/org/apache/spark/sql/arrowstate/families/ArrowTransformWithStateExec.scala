@@ -10,6 +10,7 @@ import org.apache.hadoop.fs.Path
 import org.json4s.JsonAST.{JObject, JValue}
 import org.json4s.JsonDSL._
 
+import org.apache.spark.SparkException
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
@@ -182,7 +183,7 @@ object ArrowTransformWithState {
    */
   def variableSchemas(info: StatefulOperatorStateInfo): JValue = {
     val active = info.stateSchemaMetadata.map(_.broadcast.value.activeSchemas).getOrElse(
-      throw new IllegalStateException(s"arrowstate: Spark gave no state schemas for " +
+      throw SparkException.internalError(s"arrowstate: Spark gave no state schemas for " +
         s"transformWithState operator ${info.operatorId} (query run ${info.queryRunId})"))
     def newest(name: String, isKey: Boolean): Option[StructType] =
       active.filter { case (k, _) => k.colFamilyName == name && k.isKey == isKey }
@@ -207,7 +208,7 @@ object ArrowTransformWithState {
     : Seq[Attribute] = {
     val inputs = udf.children.map {
       case a: Attribute => childOutput.find(_.exprId == a.exprId).getOrElse(a)
-      case other => throw new IllegalStateException(
+      case other => throw SparkException.internalError(
         s"arrowstate: transformWithState input $other is not a column")
     }
     grouping ++ inputs

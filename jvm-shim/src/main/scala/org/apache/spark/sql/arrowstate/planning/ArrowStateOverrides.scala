@@ -16,6 +16,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.transformwith
 import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.families.{AggregateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
@@ -142,7 +143,9 @@ private object StateEngineCheck {
         val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
         if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
           checked.remove((info.queryRunId.toString, info.operatorId))
-          throw new IllegalStateException(
+          throw new ArrowStateException(ArrowStateException.NeedsExport,
+            Map("operatorId" -> info.operatorId.toString, "node" -> node.nodeName,
+              "reasons" -> reasons.mkString("; "), "stateDir" -> dir.toString),
             s"arrowstate: operator ${info.operatorId} (${node.nodeName}) runs on Spark's own " +
               s"state store (${reasons.mkString("; ")}), but its state in $dir was written by " +
               "arrowstate, which Spark's state stores cannot read. Run it on arrowstate " +

@@ -15,6 +15,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.NextIterator
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.exec.ArrowBatches
 import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
@@ -78,9 +79,12 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId),
     hadoopConf)
 
-  private def readOnly(what: String): Nothing = throw new UnsupportedOperationException(
-    s"arrowstate: the state of $id is written by arrowstate's operators only; " +
-      s"ArrowStateStoreProvider reads it ($what)")
+  // Spark's condition for an operation a store does not support
+  private def readOnly(what: String): Nothing = throw new ArrowStateException(
+    "STATE_STORE_UNSUPPORTED_OPERATION",
+    Map("operationType" -> what, "entity" -> "ArrowStateStoreProvider"),
+    s"$what operation not supported with ArrowStateStoreProvider: the state of $id is " +
+      "written by arrowstate's operators only; this provider reads it")
 
   override def stateStoreId: StateStoreId = id
 
@@ -225,8 +229,12 @@ class ArrowStateReadStore(
 
   private def isDefault(colFamilyName: String): Boolean =
     colFamilyName == StateStore.DEFAULT_COL_FAMILY_NAME || {
-      require(families.contains(colFamilyName),
-        s"arrowstate: state $id has no registered column family $colFamilyName")
+      if (!families.contains(colFamilyName)) {
+        throw new ArrowStateException("STATE_STORE_UNSUPPORTED_OPERATION_ON_MISSING_COLUMN_FAMILY",
+          Map("operationType" -> "read", "colFamilyName" -> colFamilyName),
+          s"State store operation=read not supported on missing column family=$colFamilyName " +
+            s"(state $id)")
+      }
       false
     }
 
@@ -258,7 +266,9 @@ class ArrowStateReadStore(
 
   override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String)
     : StateStoreIterator[UnsafeRowPair] =
-    throw new UnsupportedOperationException("arrowstate: prefix scans are not supported")
+    throw new ArrowStateException("STATE_STORE_UNSUPPORTED_OPERATION",
+      Map("operationType" -> "prefixScan", "entity" -> "ArrowStateStoreProvider"),
+      "prefixScan operation not supported with ArrowStateStoreProvider")
 
   override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String)
     : StateStoreIterator[UnsafeRowPair] = prefixScan(prefixKey, colFamilyName)

@@ -10,6 +10,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
 import org.apache.spark.SparkEnv
+import org.apache.spark.SparkException
 import org.apache.spark.io.CompressionCodec
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
@@ -21,6 +22,7 @@ import org.apache.spark.sql.types.{DataType, NullType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
 import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.exec.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.families.DeduplicateFamily
 import org.apache.spark.sql.arrowstate.store.{ArrowStateReadStore, ArrowStateStoreProvider, StateFiles}
@@ -88,7 +90,7 @@ object StateConversion {
           importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
             valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
         }
-      case other => throw new IllegalArgumentException(
+      case other => throw SparkException.internalError(
         s"arrowstate: no state conversion '$other' (export or import)")
     }
   }
@@ -320,8 +322,11 @@ object StateConversion {
     val in = new java.io.DataInputStream(path.getFileSystem(conf).open(path))
     try {
       val version = in.readUTF()
-      require(version == "v1" || version == "v2",
-        s"arrowstate: state schema file $path has format $version (v1 and v2 are read)")
+      if (version != "v1" && version != "v2") {
+        throw new ArrowStateException("STDS_FAILED_TO_READ_STATE_SCHEMA",
+          Map("sourceOptions" -> path.toString),
+          s"Failed to read the state schema: $path has format $version (v1 and v2 are read)")
+      }
       def nextSchema(): StructType = schema(
         if (version == "v1") in.readUTF() else Seq.fill(in.readInt())(in.readUTF()).mkString)
       val key = nextSchema()

@@ -18,6 +18,7 @@ import org.apache.spark.sql.execution.streaming.state.{NoPrefixKeyStateEncoderSp
 import org.apache.spark.sql.streaming.{ListState, MapState, TimeMode, TTLConfig, ValueState}
 import org.apache.spark.sql.types.{BinaryType, StructType}
 import org.apache.spark.util.SerializableConfiguration
+import org.apache.spark.SparkException
 
 /**
  * `python -m arrowstate state export` of transformWithState state: Spark keeps it in
@@ -162,7 +163,7 @@ object TransformWithStateExport {
         val timers = new TimerStateImpl(store, mode, key)
         (row, _) => timers.registerTimer(row.getLong(row.fieldIndex("expiration_timestamp_ms")))
       case (kind, _) =>
-        throw new IllegalArgumentException(
+        throw SparkException.internalError(
           s"arrowstate: state variable ${v.name} is a $kind, which export does not write")
     }
   }

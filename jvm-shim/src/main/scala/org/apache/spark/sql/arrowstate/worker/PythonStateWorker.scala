@@ -53,14 +53,15 @@ class PythonStateWorker(
 
   /** The worker closed the connection unasked: its exit status and last words, when the
    * process left them (a Python error or a crash's traceback). */
-  private def exitedUnasked(cause: Throwable): IOException = {
+  private def exitedUnasked(cause: Throwable): ArrowStateException = {
     val waited = process.forall { p =>
       val deadline = System.currentTimeMillis() + 2000
       while (p.isAlive() && System.currentTimeMillis() < deadline) Thread.sleep(20)
       !p.isAlive()
     }
     val lastWords = process.flatMap(_.terminationDiagnostics()).map(_.trim).filter(_.nonEmpty)
-    new IOException(
+    new ArrowStateException(ArrowStateException.WorkerExited, Map("worker" -> id.toString,
+      "pythonExec" -> pythonExec, "lastOutput" -> lastWords.getOrElse("")),
       s"arrowstate: Python state worker $id ($pythonExec) exited unexpectedly" +
         (if (waited) "" else " (still running after its connection closed)") +
         lastWords.map(w => s"; its last output:\n$w").getOrElse(
@@ -171,7 +172,7 @@ class PythonStateWorker(
   def readImportedSnapshot(): Array[Byte] = {
     send(Contract.Frame.End)
     val snapshot = readBatch(none = Contract.Frame.End).getOrElse(
-      throw new IllegalStateException("arrowstate: no snapshot from Python"))
+      throw ArrowStateException.contract("IMPORT_STATE", "", "END before the snapshot"))
     read(Contract.Frame.End)
     snapshot
   }
@@ -185,7 +186,7 @@ class PythonStateWorker(
       case (Contract.Frame.ReadFile, Seq(name: String)) => codec.reply(frame, files.read(name))
       case (Contract.Frame.FileTail, Seq(name: String, size: Int)) =>
         codec.reply(frame, files.tail(name, size))
-      case _ => throw new IllegalStateException(s"arrowstate: unexpected ${frame.name}")
+      case _ => throw ArrowStateException.contract(frame.name, "", "not a file request")
     }
     codec.flush()
   }

@@ -4,12 +4,14 @@ import scala.collection.mutable
 
 import org.json4s.JValue
 
+import org.apache.spark.SparkException
 import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 
 import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.{StateFiles, StateMaintenance}
 
 /**
@@ -45,8 +47,9 @@ class StateExchange(
    * (it decides which: the store's lifecycle lives in Python) until it is ready. */
   def begin(header: JValue, inputSchemaIpc: Array[Byte]): Unit = timed {
     worker.beginTask(header, inputSchemaIpc)
-    require(worker.serveFilesUntil(Contract.Frame.Ready, files).isEmpty,
-      "arrowstate: the worker sent data before it was ready")
+    if (worker.serveFilesUntil(Contract.Frame.Ready, files).isDefined) {
+      throw ArrowStateException.contract("DATA", "", "a batch before READY")
+    }
   }
 
   private val awaiting = mutable.Queue[Option[Array[Byte]] => Unit]()
@@ -78,7 +81,7 @@ class StateExchange(
     settle()
     write(Contract.Frame.InitialState, batchIpc)
     timed(readAnswer()).foreach { _ =>
-      throw new IllegalStateException("arrowstate: the worker answered initial state rows")
+      throw ArrowStateException.contract("INITIAL_STATE", "", "answered with DATA")
     }
   }
 
@@ -105,7 +108,7 @@ class StateExchange(
 
   /** Ends the input; returns the batches the worker emits after seeing all of it. */
   def endInput(): Iterator[Array[Byte]] = {
-    require(!ended, "arrowstate: input already ended")
+    if (ended) throw SparkException.internalError("arrowstate: input already ended")
     ended = true
     settle()
     timed(worker.send(Contract.Frame.End))
@@ -140,7 +143,7 @@ class StateExchange(
     val reported = WorkerMetrics.parse(reportedJson, family)
     def add(name: String, v: Long): Unit = metrics.get(name) match {
       case Some(m) => m += v
-      case None => throw new IllegalStateException(
+      case None => throw SparkException.internalError(
         s"arrowstate: the $family operator has no SQL metric $name (contract.json declares it)")
     }
     reported.foreach { case (k, v) => add(k, v) }
@@ -167,9 +170,8 @@ object WorkerMetrics {
     }
     val unknown = values.keySet -- Contract.pythonMetrics(family)
     if (unknown.nonEmpty) {
-      throw new IllegalStateException(s"arrowstate: the worker reported metrics " +
-        s"${unknown.toSeq.sorted.mkString(", ")} that contract.json does not declare for " +
-        s"family $family")
+      throw ArrowStateException.contract("metrics", unknown.toSeq.sorted.head,
+        s"metrics ${unknown.toSeq.sorted.mkString(", ")} are not declared for family $family")
     }
     values
   }
