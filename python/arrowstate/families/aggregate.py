@@ -20,7 +20,7 @@ from .. import keys as keycodec
 from .. import protocol
 from ..store import VersionedState
 from .aggregate_layout import LAYOUT
-from .base import FamilyBase
+from .base import WATERMARK_METRICS, FamilyBase
 
 
 class Aggregate(FamilyBase):
@@ -28,9 +28,7 @@ class Aggregate(FamilyBase):
     layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
-        super().__init__(operator, (
-            "numUpdatedStateRows", "numRemovedStateRows", "numRowsDroppedByWatermark",
-            "allUpdatesTimeMs", "allRemovalsTimeMs"))
+        super().__init__(operator, WATERMARK_METRICS)
         self.key_count = operator["keyCount"]
         self.output_mode = operator["outputMode"]
         self.event_time_index = operator["eventTimeIndex"]   # among the keys, or -1

@@ -53,6 +53,12 @@ def micros(ms: int | None) -> int | None:
     return None if ms is None else ms * 1000
 
 
+# the metrics every family's state reports, and with them those of families that drop late rows
+STORE_METRICS = ("numUpdatedStateRows", "numRemovedStateRows", "allUpdatesTimeMs",
+                 "allRemovalsTimeMs")
+WATERMARK_METRICS = STORE_METRICS + ("numRowsDroppedByWatermark",)
+
+
 class FamilyBase:
     """Shared parts. A family sets its key and value fields and `metrics`, and says how rows
     enter the time index (`index_rows`), if it uses one."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from .. import protocol
 from ..store import VersionedState
-from .base import FamilyBase
+from .base import WATERMARK_METRICS, FamilyBase
 from .dedup_layout import LAYOUT
 
 
@@ -28,9 +28,7 @@ class Deduplicate(FamilyBase):
     layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
-        super().__init__(operator, (
-            "numUpdatedStateRows", "numRemovedStateRows", "numRowsDroppedByWatermark",
-            "numDroppedDuplicateRows", "allUpdatesTimeMs", "allRemovalsTimeMs"))
+        super().__init__(operator, WATERMARK_METRICS + ("numDroppedDuplicateRows",))
         self.key_count = operator["keyCount"]
         self.event_time_index = operator["eventTimeIndex"]
         self.evict_by_key = operator["evictByKey"]

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from ..store import VersionedState
-from .base import FamilyBase, gather_rows
+from .base import STORE_METRICS, FamilyBase, gather_rows
 from .flatmap_layout import LAYOUT
 from .group_state_values import StateValueWriter, arrow_fields, python_values
 from .pandas_io import PandasIO
@@ -47,8 +47,7 @@ class FlatMapGroupsWithState(FamilyBase):
     layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
-        super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
-                                    "allUpdatesTimeMs", "allRemovalsTimeMs"))
+        super().__init__(operator, STORE_METRICS)
         import pandas as pd
         from pyspark.errors import PySparkRuntimeError, PySparkTypeError
         from pyspark.serializers import CloudPickleSerializer

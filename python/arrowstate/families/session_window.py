@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from .. import keys as keycodec
 from ..store import VersionedState
-from .base import FamilyBase
+from .base import WATERMARK_METRICS, FamilyBase
 from .session_window_layout import LAYOUT
 
 _NONE = object()   # no key looked up yet in this task
@@ -52,9 +52,7 @@ class SessionWindow(FamilyBase):
     layout = LAYOUT
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
-        super().__init__(operator, (
-            "numUpdatedStateRows", "numRemovedStateRows", "numRowsDroppedByWatermark",
-            "allUpdatesTimeMs", "allRemovalsTimeMs"))
+        super().__init__(operator, WATERMARK_METRICS)
         self.key_indexes: list[int] = list(operator["keyIndexes"])
         self.session_index: int = operator["sessionIndex"]
         self.event_time_index: int = operator["eventTimeIndex"]   # in the row, or -1

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from ... import keys as keycodec
 from ...store import VersionedState
 from ...store import files as store_files
-from ..base import FamilyBase, gather_rows
+from ..base import WATERMARK_METRICS, FamilyBase, gather_rows
 from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
 from .changelog import write_changes
@@ -49,9 +49,7 @@ class TransformWithState(FamilyBase):
     named_columns = True   # a processor may add state variables between runs, as in Spark
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
-        super().__init__(operator, ("numUpdatedStateRows", "numRemovedStateRows",
-                                    "numTotalStateRows", "numRowsDroppedByWatermark",
-                                    "allUpdatesTimeMs", "allRemovalsTimeMs") + COUNTED_METRICS)
+        super().__init__(operator, WATERMARK_METRICS + ("numTotalStateRows",) + COUNTED_METRICS)
         from pyspark.serializers import CloudPickleSerializer
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
         from pyspark.sql.types import Row
