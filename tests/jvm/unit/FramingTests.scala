@@ -142,10 +142,9 @@ object FramingTests extends UnitTests {
       WorkerMetrics.parse(org.json4s.jackson.JsonMethods.parse(json), family)
     assertEqual(parse("""{"numDroppedDuplicateRows": 2}""", "deduplicate"),
       Map("numDroppedDuplicateRows" -> 2L))
-    assertTrue(assertThrows[IllegalStateException](parse("""{"rowsSeen": 1}""", "deduplicate"))
-      .getMessage.contains("rowsSeen"))
-    assertTrue(assertThrows[IllegalStateException](
-      parse("""{"numDroppedDuplicateRows": 1}""", "aggregate")).getMessage
-      .contains("numDroppedDuplicateRows"))
+    assertEqual(violation(parse("""{"rowsSeen": 1}""", "deduplicate"))
+      .getMessageParameters.get("field"), "rowsSeen")
+    assertEqual(violation(parse("""{"numDroppedDuplicateRows": 1}""", "aggregate"))
+      .getMessageParameters.get("field"), "numDroppedDuplicateRows")
   }
 }

@@ -1,9 +1,5 @@
 package org.apache.spark.sql.arrowstate.worker
 
-import java.nio.charset.StandardCharsets.UTF_8
-
-import scala.collection.mutable
-
 import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
@@ -38,17 +34,10 @@ object PythonStateWorkers extends Logging {
   private val WorkerModule = "arrowstate.worker"
   private val DaemonModule = "pyspark.daemon"
 
-  private class Pool(val env: SparkEnv) {
-    val idle = mutable.LinkedHashSet[PythonStateWorker]()
-    val all = mutable.LinkedHashSet[PythonStateWorker]()
-    val holderOf = mutable.HashMap[String, PythonStateWorker]()
-    val providerOf = mutable.HashMap[String, StateStoreProviderId]()
-    /** Function workers started ahead (their imports done), owned by no query run yet. */
-    val spares = mutable.HashMap[FunctionEnvironment, List[PythonStateWorker]]()
-    val sparesStarting = mutable.HashMap[FunctionEnvironment, Int]()
+  /** One SparkEnv's workers: the bookkeeping (WorkerBook) and what runs it. */
+  private class Pool(val env: SparkEnv) extends WorkerBook[PythonStateWorker] {
     var nextId = 0
     var settings = WorkerSettings(10000L, 60000L, 60000L)
-    def idleFor(owner: Option[String]): Iterable[PythonStateWorker] = idle.filter(_.owner == owner)
     var maintenance: Option[java.util.concurrent.ScheduledFuture[_]] = None
   }
 
@@ -120,16 +109,11 @@ object PythonStateWorkers extends Logging {
       val p = pool
       updateSettings(p, settings)
       val deadline = System.currentTimeMillis() + settings.affinityWaitMs
-      def holderBusy = p.holderOf.get(stateKey).exists(w => !p.idle.contains(w))
-      while (holderBusy && System.currentTimeMillis() < deadline) {
+      while (p.holderBusy(stateKey) && System.currentTimeMillis() < deadline) {
         wait(math.max(1L, deadline - System.currentTimeMillis()))
       }
       discardDead(p)
-      val preferred = p.holderOf.get(stateKey)
-        .filter(w => p.idle.contains(w) && w.owner == settings.owner)
-      val w = preferred.orElse(p.idleFor(settings.owner).headOption)
-      w.foreach(p.idle -= _)
-      w
+      p.lend(stateKey, settings.owner)
     }
     // a user function's worker new to its query run (a spare, else started now): another
     // starts ahead for the next run with this environment, so that a restart does not wait
@@ -139,15 +123,7 @@ object PythonStateWorkers extends Logging {
       settings.function.foreach(startSpare)
       spare.getOrElse(create(settings.owner, settings.function))
     }
-    synchronized {
-      val p = pool
-      p.holderOf.get(stateKey).filter(_ ne worker).foreach(_.staleStateKeys += stateKey)
-      p.holderOf(stateKey) = worker
-      p.providerOf(stateKey) = provider
-      val drops = worker.staleStateKeys.toSeq
-      worker.staleStateKeys.clear()
-      (worker, drops)
-    }
+    synchronized((worker, pool.assign(stateKey, provider, worker)))
   }
 
   /** A worker for a request that leaves no state behind in it (reading state for Spark's
@@ -157,69 +133,51 @@ object PythonStateWorkers extends Logging {
       val p = pool
       updateSettings(p, settings)
       discardDead(p)
-      val w = p.idleFor(None).headOption
-      w.foreach(p.idle -= _)
-      w
+      p.lendAny(None)
     }
     chosen.getOrElse(create(None, None))
   }
 
   /** A live spare for this environment, now the owner's only. Callers hold the lock. */
   private def takeSpare(p: Pool, function: FunctionEnvironment, owner: Option[String])
-    : Option[PythonStateWorker] = {
-    val (alive, dead) = p.spares.getOrElse(function, Nil).partition(_.isAlive)
-    dead.foreach(forget(p, _))
-    p.spares(function) = alive.drop(1)
-    alive.headOption.map { w =>
-      w.owner = owner
+    : Option[PythonStateWorker] =
+    p.takeSpare(function, owner).map { w =>
       logInfo(s"arrowstate: Python state worker ${w.id} (started ahead) now serves query run " +
         owner.getOrElse(""))
       w
     }
-  }
 
   /** Starts one spare worker for `function` in the background, up to `MaxSpares` of them. */
   private def startSpare(function: FunctionEnvironment): Unit = {
-    val p = synchronized {
-      val p = pool
-      val have = p.spares.getOrElse(function, Nil).size + p.sparesStarting.getOrElse(function, 0)
-      if (have >= MaxSpares) None
-      else {
-        p.sparesStarting(function) = p.sparesStarting.getOrElse(function, 0) + 1
-        Some(p)
-      }
-    }
+    val p = synchronized(Some(pool).filter(_.startingSpare(function, MaxSpares)))
     p.foreach { p =>
       spareStarter.execute { () =>
+        var kept: Option[PythonStateWorker] = None
         try {
           if (SparkEnv.get eq p.env) {
             val w = create(None, Some(function), spare = true)
-            val kept = synchronized {
+            kept = synchronized {
               val live = current.exists(_ eq p) && !p.env.isStopped
-              if (live) p.spares(function) = p.spares.getOrElse(function, Nil) :+ w
-              else p.all -= w
-              live
+              if (!live) p.all -= w
+              Some(w).filter(_ => live)
             }
             // its SparkEnv stopped while it started, perhaps after the env's worker factory
             // stopped the workers it knew: it must not outlive the env
-            if (!kept) w.kill()
+            if (kept.isEmpty) w.kill()
           }
         } catch {
           case e: Exception => logWarning("arrowstate: could not start a spare Python worker", e)
         } finally {
-          synchronized {
-            p.sparesStarting(function) = p.sparesStarting.getOrElse(function, 1) - 1
-          }
+          synchronized(p.spareStarted(function, kept))
         }
       }
     }
   }
 
   private def discardDead(p: Pool): Unit =
-    p.idle.filterNot(_.isAlive).foreach { dead =>
+    p.discardDead().foreach { dead =>
       logWarning(s"arrowstate: Python state worker ${dead.id} died while idle; " +
         "its partitions reload from their checkpoints")
-      forget(p, dead)
     }
 
   def giveBack(worker: PythonStateWorker): Unit = synchronized {
@@ -233,7 +191,7 @@ object PythonStateWorkers extends Logging {
     // a worker of an older SparkEnv's pool was stopped with that env's worker factory
     val env = synchronized {
       current.filter(_.all.contains(worker)).map { p =>
-        forget(p, worker)
+        p.forget(worker)
         notifyAll()
         p.env
       }
@@ -248,13 +206,6 @@ object PythonStateWorkers extends Logging {
           logWarning(s"arrowstate: could not stop Python worker ${worker.id}", ex)
       }
     }
-  }
-
-  private def forget(p: Pool, worker: PythonStateWorker): Unit = {
-    p.spares.mapValuesInPlace((_, ws) => ws.filterNot(_ eq worker))
-    p.idle -= worker
-    p.all -= worker
-    p.holderOf.filterInPlace((_, w) => w ne worker)
   }
 
   private def create(owner: Option[String], function: Option[FunctionEnvironment],
@@ -306,14 +257,7 @@ object PythonStateWorkers extends Logging {
     }
     inactive.groupBy(_._2).foreach { case (worker, entries) =>
       val keys = entries.map(_._1)
-      val drop = synchronized {
-        keys.foreach { k =>
-          if (p.holderOf.get(k).contains(worker)) p.holderOf -= k
-          p.providerOf -= k
-        }
-        if (p.idle.contains(worker)) { p.idle -= worker; true }
-        else { worker.staleStateKeys ++= keys; false }
-      }
+      val drop = synchronized(p.release(worker, keys))
       if (drop) {
         try {
           dropState(worker, keys)
@@ -326,15 +270,8 @@ object PythonStateWorkers extends Logging {
       }
     }
     val now = System.currentTimeMillis()
-    val expired = synchronized {
-      val holding = p.holderOf.values.toSet
-      val gone = p.idle.filter(w => !holding.contains(w) &&
-        now - w.idleSince >= p.settings.idleTimeoutMs).toSeq
-      gone.foreach(p.idle -= _)
-      val spares = p.spares.values.flatten.filter(now - _.idleSince >= p.settings.idleTimeoutMs)
-      spares.foreach(forget(p, _))   // under the lock: no run takes one being stopped
-      gone ++ spares
-    }
+    // under the lock: no run takes a spare being stopped
+    val expired = synchronized(p.expired(now, p.settings.idleTimeoutMs))
     expired.foreach { w =>
       logInfo(s"arrowstate: stopping Python state worker ${w.id}: idle and holding no state")
       destroy(w)
