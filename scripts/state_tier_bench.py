@@ -273,7 +273,10 @@ class LmdbStore:
     def __init__(self, path: str, create: bool, args: argparse.Namespace):
         import lmdb
         self.env = lmdb.open(path, map_size=64 << 30, sync=False, metasync=False,
-                             readahead=False, max_dbs=0, lock=True)
+                             readahead=False, max_dbs=0, lock=True,
+                             writemap=args.lmdb_writemap)
+        if args.lmdb_writemap:
+            self.settings += ", writemap on"
 
     def put(self, keys, count, total) -> None:
         order = np.argsort(keys.astype(">i8").view(">u8"))  # B+tree order: sequential pages
@@ -330,19 +333,27 @@ class RocksStore:
                          "WAL off, 2 background jobs")
         from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Options, Rdict,
                                WriteOptions)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        table = BlockBasedOptions()
-        table.set_block_cache(Cache(args.rocksdb_cache_mib * MIB))
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-        table.set_bloom_filter(10, False)
-        opts.set_block_based_table_factory(table)
-        opts.set_write_buffer_size(64 * MIB)
-        opts.set_max_write_buffer_number(2)
-        opts.set_compression_type(DBCompressionType.lz4())
-        opts.set_max_background_jobs(2)
-        self.db = Rdict(path, opts)
+        cache = Cache(args.rocksdb_cache_mib * MIB)
+
+        def options():
+            opts = Options(raw_mode=True)
+            opts.create_if_missing(True)
+            table = BlockBasedOptions()
+            table.set_block_cache(cache)
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+            table.set_bloom_filter(10, False)
+            opts.set_block_based_table_factory(table)
+            opts.set_write_buffer_size(64 * MIB)
+            opts.set_max_write_buffer_number(2)
+            opts.set_compression_type(DBCompressionType.lz4())
+            opts.set_max_background_jobs(2)
+            return opts
+        # The column family's options too: given none, rocksdict opens an existing database
+        # with the options stored in it, whose block cache is the 8 MiB default.
+        self.db = Rdict(path, options(), column_families={"default": options()})
+        assert self.db.property_int_value("rocksdb.block-cache-capacity") == \
+            args.rocksdb_cache_mib * MIB
         wo = WriteOptions()
         wo.disable_wal = True
         self.db.set_write_options(wo)
@@ -663,7 +674,8 @@ def run_candidate(args: argparse.Namespace, name: str) -> dict[str, Any]:
               "--reopen-batches", str(args.reopen_batches),
               "--delta-keys", str(args.delta_keys),
               "--rocksdb-cache-mib", str(args.rocksdb_cache_mib),
-              "--rocksdb-get", args.rocksdb_get]
+              "--rocksdb-get", args.rocksdb_get] + (["--lmdb-writemap"] if args.lmdb_writemap
+                                                    else [])
     result: dict[str, Any] = {"candidate": name, "keys": args.keys, "batches": args.batches,
                               "batch_rows": args.batch_rows, "new_frac": args.new_frac}
     try:
@@ -759,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rocksdb-get", choices=("map", "multi"), default="map",
                     help="rocksdb: one get per key in a C-level map loop, or the binding's "
                          "list get (slower in rocksdict 0.3.29 at 1M keys)")
+    ap.add_argument("--lmdb-writemap", action="store_true",
+                    help="lmdb: write through the writable map (MDB_WRITEMAP)")
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--warm-reopen", action="store_true",
                     help="keep the store's files in the page cache across the reopen")

@@ -28,7 +28,10 @@ def run(spark, name, users):
              .writeStream.format("memory").queryName(f"out_{name}").outputMode("update")
              .option("checkpointLocation", tempfile.mkdtemp(prefix="ck-")).start())
     for i, batch in enumerate([users, users[:2]]):
-        pq.write_table(pa.table({"user": batch}), os.path.join(source, f"{i}.parquet"))
+        # written whole, then renamed in: the running query must not list a file half written
+        partial = os.path.join(source, f".{i}.parquet.partial")
+        pq.write_table(pa.table({"user": batch}), partial)
+        os.replace(partial, os.path.join(source, f"{i}.parquet"))
         query.processAllAvailable()
     rows = [tuple(r) for r in spark.sql(f"select * from out_{name}").collect()]
     return query, rows

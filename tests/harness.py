@@ -98,8 +98,8 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
         for i, rows in enumerate(batches):
             if between_batches is not None:
                 between_batches(i, checkpoint)
-            pq.write_table(pa.Table.from_pylist(list(rows), schema=schema),
-                           os.path.join(source, f"{i:05d}.parquet"))
+            write_source_file(pa.Table.from_pylist(list(rows), schema=schema),
+                              os.path.join(source, f"{i:05d}.parquet"))
             try:
                 query.processAllAvailable()
             except StreamingQueryException as failed:
@@ -125,6 +125,15 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     finally:
         query.stop()
     return result
+
+
+def write_source_file(table: pa.Table, path: str) -> None:
+    """Writes a parquet file into a running query's source whole: the file source lists the
+    directory on its own schedule, and a file it lists while still empty would count as read
+    (Spark ignores names starting with a dot, so the file is written under one and renamed)."""
+    partial = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".partial")
+    pq.write_table(table, partial)
+    os.replace(partial, path)
 
 
 _native_runs: dict[tuple[Callable, str], Run] = {}
