@@ -45,6 +45,11 @@ Candidates (--candidates, comma-separated):
                of RAM). Its merge cost (O(N), amortised over the batches that filled the
                delta) is timed separately (`merges_s`, and `forced_merge_s` at the end).
                No Python object per key anywhere.
+  sorted-lsm   as sorted-mmap, but the mapped base files are never written: changed keys
+               join the delta too (the delta wins over the base), so a base generation plus
+               a copy of the delta is a consistent frozen view and dropping the delta rolls
+               a version back. Merges come more often (every batch's touched keys fill the
+               delta), each O(N) sequential I/O.
 
 Run (from the repository root; needs numpy, plus `pip install lmdb rocksdict` for those):
 
@@ -764,8 +769,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, of {', '.join(CANDIDATES)}")
     ap.add_argument("--dir", default="/tmp/state_tier_bench", help="data directory")
     ap.add_argument("--delta-keys", type=int, default=0,
-                    help="sorted-mmap: delta size that triggers a merge (0: max(1M, N/8), "
-                         "at most 4M)")
+                    help="sorted-mmap, sorted-lsm: delta size that triggers a merge (0: "
+                         "max(1M, N/8), at most 4M)")
     ap.add_argument("--rocksdb-cache-mib", type=int, default=768,
                     help="rocksdb: block cache size (plus 2 x 64 MiB memtables)")
     ap.add_argument("--rocksdb-get", choices=("map", "multi"), default="map",
