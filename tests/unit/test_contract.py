@@ -1,5 +1,6 @@
 """contract.json is the one declaration both halves read: the Python half and the README
 must agree with it (tests/jvm/unit/ContractTests.scala checks the JVM half)."""
+import contextlib
 import json
 import os
 
@@ -175,7 +176,7 @@ class _Duplex:
         return self.outbox.write(b)
 
     def flush(self):
-        pass
+        """Nothing is buffered: what the worker writes is in the outbox already."""
 
 
 def _answers(sent: bytes):
@@ -184,10 +185,9 @@ def _answers(sent: bytes):
     from arrowstate.worker import Worker
 
     conn = _Duplex(sent)
-    try:
+    # the worker sends ERROR, then raises to end its process: its answers are what count
+    with contextlib.suppress(Exception):
         Worker().serve(conn)
-    except Exception:   # noqa: BLE001 - the worker sends ERROR, then ends
-        pass
     out, frames = io.BytesIO(conn.outbox.getvalue()), []
     by_tag = {f.tag: f for f in contract.FRAME_SPECS.values()}
     while out.tell() < len(conn.outbox.getvalue()):
