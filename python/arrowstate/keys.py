@@ -124,3 +124,44 @@ def event_time_micros(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         valid = valid & arr.is_valid().to_numpy(zero_copy_only=False)
     micros = pc.fill_null(arr.view(pa.int64()), 0).to_numpy(zero_copy_only=False)
     return micros, valid
+
+
+_TIME_OR_INTEGER = (pa.types.is_integer, pa.types.is_date, pa.types.is_timestamp)
+
+
+def key_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
+    """The fixed-width numpy form of keys of these fields, for stores that keep keys in
+    arrays: int64 for one integer or time column that cannot be null, else the bytes of
+    `rows`' fixed-width block (`S<width>`: validity and normalised bits, equal exactly when
+    Spark's keys are); None when some column has no fixed width (strings, decimals)."""
+    if not fields:
+        return None
+    if (len(fields) == 1 and not fields[0].nullable
+            and any(is_type(fields[0].type) for is_type in _TIME_OR_INTEGER)):
+        return np.dtype(np.int64)
+    parts: list[np.ndarray] = []
+    if not all(_fixed_width(pa.array([], f.type), parts) for f in fields):
+        return None
+    return np.dtype(f"S{sum(p.shape[1] for p in parts)}")
+
+
+def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype) -> np.ndarray:
+    """The keys of these columns' rows in `key_dtype`'s form."""
+    if dtype == np.int64:
+        column = columns[0]
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if column.null_count:
+            raise ValueError(f"a null key in column of type {column.type} declared not null")
+        if not pa.types.is_integer(column.type):
+            column = column.view(pa.int64() if pa.types.is_timestamp(column.type)
+                                 or pa.types.is_date64(column.type) else pa.int32())
+        return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    parts: list[np.ndarray] = []
+    for column in columns:
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        _fixed_width(column, parts)
+    block = np.ascontiguousarray(np.concatenate(parts, axis=1)) if parts else \
+        np.zeros((num_rows, 0), np.uint8)
+    return block.view(dtype).ravel()

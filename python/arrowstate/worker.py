@@ -37,6 +37,7 @@ from .errors import ArrowStateError
 from .families import REGISTRY
 from .store import VersionedState
 from .store import files as store_files
+from .store.budget import MemoryBudget, resident_bytes
 
 
 class JvmFiles:
@@ -55,15 +56,6 @@ class JvmFiles:
         return p.request(self._f, "FILE_TAIL", name, size)[0]
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (Linux /proc; 0 where that is not there)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def committed_here(state: VersionedState, files: JvmFiles) -> bool:
     """Whether the checkpoint's newest delta of the state's version is the one this state
     committed (the idea of Spark's checkpoint format v2): another attempt or executor may
@@ -80,10 +72,16 @@ class Worker:
     def __init__(self) -> None:
         self.states: dict[str, VersionedState] = {}
         self.reported: dict[tuple, int] = {}   # (run, operator) -> version RSS was sent for
+        self.budget = MemoryBudget()
+
+    def forget(self, state_key: str) -> None:
+        state = self.states.pop(state_key, None)
+        if state is not None:
+            state.close()
 
     def serve_task(self, f: BinaryIO, header: dict[str, Any], input_schema: pa.Schema) -> None:
         for stale in header["drop"]:
-            self.states.pop(stale, None)
+            self.forget(stale)
         # the environment pyspark's own worker gives Python code, before any user code loads
         if header["task"] is not None:
             environment.set_task_context(header["task"])
@@ -92,6 +90,7 @@ class Worker:
         family = REGISTRY[header["family"]](header["operator"], input_schema)
         key, version, conf = header["stateKey"], header["version"], header["conf"]
         run_id = header["queryRunId"]
+        self.budget.configure(int(conf.get("memoryBytes", 0)), header.get("localDir"), header)
         files = JvmFiles(f, key, f"operator {header['operatorId']}, partition "
                                  f"{header['partitionId']}, version {version}")
 
@@ -104,6 +103,8 @@ class Worker:
             metrics["stateCacheHits"] = 1
             family.keep_columns(state.schema)
         else:
+            if state is not None:
+                state.close()
             metrics["stateCacheMisses"] = 1
             start = time.perf_counter()
             if family.named_columns and version > 0:
@@ -113,7 +114,8 @@ class Worker:
                     pass   # damage is the load's to handle (it may load older files)
             state = VersionedState(family.key_fields, family.value_fields,
                                    named_columns=family.named_columns,
-                                   dropped_columns=family.dropped_columns)
+                                   dropped_columns=family.dropped_columns,
+                                   tier=self.budget.place(key) if family.tiered else None)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)
@@ -146,11 +148,14 @@ class Worker:
         p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]))
         self.states[key] = state
+        self.budget.balance(self.states.values())
+        self.budget.check_peak(header)
 
         metrics.update(family.metrics)
         # rows as Spark counts them: stored rows, unless the family counts otherwise
         metrics.setdefault("numTotalStateRows", len(state))
         metrics["stateMemory"] = state.memory_bytes()
+        metrics["stateDiskBytes"] = state.disk_bytes()
         metrics["commitTimeMs"] = commit_ms
         # each worker counts once per operator and batch, so the sum over tasks is the
         # resident memory of the workers that ran them
@@ -218,7 +223,7 @@ class Worker:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
         for key in state_keys:
-            self.states.pop(key, None)
+            self.forget(key)
         gc.collect()
         pa.default_memory_pool().release_unused()
         p.send(f, "DROP", resident_bytes())

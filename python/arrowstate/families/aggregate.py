@@ -26,6 +26,7 @@ from .base import WATERMARK_METRICS, FamilyBase
 class Aggregate(FamilyBase):
     name = "aggregate"
     layout = LAYOUT
+    tiered = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS)
@@ -50,12 +51,11 @@ class Aggregate(FamilyBase):
         the first time are indexed here, where their absence is already known (a group
         dropped as late afterwards leaves an entry that eviction skips)."""
         with self.updating():
-            row_keys = keycodec.rows(batch.columns, batch.num_rows)
+            row_keys = state.keys(batch.columns, batch.num_rows)
             ids = state.rows.lookup(row_keys)
             new = np.flatnonzero(ids < 0)
-            if len(new):
-                self.index_rows(state, [row_keys[i] for i in new.tolist()],
-                                batch.take(pa.array(new)))
+            if len(new) and self.indexed:
+                self.index_rows(state, state.rows.pick(row_keys, new), batch.take(pa.array(new)))
             found = np.flatnonzero(ids >= 0)
             if not len(found):
                 return None
@@ -74,7 +74,7 @@ class Aggregate(FamilyBase):
                 if late.any():
                     mask = pa.array(~late, pa.bool_())
                     batch = batch.filter(mask)
-            state.put_rows(keycodec.rows(batch.columns[: self.key_count], batch.num_rows),
+            state.put_rows(state.keys(batch.columns[: self.key_count], batch.num_rows),
                            batch)
             self.metrics["numUpdatedStateRows"] += batch.num_rows
         if mask is None or self.output_mode != "update":

@@ -66,6 +66,10 @@ class FamilyBase:
     name: ClassVar[str]
     # whether the set of value columns may grow between runs (see VersionedState)
     named_columns: ClassVar[bool] = False
+    # whether its state may live in sorted runs on local disk under a memory budget: the
+    # family handles keys only as `state.keys` makes them (a list or an array) and selects
+    # them with `state.rows.pick`
+    tiered: ClassVar[bool] = False
 
     def __init__(self, operator: dict[str, Any], metric_names: Sequence[str]) -> None:
         self.late_threshold = micros(operator.get("lateEventsWatermarkMs"))
@@ -103,8 +107,10 @@ class FamilyBase:
         """Adds stored rows to the time index; families without one keep this no-op."""
 
     def rebuild_index(self, state: VersionedState) -> None:
-        rows = state.rows
-        self.index_rows(state, list(rows.data), rows.take(rows.live_ids()))
+        if type(self).index_rows is FamilyBase.index_rows:
+            return   # no index: nothing to read
+        for keys, rows in state.rows.items(1 << 20):
+            self.index_rows(state, keys, rows)
 
     def expire(self, state: VersionedState) -> pa.RecordBatch | None:
         """Removes the keys the eviction watermark closes; their rows (None without one)."""

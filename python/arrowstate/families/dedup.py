@@ -11,7 +11,7 @@ with a keep-mask, so rows stay in the JVM.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ from .dedup_layout import LAYOUT
 class Deduplicate(FamilyBase):
     name = "deduplicate"
     layout = LAYOUT
+    tiered = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS + ("numDroppedDuplicateRows",))
@@ -63,16 +64,10 @@ class Deduplicate(FamilyBase):
                 if late is not None:
                     keep &= ~late
 
-            row_keys = keycodec.rows(batch.columns[: self.key_count], n)
-            data = state.rows.data
-            fresh: dict[Hashable, int] = {}  # new keys of this batch -> their first row
-            candidates = np.flatnonzero(keep).tolist()
-            for i in candidates:
-                key = row_keys[i]
-                if key not in data:
-                    fresh.setdefault(key, i)
-            new_rows = np.fromiter(fresh.values(), dtype=np.int64, count=len(fresh))
-            new_keys = list(fresh)
+            row_keys = state.keys(batch.columns[: self.key_count], n)
+            candidates = np.flatnonzero(keep)
+            new_rows = state.rows.first_absent(row_keys, candidates)  # each new key's first row
+            new_keys = state.rows.pick(row_keys, new_rows)
             keep[:] = False
             keep[new_rows] = True
             columns = [c.take(new_rows) for c in batch.columns[: self.key_count]]
@@ -82,7 +77,7 @@ class Deduplicate(FamilyBase):
             state.put_rows(new_keys, stored)
             self.index_rows(state, new_keys, stored)
             self.metrics["numUpdatedStateRows"] += len(new_keys)
-            self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_keys)
+            self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_rows)
         return protocol.mask_batch(keep)
 
     def finish(self, state: VersionedState) -> list[pa.RecordBatch]:

@@ -33,6 +33,9 @@ class KeyedRows:
     def __len__(self) -> int:
         return len(self.data)
 
+    def close(self) -> None:
+        """Nothing held outside memory."""
+
     def clear(self) -> None:
         self.data.clear()
         self._chunks, self._starts, self._next_id, self._dead = [], [], 0, 0
@@ -84,6 +87,26 @@ class KeyedRows:
         self._chunks, self._starts = [rows], [0]
         self._next_id, self._dead = rows.num_rows, 0
 
+    def spill(self) -> int:
+        """Keys held in a dict cannot leave memory: gives nothing back."""
+        return 0
+
+    # -- keys -------------------------------------------------------------------------------
+    @staticmethod
+    def pick(keys: Sequence[Hashable], positions) -> list:
+        return [keys[i] for i in np.asarray(positions).tolist()]
+
+    def first_absent(self, keys: Sequence[Hashable], candidates: np.ndarray) -> np.ndarray:
+        """Of the candidate positions, those holding the first occurrence of a key that is
+        not in state, in position order."""
+        data = self.data
+        fresh: dict[Hashable, int] = {}
+        for i in candidates.tolist():
+            key = keys[i]
+            if key not in data:
+                fresh.setdefault(key, i)
+        return np.fromiter(fresh.values(), dtype=np.int64, count=len(fresh))
+
     # -- reading ----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
         """Each key's row id, -1 where the key is absent."""
@@ -107,6 +130,13 @@ class KeyedRows:
     def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
         return self.frozen().batches(batch_size)
 
+    def items(self, batch_size: int) -> Iterator[tuple[list, pa.RecordBatch]]:
+        """Every live key with its row, a piece at a time."""
+        keys = list(self.data)
+        ids = self.live_ids()
+        for lo in range(0, len(keys), max(1, batch_size)):
+            yield keys[lo:lo + batch_size], self.take(ids[lo:lo + batch_size])
+
     # -- memory -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
         """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk)."""
@@ -115,6 +145,9 @@ class KeyedRows:
             size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id
             self._key_bytes = size if not self._key_bytes else 0.8 * self._key_bytes + 0.2 * size
         return sum(c.nbytes for c in self._chunks) + int(len(self.data) * self._key_bytes)
+
+    def disk_bytes(self) -> int:
+        return 0
 
 
 class FrozenRows:

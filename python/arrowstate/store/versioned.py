@@ -8,7 +8,7 @@ retention) in `Lifecycle`; this class records the changes between them.
 from __future__ import annotations
 
 import sys
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import pyarrow as pa
 
@@ -16,18 +16,25 @@ from .. import keys as keycodec
 from . import files
 from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows
+from .tier import TieredRows
 from .time_index import TimeIndex
+
+if TYPE_CHECKING:
+    from .budget import TierPlace
 
 
 class VersionedState:
     """Key -> Arrow row mapping with the changes since the last committed version."""
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
-                 named_columns: bool = False, dropped_columns: Sequence[str] = ()):
+                 named_columns: bool = False, dropped_columns: Sequence[str] = (),
+                 tier: "TierPlace | None" = None):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
         back null (a family whose set of value columns may grow between runs), and those
-        named in `dropped_columns` (dropped on purpose) are left out."""
+        named in `dropped_columns` (dropped on purpose) are left out. With `tier` (a worker
+        with a memory budget) and keys of a fixed width, rows live in sorted runs that may
+        move to local disk (`TieredRows`); else in memory (`KeyedRows`)."""
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
         fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
@@ -36,7 +43,10 @@ class VersionedState:
                             else None)
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
-        self.rows = KeyedRows(self.schema)
+        self.key_dtype = keycodec.key_dtype(key_fields) if tier is not None else None
+        self.rows: KeyedRows | TieredRows = (
+            KeyedRows(self.schema) if self.key_dtype is None
+            else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap))
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
         self.lifecycle = Lifecycle()
         self.version = 0
@@ -49,6 +59,17 @@ class VersionedState:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def keys(self, columns: Sequence[pa.Array], num_rows: int):
+        """The keys of rows of the key columns, in the form the rows' store takes: a list
+        of Python values (KeyedRows) or a numpy array (TieredRows); `rows.pick` selects."""
+        if self.key_dtype is None:
+            return keycodec.rows(columns, num_rows)
+        return keycodec.key_array(columns, num_rows, self.key_dtype)
+
+    def close(self) -> None:
+        """Lets go of what the state holds outside memory (the tier's files)."""
+        self.rows.close()
 
     # -- changing ---------------------------------------------------------------------------
     def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
@@ -149,11 +170,17 @@ class VersionedState:
             if op not in (files.OP_PUT, files.OP_REMOVE):
                 continue
             run = pa.RecordBatch.from_arrays(run.columns[:-1], schema=self.schema)
-            run_keys = keycodec.rows(run.columns[: self.key_count], run.num_rows)
+            run_keys = self.keys(run.columns[: self.key_count], run.num_rows)
             if op == files.OP_PUT:
                 self.rows.insert(run_keys, run)
             else:
                 self.rows.discard(run_keys)
 
     def memory_bytes(self) -> int:
+        """Everything the state holds in memory: rows (or the tier's runs in memory and its
+        block index), and the time index."""
         return self.rows.memory_bytes() + self.index.memory_bytes()
+
+    def disk_bytes(self) -> int:
+        """The tier's files on local disk (0 for state held in memory)."""
+        return self.rows.disk_bytes()

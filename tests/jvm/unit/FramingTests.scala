@@ -43,8 +43,9 @@ object FramingTests extends UnitTests {
       ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
       ("drop" -> List.empty[String]) ~
       ("conf" -> Map("minDeltasForSnapshot" -> 10L, "minVersionsToRetain" -> 100L,
-        "maxStateBytes" -> 0L)) ~
-      ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp")
+        "maxStateBytes" -> 0L, "memoryBytes" -> 0L)) ~
+      ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
+      ("localDir" -> "/tmp")
 
   private val dedup: JValue = ("keyCount" -> 1) ~ ("eventTimeIndex" -> -1) ~
     ("evictByKey" -> false) ~ ("withinWatermark" -> false) ~

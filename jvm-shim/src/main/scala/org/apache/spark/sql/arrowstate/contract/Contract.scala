@@ -157,6 +157,30 @@ object ArrowStateConf {
   val FallbackStrict = "spark.arrowstate.fallback.strict"
   val AffinityWaitMs = "spark.arrowstate.worker.affinityWaitMs"
   val IdleTimeoutSeconds = "spark.arrowstate.worker.idleTimeoutSeconds"
+  val WorkerMemory = "spark.arrowstate.worker.memory"
+  val LocalDir = "spark.arrowstate.worker.localDir"
+
+  /** A state worker's memory budget in bytes: spark.arrowstate.worker.memory, else Spark's
+   * spark.executor.pyspark.memory shared by the executor's cores (as Spark's Python runner
+   * shares it among its workers), else 0 (no budget). */
+  def workerMemoryBytes(conf: SQLConf, sparkConf: org.apache.spark.SparkConf): Long = {
+    val own = get(conf, WorkerMemory)
+    if (own.nonEmpty) {
+      try org.apache.spark.network.util.JavaUtils.byteStringAsBytes(own)
+      catch {
+        case _: NumberFormatException => throw new ArrowStateException(
+          "INVALID_CONF_VALUE.TYPE_MISMATCH",
+          Map("confValue" -> own, "confName" -> WorkerMemory, "confType" -> "bytes"),
+          s"The value '$own' in the config \"$WorkerMemory\" is invalid. It should be a/an " +
+            "'bytes' value (such as 2g or 512m).")
+      }
+    } else {
+      val cores = math.max(1, sparkConf.getInt("spark.executor.cores", 1))
+      sparkConf.getOption("spark.executor.pyspark.memory")
+        .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v) * 1024L * 1024L / cores)
+        .getOrElse(0L)
+    }
+  }
 
   def get(conf: SQLConf, key: String): String =
     conf.getConfString(key, Contract.setting(key).default).trim

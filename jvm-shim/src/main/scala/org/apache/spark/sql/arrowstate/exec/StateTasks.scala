@@ -34,7 +34,8 @@ object ArrowStateVersion {
 /** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue): JValue =
+      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue,
+      localDir: String): JValue =
     ("family" -> family) ~
       ("stateKey" -> stateKey) ~
       ("queryRunId" -> info.queryRunId.toString) ~
@@ -45,7 +46,8 @@ object StateHeader {
       ("conf" -> conf) ~
       ("operator" -> operator) ~
       ("task" -> task) ~
-      ("sparkFilesDir" -> SparkFiles.getRootDirectory())
+      ("sparkFilesDir" -> SparkFiles.getRootDirectory()) ~
+      ("localDir" -> LocalStateDir.path(localDir))
 }
 
 /**
@@ -57,6 +59,7 @@ case class StatePartitionOpener(
     info: StatefulOperatorStateInfo,
     operator: JValue,
     storeConf: Map[String, Long],
+    localDir: String,
     workerSettings: WorkerSettings,
     sentSchema: StructType,
     timeZone: String,
@@ -75,7 +78,7 @@ case class StatePartitionOpener(
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            storeConf, operator, TaskEnvironment.current()),
+            storeConf, operator, TaskEnvironment.current(), localDir),
           encoder.schemaIpc)
       } finally encoder.close()
     }
@@ -95,17 +98,33 @@ object StatePartitionOpener {
     val storeConf = Contract.StoreConf.map { case (field, key) =>
       field -> (if (Contract.Settings.contains(key)) ArrowStateConf.long(conf, key)
                 else conf.getConfString(key).trim.toLong)
-    }
+    } + ("memoryBytes" -> ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf))
     val workerSettings = WorkerSettings(
       affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
       idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
       maintenanceIntervalMs = conf.streamingMaintenanceInterval,
       owner = if (Contract.family(family).userCode) Some(info.queryRunId.toString) else None,
       function = function)
-    StatePartitionOpener(family, info, operator, storeConf, workerSettings, sentSchema,
+    StatePartitionOpener(family, info, operator, storeConf,
+      ArrowStateConf.get(conf, ArrowStateConf.LocalDir), workerSettings, sentSchema,
       conf.sessionLocalTimeZone, session.sparkContext.broadcast(
         new SerializableConfiguration(session.sessionState.newHadoopConf())))
   }
+}
+
+/**
+ * Where state workers keep state over their memory budget: the `spark.arrowstate.worker.localDir`
+ * setting, else one directory per executor among Spark's local directories, made on first use
+ * and deleted when the executor stops (each worker removes its own part when it exits).
+ */
+object LocalStateDir {
+  private lazy val executorDir: String = {
+    val conf = org.apache.spark.SparkEnv.get.conf
+    org.apache.spark.util.Utils.createTempDir(
+      org.apache.spark.util.Utils.getLocalDir(conf), "arrowstate").getAbsolutePath
+  }
+
+  def path(setting: String): String = if (setting.nonEmpty) setting else executorDir
 }
 
 /** The running task, as pyspark's TaskContext describes it to Python code. */

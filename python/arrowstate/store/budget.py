@@ -1,0 +1,154 @@
+"""A state worker's memory budget: how much of its state stays in memory, where the rest
+goes, and the check that the worker stayed within it.
+
+The budget is `spark.arrowstate.worker.memory` when set, else Spark's
+`spark.executor.pyspark.memory` divided by `spark.executor.cores`, as Spark divides it among
+its Python workers (a state worker serves one task at a time); without either there is no
+budget and state stays in memory. Of the budget, the worker's base size (its resident
+memory before it held any state) is taken first; half of the rest may hold state in memory
+and half is left for a batch's working set. State over its half lives on local disk in
+sorted runs (`tier.TieredRows`): after each commit the largest in-memory parts spill.
+Families whose keys have no fixed width keep their state in memory, and count against it.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..errors import ArrowStateError
+
+SETTING = "spark.arrowstate.worker.memory"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class TierPlace:
+    """Where one partition's tier keeps its files, and the largest run it keeps in memory."""
+    directory: str
+    memory_cap: int
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where that is not there)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as status:
+            m = re.search(rf"^{field}:\s+(\d+) kB", status.read(), re.M)
+        return int(m.group(1)) * 1024 if m else 0
+    except OSError:
+        return 0
+
+
+def reset_peak() -> bool:
+    """Starts measuring the peak resident memory afresh (Linux 4.0+); False where it
+    cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_bytes() -> int:
+    """The peak resident memory since the last reset_peak (VmHWM)."""
+    return _status_bytes("VmHWM")
+
+
+class MemoryBudget:
+    """One worker's budget, set from each task's header (the setting is per session)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.base = 0                       # resident bytes before any state was held
+        self.local_dir: str | None = None
+        self._root: str | None = None
+        self._names = itertools.count()
+        self._peak_tracked = False
+
+    @property
+    def state_share(self) -> int:
+        """The bytes of state kept in memory before the largest parts spill to disk."""
+        return max(0, self.total - self.base) // 2
+
+    def configure(self, total: int, local_dir: str | None, header: dict[str, Any]) -> None:
+        """Takes the task's budget; fails when it is below what the worker needs to run."""
+        if not self.base:
+            self.base = resident_bytes()
+        self.total, self.local_dir = max(0, total), local_dir
+        if self.total and self.total < self.base + 64 * MIB:
+            need = self.base + 64 * MIB
+            raise ArrowStateError(
+                "ARROWSTATE_MEMORY_BUDGET_TOO_SMALL",
+                f"the state worker's memory budget is {_mib(self.total)}, below what the "
+                f"worker needs before it holds any state ({_mib(self.base)} resident, plus "
+                f"64 MiB to work in): at least {_mib(need)} is needed (query run "
+                f"{header['queryRunId']}, operator {header['operatorId']}, partition "
+                f"{header['partitionId']}). Raise {SETTING}, or spark.executor.pyspark.memory "
+                "(divided by spark.executor.cores) when that setting is not set.",
+                budget=self.total, needed=need, setting=SETTING)
+        self._peak_tracked = reset_peak() if self.total else False
+
+    def place(self, state_key: str) -> TierPlace | None:
+        """Where a new partition state keeps its tier; None without a budget."""
+        if not self.total or not self.local_dir:
+            return None
+        if self._root is None:
+            self._root = os.path.join(self.local_dir, f"arrowstate-worker-{os.getpid()}")
+            atexit.register(shutil.rmtree, self._root, True)
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", state_key)[-80:]
+        return TierPlace(os.path.join(self._root, f"{next(self._names)}-{name}"),
+                         memory_cap=max(MIB, self.state_share // 4))
+
+    def balance(self, states: Iterable) -> None:
+        """After a commit: while the state held in memory passes its share, the largest
+        parts that can leave memory spill to disk."""
+        if not self.total:
+            return
+        states = list(states)
+        held = sum(s.memory_bytes() for s in states)
+        for state in sorted(states, key=lambda s: s.rows.memory_bytes(), reverse=True):
+            if held <= self.state_share:
+                break
+            held -= state.rows.spill()
+
+    def check_peak(self, header: dict[str, Any]) -> None:
+        """After a task: fails it when the worker's resident memory passed the budget while
+        it ran (the batch's working set did not fit), naming the figure it needed."""
+        if not self._peak_tracked:
+            return
+        peak = peak_bytes()
+        if peak > self.total:
+            raise ArrowStateError(
+                "ARROWSTATE_MEMORY_BUDGET_TOO_SMALL",
+                f"the state worker's resident memory reached {_mib(peak)} while it ran a "
+                f"task, over its memory budget of {_mib(self.total)} (query run "
+                f"{header['queryRunId']}, operator {header['operatorId']}, partition "
+                f"{header['partitionId']}): state beyond the budget moves to local disk, but "
+                f"this batch's working set did not fit beside the worker's base size "
+                f"({_mib(self.base)}). Raise {SETTING} (or spark.executor.pyspark.memory) to "
+                f"at least {_mib(peak)}, or send smaller micro-batches "
+                "(maxFilesPerTrigger, maxOffsetsPerTrigger) or more shuffle partitions.",
+                budget=self.total, needed=peak, setting=SETTING)
+
+    def close(self) -> None:
+        if self._root is not None:
+            with contextlib.suppress(OSError):   # already gone
+                shutil.rmtree(self._root)
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.0f} MiB"
