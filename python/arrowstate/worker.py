@@ -90,7 +90,7 @@ class Worker:
         family = REGISTRY[header["family"]](header["operator"], input_schema)
         key, version, conf = header["stateKey"], header["version"], header["conf"]
         run_id = header["queryRunId"]
-        self.budget.configure(int(conf.get("memoryBytes", 0)), header.get("localDir"), header)
+        self.budget.configure(header)
         files = JvmFiles(f, key, f"operator {header['operatorId']}, partition "
                                  f"{header['partitionId']}, version {version}")
 

@@ -5,8 +5,9 @@ The budget is `spark.arrowstate.worker.memory` when set, else Spark's
 `spark.executor.pyspark.memory` divided by `spark.executor.cores`, as Spark divides it among
 its Python workers (a state worker serves one task at a time); without either there is no
 budget and state stays in memory. Of the budget, the worker's base size (its resident
-memory before it held any state) is taken first; half of the rest may hold state in memory
-and half is left for a batch's working set. State over its half lives on local disk in
+memory before it held any state) is taken first; `spark.arrowstate.worker.stateMemoryPercent`
+of the rest (half by default) may hold state in memory, and the rest is left for a batch's
+working set. State over its half lives on local disk in
 sorted runs (`tier.TieredRows`): after each commit the largest in-memory parts spill.
 Families whose keys have no fixed width keep their state in memory, and count against it.
 """
@@ -73,6 +74,7 @@ class MemoryBudget:
 
     def __init__(self) -> None:
         self.total = 0
+        self.state_percent = 50
         self.base = 0                       # resident bytes before any state was held
         self.local_dir: str | None = None
         self._root: str | None = None
@@ -82,13 +84,15 @@ class MemoryBudget:
     @property
     def state_share(self) -> int:
         """The bytes of state kept in memory before the largest parts spill to disk."""
-        return max(0, self.total - self.base) // 2
+        return max(0, self.total - self.base) * self.state_percent // 100
 
-    def configure(self, total: int, local_dir: str | None, header: dict[str, Any]) -> None:
+    def configure(self, header: dict[str, Any]) -> None:
         """Takes the task's budget; fails when it is below what the worker needs to run."""
         if not self.base:
             self.base = resident_bytes()
-        self.total, self.local_dir = max(0, total), local_dir
+        conf = header["conf"]
+        self.total, self.local_dir = max(0, int(conf["memoryBytes"])), header["localDir"]
+        self.state_percent = min(100, max(0, int(conf["stateMemoryPercent"])))
         if self.total and self.total < self.base + 64 * MIB:
             need = self.base + 64 * MIB
             raise ArrowStateError(

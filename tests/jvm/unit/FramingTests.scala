@@ -43,7 +43,8 @@ object FramingTests extends UnitTests {
       ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
       ("drop" -> List.empty[String]) ~
       ("conf" -> Map("minDeltasForSnapshot" -> 10L, "minVersionsToRetain" -> 100L,
-        "maxStateBytes" -> 0L, "memoryBytes" -> 0L)) ~
+        "maxStateBytes" -> 0L, "stateMemoryPercent" -> 50L,
+        "memoryBytes" -> 0L)) ~
       ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
       ("localDir" -> "/tmp")
 

@@ -1,0 +1,175 @@
+"""State beyond memory: under a memory budget, deduplication and aggregation state with
+fixed-width keys lives in sorted runs on the worker's local disk. Every query here runs with
+`stateMemoryPercent` 0, so after each micro-batch all of it moves to disk and the next batch
+reads it from there; Spark's own operators are the oracle."""
+import datetime as dt
+import random
+import subprocess
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+from harness import assert_same, run_query, spark_errors
+from procinfo import kill_own_state_workers
+
+DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
+EVENTS = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64())])
+
+
+def _batches(count, rows, keys, seed, second0=0, step=20):
+    """Rows of `keys` distinct keys (some null), event time advancing `step` s a batch."""
+    rng = random.Random(seed)
+    out = []
+    for b in range(count):
+        base = second0 + b * step
+        out.append([{"k": None if rng.random() < 0.01 else rng.randrange(keys),
+                     "ts": dt.datetime.fromtimestamp(base + rng.randrange(15), dt.timezone.utc),
+                     "v": rng.randrange(100)} for _ in range(rows)])
+    return out
+
+
+@pytest.fixture
+def tiered(spark_conf, tmp_path):
+    """A budget far over what the tests need, with no state kept in memory between batches."""
+    local = tmp_path / "local"
+    spark_conf(**{"spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0",
+                  "spark.arrowstate.worker.localDir": str(local)})
+    return local
+
+
+def _on_disk(run):
+    return [sum(op["stateDiskBytes"] for op in ops) for ops in run.custom.values()]
+
+
+def test_deduplication_with_state_on_disk(spark, tmp_path, tiered):
+    batches = _batches(5, 6000, 30000, seed=1)
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches,
+                          lambda df: df.dropDuplicates(["k"]), expect_node=DEDUP,
+                          custom_metrics=["numDroppedDuplicateRows", "stateDiskBytes"])
+    assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_deduplication_of_keys_that_cannot_be_null_and_of_several_columns(spark, tmp_path,
+                                                                           tiered):
+    batches = _batches(4, 5000, 20000, seed=2)
+    for build in (lambda df: df.select(F.coalesce("k", F.lit(-1)).alias("k"), "v")
+                  .dropDuplicates(["k"]),
+                  lambda df: df.dropDuplicates(["k", "ts"])):
+        _, ours = assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=DEDUP,
+                              custom_metrics=["stateDiskBytes"])
+        assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_deduplication_with_watermark_evicts_from_disk(spark, tmp_path, tiered):
+    batches = _batches(6, 4000, 50000, seed=3) + [[]]
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds").dropDuplicates(["k", "ts"]),
+        expect_node=DEDUP, custom_metrics=["stateDiskBytes"])
+    assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["k"]),
+        expect_node=DEDUP)
+    assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
+
+
+@pytest.mark.parametrize("mode", ["append", "update"])
+def test_windowed_aggregation_with_state_on_disk(spark, tmp_path, tiered, mode):
+    batches = _batches(6, 5000, 8000, seed=4) + [[]]
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds")
+                     .groupBy(F.window("ts", "20 seconds"), "k")
+                     .agg(F.count("*").alias("n"), F.sum("v").alias("s"), F.max("v")),
+        expect_node=SAVE, output_mode=mode, custom_metrics=["stateDiskBytes"])
+    assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
+    assert any(_on_disk(ours)), ours.custom
+
+
+def test_complete_aggregation_with_state_on_disk(spark, tmp_path, tiered):
+    batches = _batches(4, 5000, 12000, seed=5)
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches,
+                          lambda df: df.groupBy("k").agg(F.count("*"), F.sum("v"),
+                                                         F.avg("v")),
+                          expect_node=SAVE, output_mode="complete",
+                          custom_metrics=["stateDiskBytes"])
+    assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint(
+        spark, tmp_path, tiered):
+    batches = _batches(6, 4000, 20000, seed=6)
+
+    def kill(i, _checkpoint):
+        if i in (2, 4):
+            kill_own_state_workers()
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches,
+                          lambda df: df.dropDuplicates(["k"]), expect_node=DEDUP,
+                          between_batches=kill, restart_after=[3],
+                          custom_metrics=["stateCacheMisses", "stateDiskBytes"])
+    assert ours.custom[2][0]["stateCacheMisses"] > 0
+    assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_budget_below_the_workers_base_size_fails_naming_the_setting(spark, spark_conf,
+                                                                    tmp_path):
+    spark_conf(**{"spark.arrowstate.worker.memory": "8m",
+                  "spark.arrowstate.worker.localDir": str(tmp_path / "local")})
+    with pytest.raises(StreamingQueryException) as failure:
+        run_query(spark, str(tmp_path), EVENTS, _batches(1, 100, 100, seed=7),
+                  lambda df: df.dropDuplicates(["k"]), arrowstate=True)
+    found = spark_errors(failure.value)
+    assert "ARROWSTATE_MEMORY_BUDGET_TOO_SMALL" in found, found
+    parameters = found["ARROWSTATE_MEMORY_BUDGET_TOO_SMALL"]["parameters"]
+    assert parameters["setting"] == "spark.arrowstate.worker.memory"
+    assert int(parameters["needed"]) > int(parameters["budget"]) == 8 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB filesystem of its own (tmpfs; root only)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_local_disk_fails_clearly_and_the_restart_continues(spark, spark_conf,
+                                                                   tmp_path, small_disk):
+    spark_conf(**{"spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0",
+                  "spark.arrowstate.worker.localDir": str(small_disk)})
+    batches = _batches(5, 20000, 400000, seed=8)
+    errors = []
+
+    def recover():
+        # the operator frees room (here: points the tier at a roomy disk) and restarts
+        errors.append(True)
+        spark.conf.set("spark.arrowstate.worker.localDir", str(tmp_path / "roomy"))
+
+    spark_run = run_query(spark, str(tmp_path), EVENTS, batches,
+                          lambda df: df.dropDuplicates(["k"]), arrowstate=False)
+    with pytest.raises(StreamingQueryException) as failure:
+        run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
+                  arrowstate=True)
+    found = spark_errors(failure.value)
+    assert "ARROWSTATE_LOCAL_STATE_WRITE_FAILED" in found, found
+    parameters = found["ARROWSTATE_LOCAL_STATE_WRITE_FAILED"]["parameters"]
+    assert parameters["path"].startswith(str(small_disk))
+    assert parameters["setting"] == "spark.arrowstate.worker.localDir"
+    assert "full" in parameters["reason"]
+    ours = run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
+                     arrowstate=True, recover=recover)
+    assert errors, "the small disk did not fill"
+    from harness import assert_runs_same
+    assert_runs_same(spark_run, ours, DEDUP)
