@@ -1,0 +1,203 @@
+"""The state tier (sorted runs, in memory or on local disk) against the in-memory store, and
+the worker's memory budget, without Spark."""
+import os
+import subprocess
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from arrowstate import keys
+from arrowstate.errors import ArrowStateError
+from arrowstate.store import VersionedState, budget, tier
+from arrowstate.store.budget import MemoryBudget, TierPlace
+from arrowstate.store.rows import KeyedRows
+from arrowstate.store.tier import LocalStateWriteFailed, TieredRows
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Small blocks and reads, so a few thousand keys make many of each."""
+    monkeypatch.setattr(tier, "BLOCK", 64)
+    monkeypatch.setattr(tier, "SPAN_BLOCKS", 4)
+
+
+def _columns(kind, raw):
+    """Key columns of one kind from integers (-1: null where the kind allows it)."""
+    nulls = raw < 0
+    if kind == "long not null":
+        return [pa.array(raw)]
+    if kind == "long":
+        return [pa.array(raw, mask=nulls)]
+    if kind == "double":   # -0.0 is 0.0 and every NaN one NaN, as for Spark
+        values = np.where(raw % 7 == 0, np.nan, (raw % 50) - 25.0)
+        values = np.where(raw % 11 == 0, -0.0, values)
+        return [pa.array(values, mask=nulls)]
+    if kind == "window and long":
+        window = pa.StructArray.from_arrays(
+            [pa.array(raw // 10 * 10, pa.timestamp("us")),
+             pa.array(raw // 10 * 10 + 10, pa.timestamp("us"))], names=["start", "end"],
+            mask=pa.array(raw % 13 == 0))
+        return [window, pa.array(raw % 10, mask=nulls)]
+    raise AssertionError(kind)
+
+
+KINDS = ["long not null", "long", "double", "window and long"]
+
+
+def _schema(kind):
+    fields = [pa.field(f"k{i}", c.type, nullable=kind != "long not null")
+              for i, c in enumerate(_columns(kind, np.arange(2)))]
+    return pa.schema(fields + [pa.field(f"v{len(fields)}", pa.int64())])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
+    """Random puts and removals, with runs merged in memory and on disk: every lookup,
+    row, removal and count as KeyedRows gives them."""
+    schema = _schema(kind)
+    dtype = keys.key_dtype(list(schema)[:-1])
+    assert dtype is not None and (dtype == np.int64) == (kind == "long not null")
+    ours = TieredRows(schema, dtype, str(tmp_path / "tier"), memory_cap=4096)
+    theirs = KeyedRows(schema)
+    rng = np.random.default_rng(7)
+
+    def both_keys(raw):
+        cols = _columns(kind, raw)
+        return (keys.key_array(cols, len(raw), dtype), keys.rows(cols, len(raw)), cols)
+
+    for step in range(120):
+        raw = rng.integers(-1 if kind != "long not null" else 0, 3000,
+                           int(rng.integers(1, 400)))
+        ours_keys, their_keys, cols = both_keys(raw)
+        if rng.random() < 0.65:
+            batch = pa.RecordBatch.from_arrays(cols + [pa.array(rng.integers(0, 99, len(raw)))],
+                                               schema=schema)
+            ours.insert(ours_keys, batch)
+            theirs.insert(their_keys, batch)
+        elif rng.random() < 0.5:
+            got, want = ours.pop_present(ours_keys), theirs.pop_present(their_keys)
+            assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
+        else:
+            ours.discard(ours_keys)
+            theirs.discard(their_keys)
+        if step % 30 == 29:
+            ours.spill()
+        assert len(ours) == len(theirs), step
+        probe_raw = rng.integers(-1, 3000, 300)
+        probe_ours, probe_theirs, _ = both_keys(probe_raw)
+        a, b = ours.lookup(probe_ours), theirs.lookup(probe_theirs)
+        assert ((a >= 0) == (b >= 0)).all(), step
+        assert (list(map(str, ours.take(a[a >= 0]).to_pylist()))   # as text: NaN is NaN
+                == list(map(str, theirs.take(b[b >= 0]).to_pylist())))
+        candidates = np.flatnonzero(probe_raw % 2 == 0)
+        assert (ours.first_absent(probe_ours, candidates).tolist()
+                == theirs.first_absent(probe_theirs, candidates).tolist())
+    assert any(run.on_disk for run in ours.runs)
+    assert ours.disk_bytes() > 0
+    rows = sorted(map(str, pa.Table.from_batches(list(ours.all_rows(100)), schema).to_pylist()))
+    assert rows == sorted(map(str, pa.Table.from_batches(list(theirs.all_rows(100)),
+                                                         schema).to_pylist()))
+    ours.close()
+    assert not os.path.exists(tmp_path / "tier")
+
+
+def test_a_frozen_view_reads_runs_that_merges_have_since_deleted(tmp_path):
+    schema = _schema("long not null")
+    rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=1)
+
+    def put(lo, hi):
+        k = np.arange(lo, hi)
+        rows.insert(k, pa.RecordBatch.from_arrays([pa.array(k), pa.array(k * 2)],
+                                                  schema=schema))
+
+    put(0, 1000)
+    put(1000, 1600)
+    frozen = rows.frozen()
+    before = {r.path for r in rows.runs}
+    put(0, 2000)   # merges every run into one: the frozen view's files are deleted
+    assert not any(os.path.exists(p + ".keys") for p in before)
+    got = pa.Table.from_batches(list(frozen.batches(300)), schema)
+    assert got.column("k0").to_pylist() == list(range(1600))
+    assert got.column("v1").to_pylist() == [2 * k for k in range(1600)]
+
+
+def test_versioned_state_takes_the_tier_for_fixed_width_keys_only(tmp_path):
+    place = TierPlace(str(tmp_path / "t"), memory_cap=1 << 20)
+    fixed = VersionedState([pa.field("k", pa.int64())], [pa.field("n", pa.int64())],
+                           tier=place)
+    strings = VersionedState([pa.field("k", pa.string())], [pa.field("n", pa.int64())],
+                             tier=place)
+    assert isinstance(fixed.rows, TieredRows) and isinstance(strings.rows, KeyedRows)
+    assert isinstance(VersionedState([pa.field("k", pa.int64())], [], tier=None).rows,
+                      KeyedRows)
+
+
+def test_a_full_disk_names_the_directory_and_the_setting(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
+    try:
+        schema = _schema("long not null")
+        rows = TieredRows(schema, np.dtype(np.int64), str(mount / "t"), memory_cap=1)
+        k = np.arange(100_000)
+        with pytest.raises(LocalStateWriteFailed) as failure:
+            rows.insert(k, pa.RecordBatch.from_arrays([pa.array(k), pa.array(k)],
+                                                      schema=schema))
+        e = failure.value
+        assert e.condition == "ARROWSTATE_LOCAL_STATE_WRITE_FAILED"
+        assert e.parameters["path"].startswith(str(mount))
+        assert e.parameters["setting"] == "spark.arrowstate.worker.localDir"
+        assert "full" in e.parameters["reason"]
+        assert os.listdir(mount / "t") == [], "a run that failed leaves no file behind"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _header(memory, percent=50, local_dir="/tmp"):
+    return {"conf": {"memoryBytes": memory, "stateMemoryPercent": percent},
+            "localDir": local_dir, "queryRunId": "r", "operatorId": 0, "partitionId": 3}
+
+
+def test_budget_below_the_base_size_names_the_figure_needed():
+    with pytest.raises(ArrowStateError) as failure:
+        MemoryBudget().configure(_header(1 << 20))
+    e = failure.value
+    assert e.condition == "ARROWSTATE_MEMORY_BUDGET_TOO_SMALL"
+    assert int(e.parameters["needed"]) > budget.resident_bytes()
+    assert e.parameters["setting"] == "spark.arrowstate.worker.memory"
+
+
+def test_a_batch_whose_working_set_passes_the_budget_fails_naming_its_peak():
+    b = MemoryBudget()
+    b.configure(_header(budget.resident_bytes() + (100 << 20)))
+    if not b._peak_tracked:
+        pytest.skip("this kernel cannot reset the peak resident size")
+    b.check_peak(_header(0))            # nothing big yet
+    big = np.ones(200 << 20, dtype=np.uint8)   # 200 MiB touched
+    with pytest.raises(ArrowStateError) as failure:
+        b.check_peak(_header(0))
+    del big
+    assert int(failure.value.parameters["needed"]) > int(failure.value.parameters["budget"])
+
+
+def test_balance_spills_the_largest_state_until_the_rest_fits(tmp_path):
+    b = MemoryBudget()
+    b.configure(_header(budget.resident_bytes() + (66 << 20), percent=1,   # about 690 KB
+                        local_dir=str(tmp_path)))
+    states = []
+    for n in (3_000, 30_000):   # 24 bytes a row
+        state = VersionedState([pa.field("k", pa.int64(), nullable=False)],
+                               [pa.field("v", pa.int64())], tier=b.place(f"/ck/state/0/{n}"))
+        k = np.arange(n)
+        state.put_rows(k, pa.RecordBatch.from_arrays([pa.array(k), pa.array(k)],
+                                                     names=["k", "v"]))
+        states.append(state)
+    assert sum(s.memory_bytes() for s in states) > b.state_share
+    b.balance(states)
+    small, large = states
+    assert large.disk_bytes() > 0 and small.disk_bytes() == 0
+    assert sum(s.memory_bytes() for s in states) <= b.state_share
