@@ -4,17 +4,23 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 
     python scripts/bench.py [--rows 1000000] [--batches 5] [--keys 50000] [--runs 3]
                             [--cases dedup,agg_update,...]
-    python scripts/bench.py --scaling [--state-keys 100000,5000000]
+    python scripts/bench.py --scaling [--state-keys 1000000,20000000] [--batch-rows 2000000]
+                            [--pyspark-memory 1g] [--batches 3] [--shuffle-partitions 4]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
 
---scaling measures how per-batch time depends on the size of the state: one large batch
-fills the state of a windowed aggregation (update mode, watermark), then batches of
---batch-rows rows update random groups of it; it prints the median and max per-batch time.
+--scaling measures state beyond memory: per state size N, a count and sum per key (update
+mode) over batches of --batch-rows new keys each until N keys exist, run by arrowstate
+under a memory budget (spark.executor.pyspark.memory, 1g unless --pyspark-memory says
+otherwise; a state worker that passes it fails the query) and by Spark on its RocksDB store,
+in one process. It prints each batch's time, the median of the last --batches, the peak
+resident memory of the state workers and of the JVM (sampled every 0.2 s), and whether
+every batch's output was the same (a row count and a sum of row hashes per batch).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -160,7 +166,6 @@ CASES = {
     "tws_list_timer": (_tws_list_timer, "append", TWS),
 }
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-SCALING_CASE = (lambda df: _count_and_sum(_windowed(df, "1 hour")), "update", SAVE)
 
 
 def run_once(spark, source: str, case, arrowstate: bool):
@@ -187,43 +192,123 @@ def run_once(spark, source: str, case, arrowstate: bool):
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def write_scaling_batches(directory: str, state_keys: int, batches: int, batch_rows: int,
-                          seed: int = 11) -> None:
-    """One batch with a row for each of `state_keys` groups, then updates of random ones."""
+def write_scaling_batches(directory: str, state_keys: int, batch_rows: int,
+                          seed: int = 11) -> int:
+    """Batches of `batch_rows` new keys each (in random order) until `state_keys` keys
+    exist; how many batches."""
     rng = np.random.default_rng(seed)
-    start = 1_700_000_000_000_000   # all rows in one hour-long window: nothing is evicted
-    for b, keys in enumerate([np.arange(state_keys)]
-                             + [rng.integers(0, state_keys, batch_rows) for _ in range(batches)]):
-        ts = start + b * 1_000_000 + np.arange(len(keys)) % 1000
-        table = pa.table({"key": pa.array(keys, pa.int64()),
-                          "user": pa.array(np.full(len(keys), "u")),
-                          "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
-                          "value": pa.array(rng.random(len(keys)))})
+    batches = max(1, state_keys // batch_rows)
+    for b in range(batches):
+        keys = rng.permutation(batch_rows).astype(np.int64) + b * batch_rows
+        table = pa.table({"key": pa.array(keys), "value": pa.array(rng.random(batch_rows))})
         pq.write_table(table, os.path.join(directory, f"{b:05d}.parquet"))
+    return batches
+
+
+class PeakRss:
+    """Samples the resident memory of arrowstate's state workers and of Spark's JVM (this
+    process's child) every `interval` seconds while it runs: each one's peak."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        import threading
+
+        from procinfo import rss_bytes, state_worker_pids
+        self.workers: dict[int, int] = {}
+        self.jvm = 0
+        self._stop = threading.Event()
+
+        def jvm_pids():
+            me = str(os.getpid())
+            for stat in glob.glob("/proc/[0-9]*/stat"):
+                try:
+                    with open(stat) as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[1] == me:
+                    yield int(stat.split("/")[2])
+
+        def sample():
+            jvms = list(jvm_pids())
+            while not self._stop.wait(interval):
+                for pid in state_worker_pids():
+                    self.workers[pid] = max(self.workers.get(pid, 0), rss_bytes(pid))
+                self.jvm = max([self.jvm] + [rss_bytes(pid) for pid in jvms])
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {"worker_rss_peak_mb": round(max(self.workers.values(), default=0) / 2**20),
+                "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
+
+
+def scaling_run(spark, source: str, arrowstate: bool) -> tuple[list, dict, dict]:
+    """A count and sum per key in update mode over every file of `source`, arrowstate on or
+    Spark's operators on Spark's RocksDB store: each batch's duration (ms), a checksum of
+    each batch's output (row count and a sum of row hashes: equal outputs, equal sums) and
+    the peak resident memory."""
+    from pyspark.sql import functions as F
+    spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
+    if arrowstate:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    else:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    checksums = {}
+
+    def checksum(df, batch_id):
+        row = df.agg(F.count("*").alias("n"), F.sum(F.xxhash64(*df.columns)
+                                                     .cast("decimal(38,0)")).alias("h")).first()
+        checksums[batch_id] = (row["n"], str(row["h"]))
+
+    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
+    peak = PeakRss()
+    try:
+        stream = (spark.readStream.schema("key long, value double")
+                  .option("maxFilesPerTrigger", 1).parquet(source))
+        q = (stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
+             .writeStream.foreachBatch(checksum).outputMode("update")
+             .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
+        q.awaitTermination()
+        assert (SAVE in q._jsq.explainInternal(False)) == arrowstate
+        durations = [p["durationMs"]["triggerExecution"] for p in q.recentProgress
+                     if p["numInputRows"] > 0]
+        return durations, checksums, peak.stop()
+    finally:
+        peak.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def scaling(spark, args, memory) -> None:
+    """Per state size: the last --batches batches' median time and the peak resident memory,
+    arrowstate (under the budget) and Spark on RocksDB, with their outputs compared."""
     warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
-    write_scaling_batches(warm_up, 10_000, 3, 1000)
+    write_scaling_batches(warm_up, 30_000, 10_000)
     for on in (True, False):
-        run_once(spark, warm_up, SCALING_CASE, on)
+        scaling_run(spark, warm_up, on)
     shutil.rmtree(warm_up, ignore_errors=True)
     for state_keys in [int(k) for k in args.state_keys.split(",")]:
         source = tempfile.mkdtemp(prefix="bench-scaling-")
-        write_scaling_batches(source, state_keys, args.batches, args.batch_rows)
+        batches = write_scaling_batches(source, state_keys, args.batch_rows)
         try:
-            result = {"case": "scaling_agg_update_watermark", "state_keys": state_keys,
-                      "batch_rows": args.batch_rows, "measured_batches": args.batches}
-            # arrowstate first: the heap figure after it holds no state left by Spark's store
+            result = {"case": "scaling_agg_update_new_keys", "state_keys": state_keys,
+                      "batch_rows": args.batch_rows, "batches": batches,
+                      "measured_batches": min(args.batches, batches),
+                      "budget": spark.sparkContext.getConf().get(
+                          "spark.executor.pyspark.memory", "none")}
+            outputs = {}
             for on in (True, False):
-                _, progress = run_once(spark, source, SCALING_CASE, on)
-                per_batch = [p["durationMs"]["triggerExecution"] for p in progress
-                             if p["numInputRows"] > 0][1:]   # after the filling batch
-                name = "arrowstate" if on else "native"
-                result[f"{name}_batch_ms_median"] = statistics.median(per_batch)
-                result[f"{name}_batch_ms_max"] = max(per_batch)
-                result[f"{name}_state_rows"] = progress[-1]["stateOperators"][0]["numRowsTotal"]
-                result.update({f"{name}_{k}": v for k, v in memory().items()})
+                durations, outputs[on], peak = scaling_run(spark, source, on)
+                name = "arrowstate" if on else "rocksdb"
+                last = durations[-result["measured_batches"]:]
+                result[f"{name}_batch_ms_median"] = statistics.median(last)
+                result[f"{name}_batch_ms"] = durations
+                result.update({f"{name}_{k}": v for k, v in peak.items()})
+            result["same_answers"] = outputs[True] == outputs[False]
+            result["speedup"] = round(result["rocksdb_batch_ms_median"]
+                                      / result["arrowstate_batch_ms_median"], 2)
             print(json.dumps(result), flush=True)
         finally:
             shutil.rmtree(source, ignore_errors=True)
@@ -376,8 +461,13 @@ def main() -> None:
                         help="time transformWithState state operations in the worker (no "
                              "Spark)")
     parser.add_argument("--state-rows", type=int, default=1_000_000)
-    parser.add_argument("--state-keys", default="100000,5000000")
-    parser.add_argument("--batch-rows", type=int, default=50_000)
+    parser.add_argument("--state-keys", default="1000000,20000000")
+    parser.add_argument("--batch-rows", type=int, default=2_000_000,
+                        help="--scaling: new keys per batch")
+    parser.add_argument("--pyspark-memory", default=None,
+                        help="spark.executor.pyspark.memory (--scaling: 1g unless given): "
+                             "each state worker's memory budget")
+    parser.add_argument("--shuffle-partitions", type=int, default=4)
     args = parser.parse_args()
     if args.state_load:
         state_load(args)
@@ -393,12 +483,15 @@ def main() -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from procinfo import rss_bytes, state_worker_pids
 
+    budget = args.pyspark_memory or ("1g" if args.scaling else None)
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "8g")).getOrCreate()
+        .config("spark.driver.memory", "8g")
+        .config(map={"spark.executor.pyspark.memory": budget} if budget else {})).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
     def memory() -> dict:

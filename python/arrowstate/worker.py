@@ -146,7 +146,8 @@ class Worker:
         p.send(f, "COMMIT", delta, snapshots, prune_below)
         f.flush()
         p.receive(f, "COMMITTED")
-        state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]))
+        state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
+                             os.path.join(header["localDir"], "snapshots"))
         self.states[key] = state
         self.budget.balance(self.states.values())
         self.budget.check_peak(header)

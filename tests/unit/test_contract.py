@@ -140,10 +140,10 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     from arrowstate.errors import ArrowStateError
 
     f = io.BytesIO()
-    protocol.send(f, "COMMIT", b"delta", [(3, b"snap")], 2)
+    protocol.send(f, "COMMIT", b"delta", [(3, "/tmp/3.arrowstate.snapshot")], 2)
     protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
     raw = f.getvalue()
-    # the declared layout: tag, delta, one (version, bytes), prune-below
+    # the declared layout: tag, delta, one (version, local path), prune-below
     assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
     assert raw[4:17] == (5).to_bytes(4, "big") + b"delta" + (1).to_bytes(4, "big")
     with pytest.raises(ArrowStateError, match="metrics"):

@@ -25,11 +25,12 @@ batches.
 """
 from __future__ import annotations
 
+import io
 import re
 import struct
 import uuid
 import zlib
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -153,25 +154,68 @@ def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
                                       names=batch.schema.names + [OP_COLUMN])
 
 
-def encode(schema: pa.Schema, kind: str, version: int,
-           batches: Iterable[pa.RecordBatch], changes: bool = False) -> tuple[bytes, bytes]:
-    """One file's bytes and its unique id; `batches` carry the state columns plus the op
-    column (`changes`: change records among them, a format 3 delta)."""
+def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
+                   batches: Iterable[pa.RecordBatch]) -> int:
+    """Writes the Arrow IPC stream of a file to `sink`; the rows it holds."""
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
         {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()})
-    sink = pa.BufferOutputStream()
     rows = 0
     with pa.ipc.new_stream(sink, file_schema) as writer:
         for b in batches:
             writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
             rows += b.num_rows
-    payload = sink.getvalue()
+    return rows
+
+
+def _trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
+             changes: bool) -> tuple[bytes, bytes]:
+    """The trailer after a payload of `length` bytes whose CRC-32 is `payload_crc`, and the
+    file's new unique id."""
     uid = uuid.uuid4().bytes
     fmt = FORMAT_WITH_CHANGES if changes else FORMAT_VERSION
-    head = TRAILER.pack(MAGIC, fmt, KIND_CODE[kind], 0, 0, version, rows,
-                        payload.size, uid, 0)[:_CRC_AT]
-    crc = zlib.crc32(head, zlib.crc32(payload))
-    return b"".join((memoryview(payload), head, struct.pack("<I", crc))), uid
+    head = TRAILER.pack(MAGIC, fmt, KIND_CODE[kind], 0, 0, version, rows, length, uid,
+                        0)[:_CRC_AT]
+    return head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid
+
+
+def encode(schema: pa.Schema, kind: str, version: int,
+           batches: Iterable[pa.RecordBatch], changes: bool = False) -> tuple[bytes, bytes]:
+    """One file's bytes and its unique id; `batches` carry the state columns plus the op
+    column (`changes`: change records among them, a format 3 delta)."""
+    sink = pa.BufferOutputStream()
+    rows = _write_payload(sink, schema, kind, version, batches)
+    payload = sink.getvalue()
+    trailer, uid = _trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
+    return b"".join((memoryview(payload), trailer)), uid
+
+
+class _Checksummed(io.RawIOBase):
+    """A binary file that keeps the CRC-32 and length of what is written through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self.raw, self.crc, self.size = raw, 0, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.crc = zlib.crc32(b, self.crc)
+        self.size += len(b)
+        self.raw.write(b)
+        return len(b)
+
+
+def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
+                   batches: Iterable[pa.RecordBatch]) -> int:
+    """Writes one file (as `encode` makes it) to a local path a batch at a time, so a large
+    snapshot is never whole in memory; its size."""
+    with open(path, "wb") as raw:
+        sink = _Checksummed(raw)
+        rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches)
+        trailer, _ = _trailer(kind, version, rows, sink.size, sink.crc, False)
+        raw.write(trailer)
+        return sink.size + len(trailer)
 
 
 def unique_id(payload: bytes) -> bytes | None:

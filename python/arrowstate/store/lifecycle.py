@@ -1,11 +1,18 @@
 """The lifecycle of one partition's files: which files load a version, when a snapshot is
 made, and which files retention lets go. The JVM only lists, reads, writes and deletes what
 this decides; snapshots are encoded here in a thread and written, like the pruning, by the
-shim's maintenance thread, both off the micro-batch's path (as Spark's maintenance does).
+shim's maintenance thread, both off the micro-batch's path (as Spark's maintenance does). A
+worker writes a snapshot to a local file a batch at a time and the JVM copies it into the
+checkpoint, so a large snapshot is never whole in memory; without a directory (offline
+tools, tests) it is encoded to bytes.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
+import uuid
 from typing import Protocol, Sequence
 
 from ..errors import ArrowStateError
@@ -96,25 +103,41 @@ class Lifecycle:
         self.snapshots = set(snapshots) - set(damaged)
         self.last_snapshot_version = base
 
-    def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int) -> None:
-        """After `version` is committed: makes its snapshot in a thread when one is due.
-        `rows_of` is called only then (it freezes the live rows)."""
+    def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
+                  directory: str | None = None) -> None:
+        """After `version` is committed: makes its snapshot in a thread when one is due (in
+        a file in `directory`, else as bytes). `rows_of` is called only then (it freezes the
+        live rows)."""
         due = version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
         if due and self._pending is None:
-            self._pending = _Snapshot(rows_of(), schema, version)
+            self._pending = _Snapshot(rows_of(), schema, version, directory)
             self.last_snapshot_version = version
 
+    def discard(self) -> None:
+        """The state is dropped: a snapshot made but not shipped is deleted."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+            if pending.path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(pending.path)
+
     def maintenance(self, new_version: int, min_versions_to_retain: int
-                    ) -> tuple[list[tuple[int, bytes]], int]:
+                    ) -> tuple[list[tuple[int, bytes | str]], int]:
         """What to write and prune with the commit of `new_version`: finished snapshots, and
         the version below which files may go (-1 for none): the newest snapshot at or below
         the oldest version retention keeps loadable. The JVM prunes only after the
         snapshots are written and once that snapshot's file exists."""
         snapshots = []
         if self._pending is not None and not self._pending.is_alive():
-            snapshots.append(self._pending.result())
-            self._pending = None
-            self.snapshots.add(snapshots[0][0])
+            pending, self._pending = self._pending, None
+            try:
+                snapshots.append(pending.result())
+                self.snapshots.add(snapshots[0][0])
+            except OSError as e:   # a local disk that is full: the deltas stay, as in Spark
+                print(f"arrowstate: WARN the snapshot of version {pending.version} could not "
+                      f"be written to {pending.path}: {e}; its deltas stay, nothing is lost",
+                      file=sys.stderr, flush=True)
         oldest_retained = new_version - min_versions_to_retain + 1
         base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
         if base > self.pruned_below:
@@ -128,28 +151,39 @@ class Lifecycle:
 
 
 class _Snapshot(threading.Thread):
-    """Encodes a snapshot of one committed version; Arrow's take and IPC release the GIL."""
+    """Encodes a snapshot of one committed version, to a local file in `directory` (its
+    path is the result) or to bytes; Arrow's take and IPC release the GIL."""
 
-    def __init__(self, rows: FrozenRows, schema, version: int) -> None:
+    def __init__(self, rows: FrozenRows, schema, version: int, directory: str | None) -> None:
         super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
         self.version = version
         self._rows, self._schema = rows, schema
+        self.path = (None if directory is None else os.path.join(
+            directory, f"{uuid.uuid4().hex}-{files.file_name(files.SNAPSHOT, version)}"))
         self._bytes: bytes | None = None
         self._error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            self._bytes, _ = files.encode(
-                self._schema, files.SNAPSHOT, self.version,
-                (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 20)))
+            rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 18))
+            if self.path is None:
+                self._bytes, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows)
+            else:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                files.encode_to_file(self.path, self._schema, files.SNAPSHOT, self.version,
+                                     rows)
         except BaseException as e:  # surfaced by result(), in the task that ships it
             self._error = e
+            if self.path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path)
         finally:
             self._rows = None
 
-    def result(self) -> tuple[int, bytes]:
+    def result(self) -> tuple[int, bytes | str]:
+        """(version, bytes), or (version, local path) for a snapshot made in a file."""
         self.join()
         if self._error is not None:
             raise self._error
-        return self.version, self._bytes
+        return self.version, self._bytes if self.path is None else self.path

@@ -68,7 +68,9 @@ class VersionedState:
         return keycodec.key_array(columns, num_rows, self.key_dtype)
 
     def close(self) -> None:
-        """Lets go of what the state holds outside memory (the tier's files)."""
+        """Lets go of what the state holds outside memory (the tier's files, a snapshot file
+        not shipped)."""
+        self.lifecycle.discard()
         self.rows.close()
 
     # -- changing ---------------------------------------------------------------------------
@@ -109,15 +111,17 @@ class VersionedState:
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
         return delta, snapshots, prune_below
 
-    def mark_committed(self, new_version: int, min_deltas_for_snapshot: int) -> None:
-        """The JVM wrote new_version's delta; a snapshot is made if one is due."""
+    def mark_committed(self, new_version: int, min_deltas_for_snapshot: int,
+                       snapshot_dir: str | None = None) -> None:
+        """The JVM wrote new_version's delta; a snapshot is made if one is due (as a file in
+        `snapshot_dir`, else as bytes)."""
         self.version = new_version
         self.last_uid = self._pending_uid
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
-                                 min_deltas_for_snapshot)
+                                 min_deltas_for_snapshot, snapshot_dir)
 
     def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
         """Loads `version`: the newest snapshot at or below it and the deltas after it. A

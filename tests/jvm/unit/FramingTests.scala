@@ -100,18 +100,18 @@ object FramingTests extends UnitTests {
     violation(written(_.write(Contract.Frame.Commit, Array.emptyByteArray)))   // Python's
   }
 
-  test("COMMIT is read as delta, (version, snapshot) pairs and the prune-below version") {
+  test("COMMIT is read as delta, (version, snapshot file) pairs and the prune-below version") {
     val codec = reading { out =>
       out.writeInt(Contract.Frame.Commit.tag)
       out.writeInt(2); out.write(Array[Byte](7, 8))
-      out.writeInt(1); out.writeLong(5L); out.writeInt(1); out.write(Array[Byte](9))
+      out.writeInt(1); out.writeLong(5L); str(out, "/tmp/5.arrowstate.snapshot")
       out.writeLong(4L)
     }
-    val (frame, Seq(delta: Array[Byte], snaps: Seq[(Long, Array[Byte])] @unchecked,
+    val (frame, Seq(delta: Array[Byte], snaps: Seq[(Long, String)] @unchecked,
       prune: Long)) = codec.read(Contract.Frame.Commit)
     assertEqual(frame, Contract.Frame.Commit)
     assertEqual(delta.toSeq, Seq[Byte](7, 8))
-    assertEqual(snaps.map { case (v, b) => v -> b.toSeq }, Seq(5L -> Seq[Byte](9)))
+    assertEqual(snaps, Seq(5L -> "/tmp/5.arrowstate.snapshot"))
     assertEqual(prune, 4L)
   }
 

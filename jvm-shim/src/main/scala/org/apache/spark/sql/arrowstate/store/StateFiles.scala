@@ -74,7 +74,16 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   }
 
   /** Atomic write: readers see the old file or the whole new one; the last complete one wins. */
-  def write(name: String, bytes: Array[Byte]): Unit = {
+  def write(name: String, bytes: Array[Byte]): Unit =
+    writeWith(name)(new DataOutputStream(_).write(bytes))
+
+  /** Atomic write of a local file's content, streamed. */
+  def copyLocal(name: String, localPath: String): Unit = {
+    val in = new java.io.FileInputStream(localPath)
+    try writeWith(name)(out => in.transferTo(out)) finally in.close()
+  }
+
+  private def writeWith(name: String)(body: java.io.OutputStream => Unit): Unit = {
     val path = new Path(dir, name)
     val out = try fm.createAtomic(path, true) catch {
       case _: FileNotFoundException =>   // the directory's first file, or it was deleted
@@ -82,7 +91,7 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
         fm.createAtomic(path, true)
     }
     try {
-      new DataOutputStream(out).write(bytes)
+      body(out)
       out.close()
     } catch {
       case e: Throwable =>

@@ -18,18 +18,22 @@ object StateMaintenance extends Logging {
     }
   })
 
-  def submit(files: StateFiles, snapshots: Seq[(Long, Array[Byte])], pruneBelow: Long): Unit =
+  /** Copies the snapshots (local files the worker wrote, deleted once copied or failed)
+   * into the checkpoint, then prunes. */
+  def submit(files: StateFiles, snapshots: Seq[(Long, String)], pruneBelow: Long): Unit =
     if (snapshots.nonEmpty || pruneBelow > 0) {
       executor.execute(() => {
         try {
-          snapshots.foreach { case (v, bytes) =>
-            files.write(s"$v${StateFiles.SnapshotSuffix}", bytes)
+          snapshots.foreach { case (v, local) =>
+            files.copyLocal(s"$v${StateFiles.SnapshotSuffix}", local)
           }
           if (pruneBelow > 0) files.pruneBelow(pruneBelow)
         } catch {
           case e: Exception =>
             logWarning(s"arrowstate: state maintenance of ${files.dir} failed; its deltas " +
               "stay, so nothing is lost", e)
+        } finally {
+          snapshots.foreach { case (_, local) => new java.io.File(local).delete() }
         }
       })
     }

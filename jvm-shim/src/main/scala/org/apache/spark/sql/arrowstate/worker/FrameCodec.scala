@@ -18,7 +18,7 @@ import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePy
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], versionedBytes Seq[(Long, Array[Byte])], json:* JValue.
+ * Seq[String], versionedFiles Seq[(Long, String)], json:* JValue.
  */
 class FrameCodec(in: DataInputStream, out: DataOutputStream) {
 
@@ -62,12 +62,13 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
       case ("strings", v: Seq[_]) =>
         out.writeInt(v.size)
         v.foreach(s => writeValue(frame, field, "string", s))
-      case ("versionedBytes", v: Seq[_]) =>
+      case ("versionedFiles", v: Seq[_]) =>
         out.writeInt(v.size)
         v.foreach {
-          case (version: Long, b: Array[Byte]) => out.writeLong(version); writeBytes(b)
+          case (version: Long, path: String) =>
+            out.writeLong(version); writeBytes(path.getBytes(UTF_8))
           case other => throw ArrowStateException.contract(frame, field,
-            s"a versionedBytes item must be (Long, Array[Byte]), not $other")
+            s"a versionedFiles item must be (Long, String), not $other")
         }
       case (json, v: JValue) if json.startsWith("json:") =>
         ContractSchema.check(json.stripPrefix("json:"), v)
@@ -88,7 +89,8 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     case "bytes" | "arrow" => readBytes()
     case "string" => new String(readBytes(), UTF_8)
     case "strings" => Seq.fill(in.readInt())(new String(readBytes(), UTF_8))
-    case "versionedBytes" => Seq.fill(in.readInt())(in.readLong() -> readBytes())
+    case "versionedFiles" =>
+      Seq.fill(in.readInt())(in.readLong() -> new String(readBytes(), UTF_8))
     case json if json.startsWith("json:") =>
       val v = JsonMethods.parse(new String(readBytes(), UTF_8))
       ContractSchema.check(json.stripPrefix("json:"), v)

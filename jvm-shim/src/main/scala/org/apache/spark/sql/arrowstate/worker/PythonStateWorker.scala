@@ -136,9 +136,9 @@ class PythonStateWorker(
     }
 
   /** COMMIT: the new version's delta, the snapshots the worker finished meanwhile
-   * (version, bytes) and the version below which files may be pruned. */
-  def readCommit(): (Array[Byte], Seq[(Long, Array[Byte])], Long) = {
-    val (_, Seq(delta: Array[Byte], snapshots: Seq[(Long, Array[Byte])] @unchecked,
+   * (version, the local file it wrote) and the version below which files may be pruned. */
+  def readCommit(): (Array[Byte], Seq[(Long, String)], Long) = {
+    val (_, Seq(delta: Array[Byte], snapshots: Seq[(Long, String)] @unchecked,
       pruneBelow: Long)) = read(Contract.Frame.Commit)
     (delta, snapshots, pruneBelow)
   }
