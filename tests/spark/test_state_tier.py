@@ -8,13 +8,18 @@ import subprocess
 
 import pyarrow as pa
 import pytest
+from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+import fmgws_functions as fns
 
 from harness import assert_same, run_query, spark_errors
 from procinfo import kill_own_state_workers
 
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
+FLATMAP = "ArrowFlatMapGroupsWithState"
 EVENTS = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")),
                     ("v", pa.int64())])
 
@@ -99,6 +104,20 @@ def test_complete_aggregation_with_state_on_disk(spark, tmp_path, tiered):
                           expect_node=SAVE, output_mode="complete",
                           custom_metrics=["stateDiskBytes"])
     assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_apply_in_pandas_with_state_and_event_time_timeouts_on_disk(spark, tmp_path, tiered):
+    cloudpickle.register_pickle_by_value(fns)
+    batches = _batches(5, 800, 1500, seed=9, step=12) + [[]]
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds").groupBy("k").applyInPandasWithState(
+            fns.event_time_sessions, "user long, what string, value long",
+            "count long, latest long", "Update", GroupStateTimeout.EventTimeTimeout),
+        expect_node=FLATMAP, output_mode="update", restart_after=[2],
+        custom_metrics=["stateDiskBytes"])
+    assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
+    assert any(_on_disk(ours)), ours.custom
 
 
 def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint(

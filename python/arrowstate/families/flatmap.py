@@ -22,7 +22,6 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from .. import keys as keycodec
 from ..store import VersionedState
 from .base import STORE_METRICS, FamilyBase, gather_rows
 from .flatmap_layout import LAYOUT
@@ -45,6 +44,7 @@ class _Group:
 class FlatMapGroupsWithState(FamilyBase):
     name = "flatMapGroupsWithState"
     layout = LAYOUT
+    tiered = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, STORE_METRICS)
@@ -86,8 +86,8 @@ class FlatMapGroupsWithState(FamilyBase):
         self._unchanged_timeouts: list = []   # timed-out groups whose state was left alone
 
     # -- state ------------------------------------------------------------------------------
-    def _index(self, state: VersionedState, keys: list, timeouts: np.ndarray) -> None:
-        state.index.add_many(timeouts, keys, timeouts != NO_TIMESTAMP)
+    def _index(self, state: VersionedState, keys, timeouts: np.ndarray) -> None:
+        state.index.add_many(timeouts, state.as_keys(keys), timeouts != NO_TIMESTAMP)
 
     def index_rows(self, state: VersionedState, keys: list, rows: pa.RecordBatch) -> None:
         """Indexes groups by their timeout timestamp (none: never times out)."""
@@ -185,8 +185,12 @@ class FlatMapGroupsWithState(FamilyBase):
         pd = self._pd
         n = batch.num_rows
         key_batch = batch.select(self.key_indices)
-        hkeys = keycodec.rows(key_batch.columns, n)
-        boundaries = [0] + [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]] + [n]
+        hkeys = state.keys(key_batch.columns, n)
+        if isinstance(hkeys, np.ndarray):
+            starts = (np.flatnonzero(hkeys[1:] != hkeys[:-1]) + 1).tolist()
+        else:
+            starts = [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]]
+        boundaries = [0] + starts + [n]
         series = self.io.to_pandas(batch)
         # One conversion per batch; each group's rows are a slice of it, re-indexed from 0
         # as PySpark's own per-group frames are. PySpark converts each group's slice on its
@@ -196,7 +200,7 @@ class FlatMapGroupsWithState(FamilyBase):
         with_nulls = [i for i in range(self.value_count) if batch.column(i).null_count]
         nullable = batch.select(with_nulls) if with_nulls else None
         key_arrays = [series[i].array for i in self.key_indices]
-        ids = state.rows.lookup([hkeys[i] for i in boundaries[:-1]])
+        ids = state.rows.lookup(state.rows.pick(hkeys, boundaries[:-1]))
         found = np.flatnonzero(ids >= 0)
         stored: list = [None] * len(ids)
         for g, value in zip(found.tolist(), self._stored_values(state.rows.take(ids[found]))):

@@ -473,6 +473,7 @@ class TieredRows:
         """Stores one row per key (the last of repeated keys wins)."""
         if not len(keys):
             return
+        keys = np.asarray(keys, dtype=self.dtype)
         pick = _newest_of_each(keys)
         keys = keys[pick]
         present = self.lookup(keys) >= 0

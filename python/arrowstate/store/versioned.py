@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Hashable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from .. import keys as keycodec
@@ -66,6 +67,12 @@ class VersionedState:
         if self.key_dtype is None:
             return keycodec.rows(columns, num_rows)
         return keycodec.key_array(columns, num_rows, self.key_dtype)
+
+    def as_keys(self, keys):
+        """Keys gathered one by one (from `keys`' results) in the store's form again."""
+        if self.key_dtype is None or isinstance(keys, np.ndarray):
+            return keys
+        return np.asarray(keys, dtype=self.key_dtype)
 
     def close(self) -> None:
         """Lets go of what the state holds outside memory (the tier's files, a snapshot file
