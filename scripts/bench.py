@@ -212,7 +212,7 @@ class PeakRss:
     def __init__(self, interval: float = 0.2) -> None:
         import threading
 
-        from procinfo import rss_bytes, state_worker_pids
+        from procinfo import own_state_worker_pids, rss_bytes
         self.workers: dict[int, int] = {}
         self.jvm = 0
         self._stop = threading.Event()
@@ -231,7 +231,7 @@ class PeakRss:
         def sample():
             jvms = list(jvm_pids())
             while not self._stop.wait(interval):
-                for pid in state_worker_pids():
+                for pid in own_state_worker_pids():
                     self.workers[pid] = max(self.workers.get(pid, 0), rss_bytes(pid))
                 self.jvm = max([self.jvm] + [rss_bytes(pid) for pid in jvms])
 

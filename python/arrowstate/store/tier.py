@@ -17,7 +17,8 @@ memory holds only what an operation reads and the kernel's page cache holds the 
     <n>.arrow   an Arrow IPC file of the rows, one record batch per block of BLOCK keys
 
 The first key of each block stays in memory (`fences`), so finding keys reads only the
-blocks they fall in. The files are a cache of what the checkpoint holds: a worker builds
+blocks they fall in; and every run has a Bloom filter in memory (10 bits a key), so a key
+that is not in a run (a new key) is found absent without a search or a read. The files are a cache of what the checkpoint holds: a worker builds
 them from the checkpoint's files and deletes them when it drops the state or exits.
 """
 from __future__ import annotations
@@ -36,6 +37,10 @@ import pyarrow as pa
 from ..errors import ArrowStateError
 
 BLOCK = 4096              # keys per block of a run on disk (one Arrow record batch each)
+BLOOM_BITS_PER_KEY = 10   # about 1% false positives with BLOOM_HASHES
+BLOOM_HASHES = 5
+BLOOM_MIN_KEYS = 1 << 12
+FANOUT = 4                # runs of one size class merged into one  # a smaller run in memory is searched at once: no filter
 SPAN_BLOCKS = 256         # the most blocks one read brings into memory (1M keys)
 DIR_SETTING = "spark.arrowstate.worker.localDir"
 _sequence = itertools.count()
@@ -57,11 +62,64 @@ class LocalStateWriteFailed(ArrowStateError):
             path=path, reason=what, setting=DIR_SETTING)
 
 
+_U = np.uint64
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, on uint64 arrays (wrapping arithmetic)."""
+    x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
+    return x ^ (x >> _U(31))
+
+
+def key_hashes(keys: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each key (int64 or fixed-width bytes)."""
+    if keys.dtype == np.int64:
+        return _mix(keys.view(_U))
+    width = keys.dtype.itemsize
+    words = -(-width // 8)
+    raw = np.zeros((len(keys), words * 8), dtype=np.uint8)
+    raw[:, :width] = np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), width)
+    raw = raw.view(_U)
+    h = np.full(len(keys), _U(width), dtype=_U)
+    for w in range(words):
+        h = _mix(h ^ raw[:, w])
+    return h
+
+
+class _Bloom:
+    """A Bloom filter over a run's keys, built once (runs never change)."""
+
+    __slots__ = ("bits", "mask")
+
+    def __init__(self, hashes: np.ndarray) -> None:
+        size = 64
+        while size < len(hashes) * BLOOM_BITS_PER_KEY:
+            size *= 2
+        self.mask = _U(size - 1)
+        marks = np.zeros(size, dtype=bool)
+        for positions in self._positions(hashes):
+            marks[positions] = True
+        self.bits = np.packbits(marks, bitorder="little")
+
+    def _positions(self, hashes: np.ndarray):
+        step = _mix(hashes ^ _U(0x9E3779B97F4A7C15)) | _U(1)
+        for i in range(BLOOM_HASHES):
+            yield ((hashes + _U(i) * step) & self.mask).astype(np.int64)
+
+    def may_hold(self, hashes: np.ndarray) -> np.ndarray:
+        maybe = np.ones(len(hashes), dtype=bool)
+        for positions in self._positions(hashes):
+            maybe &= (self.bits[positions >> 3] >> (positions & 7).astype(np.uint8)) & 1 == 1
+        return maybe
+
+
 class _Run:
-    """One run: in memory (`keys`, `alive`, `rows`) or on disk (`path`, `fences`)."""
+    """One run: in memory (`keys`, `alive`, `rows`) or on disk (`path`, `fences`), and the
+    Bloom filter of its keys."""
 
     __slots__ = ("n", "keys", "alive", "rows", "path", "fences", "has_dead", "disk_bytes",
-                 "__weakref__")
+                 "bloom", "__weakref__")
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -72,12 +130,15 @@ class _Run:
         self.fences: np.ndarray | None = None
         self.has_dead = False
         self.disk_bytes = 0
+        self.bloom: _Bloom | None = None
 
     @classmethod
     def in_memory(cls, keys: np.ndarray, alive: np.ndarray | None,
                   rows: pa.RecordBatch) -> "_Run":
         run = cls(len(keys))
         run.keys, run.rows = keys, rows
+        if len(keys) >= BLOOM_MIN_KEYS:
+            run.bloom = _Bloom(key_hashes(keys))
         if alive is not None and not alive.all():
             run.alive, run.has_dead = alive, True
         return run
@@ -87,9 +148,10 @@ class _Run:
         return self.path is not None
 
     def memory_bytes(self) -> int:
+        bloom = self.bloom.bits.nbytes if self.bloom is not None else 0
         if self.on_disk:
-            return self.fences.nbytes
-        return (self.keys.nbytes + self.rows.nbytes
+            return self.fences.nbytes + bloom
+        return (bloom + self.keys.nbytes + self.rows.nbytes
                 + (self.alive.nbytes if self.alive is not None else 0))
 
     def delete_files(self) -> None:
@@ -150,14 +212,26 @@ class _Reader:
             parts.append(self._arrow.get_batch(b).take(pa.array(positions[lo:hi] - b * BLOCK)))
         return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
-    def find(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For sorted probes: found, position, alive (the last two meaningful where found)."""
+    def find(self, probes: np.ndarray, hashes: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For sorted probes (and their key_hashes): found, position, alive (the last two
+        meaningful where found). Only probes the run's Bloom filter may hold are searched."""
         run = self.run
         found = np.zeros(len(probes), dtype=bool)
         pos = np.zeros(len(probes), dtype=np.int64)
         alive = np.ones(len(probes), dtype=bool)
         if run.n == 0 or len(probes) == 0:
             return found, pos, alive
+        maybe = (np.arange(len(probes)) if hashes is None or run.bloom is None
+                 else np.flatnonzero(run.bloom.may_hold(hashes)))
+        if len(maybe) < len(probes):
+            f, p, a = self.find(probes[maybe], None) if len(maybe) else (found[:0],) * 3
+            found[maybe], pos[maybe], alive[maybe] = f, p, a
+            return found, pos, alive
+        return self._search_run(probes, found, pos, alive)
+
+    def _search_run(self, probes, found, pos, alive):
+        run = self.run
         if not run.on_disk:
             _search(run.keys, probes, found, pos)
             if run.has_dead:
@@ -257,19 +331,53 @@ def _merged(readers: Sequence[_Reader], chunk: int, keep_dead: bool
             return
         bound = min(c.keys[-1] for c in active)
         parts = [c.take_to(bound) for c in active]
-        if len(parts) == 1:
-            keys, alive, rows = parts[0]
-        else:
-            keys = np.concatenate([k for k, _, _ in parts])
-            pick = _newest_of_each(keys)   # stable: later runs (newer) come later
-            keys = keys[pick]
-            alive = np.concatenate([a for _, a, _ in parts])[pick]
-            rows = pa.concat_batches([r for _, _, r in parts]).take(pa.array(pick))
+        keys, alive, rows = parts[0]
+        for newer in parts[1:]:
+            keys, alive, rows = _merge_two((keys, alive, rows), newer)
         if not keep_dead and not alive.all():
             keys, rows = keys[alive], rows.filter(pa.array(alive))
             alive = alive[alive]
         if len(keys):
             yield keys, alive, rows
+
+
+def _size_class(n: int) -> int:
+    """Runs within a factor FANOUT of each other share a class."""
+    size_class = 0
+    while n >= FANOUT:
+        n //= FANOUT
+        size_class += 1
+    return size_class
+
+
+def _merge_two(older, newer):
+    """Two sorted pieces of unique keys as one, the newer entry of a key winning: the newer
+    keys' places found by binary search, not by sorting both again."""
+    a_keys, a_alive, a_rows = older
+    b_keys, b_alive, b_rows = newer
+    if not len(a_keys):
+        return newer
+    if not len(b_keys):
+        return older
+    at = np.searchsorted(a_keys, b_keys)
+    inside = at < len(a_keys)
+    replaced = np.zeros(len(a_keys), dtype=bool)
+    dup = np.zeros(len(b_keys), dtype=bool)
+    dup[inside] = a_keys[at[inside]] == b_keys[inside]
+    replaced[at[dup]] = True
+    kept_a = np.flatnonzero(~replaced)
+    # each newer key goes before the older keys at or after it that are kept
+    b_place = np.searchsorted(kept_a, at) + np.arange(len(b_keys))
+    total = len(kept_a) + len(b_keys)
+    source = np.empty(total, dtype=np.int64)     # index into concat(kept older, newer)
+    is_b = np.zeros(total, dtype=bool)
+    is_b[b_place] = True
+    source[~is_b] = np.arange(len(kept_a))
+    source[b_place] = len(kept_a) + np.arange(len(b_keys))
+    keys = np.concatenate([a_keys[kept_a], b_keys])[source]
+    alive = np.concatenate([a_alive[kept_a], b_alive])[source]
+    rows = pa.concat_batches([a_rows.take(pa.array(kept_a)), b_rows]).take(pa.array(source))
+    return keys, alive, rows
 
 
 class _RunWriter:
@@ -279,6 +387,7 @@ class _RunWriter:
         self.path = path
         self.n, self.has_dead = 0, False
         self.fences: list[np.ndarray] = []
+        self.hashes: list[np.ndarray] = []
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         try:
@@ -293,6 +402,7 @@ class _RunWriter:
         try:
             start = (-self.n) % BLOCK   # the first key of each new block is a fence
             self.fences.append(keys[start::BLOCK].copy())
+            self.hashes.append(key_hashes(keys))
             self._keys.write(memoryview(np.ascontiguousarray(keys)).cast("B"))
             self._alive.write(alive.astype(np.uint8).tobytes())
             self.has_dead |= not alive.all()
@@ -327,6 +437,9 @@ class _RunWriter:
         run.path, run.has_dead = self.path, self.has_dead
         run.fences = (np.concatenate(self.fences) if self.fences
                       else np.zeros(0, dtype=dtype))
+        run.bloom = _Bloom(np.concatenate(self.hashes) if self.hashes
+                           else np.zeros(0, dtype=_U))
+        self.hashes = []
         run.disk_bytes = sum(os.path.getsize(self.path + s) for s in
                              ((".keys", ".alive", ".arrow") if self.has_dead
                               else (".keys", ".arrow")))
@@ -391,6 +504,7 @@ class TieredRows:
         keys = np.asarray(keys, dtype=self.dtype)
         order = np.argsort(keys, kind="stable")
         probes = keys[order]
+        hashes = key_hashes(probes)
         run_of = np.full(len(keys), -1, dtype=np.int64)
         pos = np.zeros(len(keys), dtype=np.int64)
         alive = np.zeros(len(keys), dtype=bool)
@@ -400,7 +514,7 @@ class TieredRows:
                 break
             reader = _Reader(self.runs[r], self.dtype)
             try:
-                found, at, live = reader.find(probes[open_])
+                found, at, live = reader.find(probes[open_], hashes[open_])
             finally:
                 reader.close()
             hit = open_[found]
@@ -512,13 +626,23 @@ class TieredRows:
         self._add(_Run.in_memory(keys, np.zeros(len(keys), dtype=bool), empty))
 
     def _add(self, run: _Run) -> None:
-        """Appends a run, then merges while the newest is at least half its elder's size
-        (binary-counter merging: O(log n) runs)."""
+        """Appends a run, then merges the newest runs once FANOUT of them are of one size
+        class or smaller (tiered merging: each row is copied about log_FANOUT(n / first
+        run) times, and at most FANOUT - 1 runs of each class are probed; Bloom filters
+        keep probing cheap)."""
         self.runs.append(run)
-        while len(self.runs) >= 2 and 2 * self.runs[-1].n >= self.runs[-2].n:
-            newer = self.runs.pop()
-            older = self.runs.pop()
-            self.runs.append(self._merge([older, newer], bottom=not self.runs))
+        while True:
+            size_class = _size_class(self.runs[-1].n)
+            tail = 0
+            for older in reversed(self.runs):
+                if _size_class(older.n) > size_class:
+                    break
+                tail += 1
+            if tail < FANOUT:
+                break
+            merged = self.runs[-tail:]
+            del self.runs[-tail:]
+            self.runs.append(self._merge(merged, bottom=not self.runs))
         if not self.runs[-1].on_disk and self.runs[-1].memory_bytes() > self.memory_cap:
             self.runs[-1] = self._write(self.runs[-1])
 
