@@ -95,7 +95,7 @@ class SessionWindow(FamilyBase):
                                     for s, (_, t) in d.items()])
 
     def _sessions(self, state: VersionedState) -> dict:
-        if "sessions" not in getattr(state, "objects", {}):
+        if "sessions" not in (state.objects or {}):
             self.rebuild_index(state)
         return state.objects["sessions"]
 

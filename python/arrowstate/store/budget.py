@@ -22,6 +22,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import pyarrow as pa
+
 from ..errors import ArrowStateError
 
 SETTING = "spark.arrowstate.worker.memory"
@@ -115,7 +117,7 @@ class MemoryBudget:
             atexit.register(shutil.rmtree, self._root, True)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", state_key)[-80:]
         return TierPlace(os.path.join(self._root, f"{next(self._names)}-{name}"),
-                         memory_cap=max(MIB, self.state_share // 4))
+                         memory_cap=max(MIB, self.state_share // 8))
 
     def balance(self, states: Iterable) -> None:
         """After a commit: while the state held in memory passes its share, the largest
@@ -128,6 +130,7 @@ class MemoryBudget:
             if held <= self.state_share:
                 break
             held -= state.rows.spill()
+        pa.default_memory_pool().release_unused()   # what Arrow's allocator keeps back
 
     def check_peak(self, header: dict[str, Any]) -> None:
         """After a task: fails it when the worker's resident memory passed the budget while

@@ -41,7 +41,8 @@ BLOOM_BITS_PER_KEY = 10   # about 1% false positives with BLOOM_HASHES
 BLOOM_HASHES = 5
 BLOOM_MIN_KEYS = 1 << 12
 FANOUT = 4                # runs of one size class merged into one  # a smaller run in memory is searched at once: no filter
-SPAN_BLOCKS = 256         # the most blocks one read brings into memory (1M keys)
+SPAN_BLOCKS = 256         # the most blocks of keys one lookup reads at once (1M keys)
+MERGE_ROWS = 1 << 17      # rows a merge or scan reads from each run at a time
 DIR_SETTING = "spark.arrowstate.worker.localDir"
 _sequence = itertools.count()
 
@@ -654,7 +655,7 @@ class TieredRows:
                    or sum(r.memory_bytes() for r in runs) > self.memory_cap)
         readers = [_Reader(r, self.dtype) for r in runs]
         try:
-            pieces = _merged(readers, SPAN_BLOCKS * BLOCK, keep_dead=not bottom)
+            pieces = _merged(readers, MERGE_ROWS, keep_dead=not bottom)
             if to_disk:
                 merged = self._write_pieces(pieces)
             else:
@@ -736,7 +737,8 @@ class FrozenTier:
 
     def items(self, batch_size: int) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         try:
-            for keys, _, rows in _merged(self._readers, max(1, batch_size), keep_dead=False):
+            for keys, _, rows in _merged(self._readers, max(1, min(batch_size, MERGE_ROWS)),
+                                         keep_dead=False):
                 rows = pa.RecordBatch.from_arrays(rows.columns, schema=self.schema)
                 for lo in range(0, len(keys), max(1, batch_size)):
                     yield keys[lo:lo + batch_size], rows.slice(lo, batch_size)

@@ -16,7 +16,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from . import files
 from .lifecycle import FileSource, Lifecycle, load_plans
-from .rows import KeyedRows
+from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
 from .time_index import TimeIndex
 
@@ -49,6 +49,9 @@ class VersionedState:
             KeyedRows(self.schema) if self.key_dtype is None
             else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap))
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
+        # Python objects a family keeps with the state between batches (transformWithState's
+        # decoded variables, timer heap and TTL heaps), rebuilt from the rows on a load
+        self.objects: dict | None = None
         self.lifecycle = Lifecycle()
         self.version = 0
         self.run_id: str | None = None     # the query run that committed or loaded it
@@ -188,9 +191,10 @@ class VersionedState:
                 self.rows.discard(run_keys)
 
     def memory_bytes(self) -> int:
-        """Everything the state holds in memory: rows (or the tier's runs in memory and its
-        block index), and the time index."""
-        return self.rows.memory_bytes() + self.index.memory_bytes()
+        """Everything the state holds in memory: rows (or the tier's runs in memory, their
+        Bloom filters and block index), the time index, and a family's own objects."""
+        objects = sampled_size(self.objects) if self.objects else 0
+        return self.rows.memory_bytes() + self.index.memory_bytes() + objects
 
     def disk_bytes(self) -> int:
         """The tier's files on local disk (0 for state held in memory)."""

@@ -221,7 +221,7 @@ class TransformWithState(FamilyBase):
         if self._attached:
             return
         self._attached = True
-        held = getattr(state, "objects", None)
+        held = state.objects
         if held is None or set(held["variables"]) != set(self.order):
             self.rebuild_index(state)
             held = state.objects
