@@ -202,3 +202,18 @@ def test_balance_spills_the_largest_state_until_the_rest_fits(tmp_path):
     small, large = states
     assert large.disk_bytes() > 0 and small.disk_bytes() == 0
     assert sum(s.memory_bytes() for s in states) <= b.state_share
+
+
+def test_state_memory_counts_a_familys_own_objects_and_the_tiers_filters(tmp_path):
+    state = VersionedState([pa.field("k", pa.int64(), nullable=False)],
+                           [pa.field("v", pa.int64())],
+                           tier=TierPlace(str(tmp_path / "t"), memory_cap=1))
+    k = np.arange(100_000)
+    state.put_rows(k, pa.RecordBatch.from_arrays([pa.array(k), pa.array(k)], names=["k", "v"]))
+    # on disk: what stays in memory is the Bloom filter and the block index
+    assert state.disk_bytes() > 100_000 * 16
+    assert 100_000 <= state.memory_bytes() <= 100_000 * 3
+    before = state.memory_bytes()
+    state.objects = {"variables": {"count": {(i,): ((i,), 5) for i in range(10_000)}},
+                     "timerHeap": [(i, i, (i,)) for i in range(10_000)], "total": 10_000}
+    assert state.memory_bytes() - before > 10_000 * 200
