@@ -273,9 +273,14 @@ def scaling_run(spark, source: str, arrowstate: bool) -> tuple[list, dict, dict]
              .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
         q.awaitTermination()
         assert (SAVE in q._jsq.explainInternal(False)) == arrowstate
-        durations = [p["durationMs"]["triggerExecution"] for p in q.recentProgress
-                     if p["numInputRows"] > 0]
-        return durations, checksums, peak.stop()
+        progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+        durations = [p["durationMs"]["triggerExecution"] for p in progress]
+        memory = peak.stop()
+        if arrowstate:   # the time tasks waited on the state workers (summed over tasks)
+            memory["python_worker_ms"] = [
+                p["stateOperators"][0]["customMetrics"].get("pythonWorkerTimeMs")
+                for p in progress]
+        return durations, checksums, memory
     finally:
         peak.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)

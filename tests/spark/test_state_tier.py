@@ -4,7 +4,6 @@ fixed-width keys lives in sorted runs on the worker's local disk. Every query he
 reads it from there; Spark's own operators are the oracle."""
 import datetime as dt
 import random
-import subprocess
 
 import pyarrow as pa
 import pytest
@@ -17,6 +16,7 @@ import fmgws_functions as fns
 
 from harness import assert_same, run_query, spark_errors
 from procinfo import kill_own_state_workers
+from small_disk import small_disk as mounted_small_disk
 
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
 FLATMAP = "ArrowFlatMapGroupsWithState"
@@ -153,14 +153,8 @@ def test_budget_below_the_workers_base_size_fails_naming_the_setting(spark, spar
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB filesystem of its own (tmpfs; root only)."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    with mounted_small_disk(tmp_path / "small-disk", "1m") as mount:
+        yield mount
 
 
 def test_a_full_local_disk_fails_clearly_and_the_restart_continues(spark, spark_conf,

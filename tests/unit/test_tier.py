@@ -1,7 +1,6 @@
 """The state tier (sorted runs, in memory or on local disk) against the in-memory store, and
 the worker's memory budget, without Spark."""
 import os
-import subprocess
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +12,7 @@ from arrowstate.store import VersionedState, budget, tier
 from arrowstate.store.budget import MemoryBudget, TierPlace
 from arrowstate.store.rows import KeyedRows
 from arrowstate.store.tier import LocalStateWriteFailed, TieredRows
+from small_disk import small_disk
 
 
 @pytest.fixture(autouse=True)
@@ -135,13 +135,7 @@ def test_versioned_state_takes_the_tier_for_fixed_width_keys_only(tmp_path):
 
 
 def test_a_full_disk_names_the_directory_and_the_setting(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
-    try:
+    with small_disk(tmp_path / "small", "64k") as mount:
         schema = _schema("long not null")
         rows = TieredRows(schema, np.dtype(np.int64), str(mount / "t"), memory_cap=1)
         k = np.arange(100_000)
@@ -154,8 +148,6 @@ def test_a_full_disk_names_the_directory_and_the_setting(tmp_path):
         assert e.parameters["setting"] == "spark.arrowstate.worker.localDir"
         assert "full" in e.parameters["reason"]
         assert os.listdir(mount / "t") == [], "a run that failed leaves no file behind"
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def _header(memory, percent=50, local_dir="/tmp"):
