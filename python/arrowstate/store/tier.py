@@ -39,6 +39,7 @@ from ..errors import ArrowStateError
 BLOCK = 4096              # keys per block of a run on disk (one Arrow record batch each)
 BLOOM_BITS_PER_KEY = 10   # about 1% false positives with BLOOM_HASHES
 BLOOM_HASHES = 5
+SEGMENT_KEYS = 52428      # keys per Bloom segment: 10 bits a key in 2**19 bits
 BLOOM_MIN_KEYS = 1 << 12
 FANOUT = 4                # runs of one size class merged into one  # a smaller run in memory is searched at once: no filter
 SPAN_BLOCKS = 256         # the most blocks of keys one lookup reads at once (1M keys)
@@ -89,30 +90,71 @@ def key_hashes(keys: np.ndarray) -> np.ndarray:
 
 
 class _Bloom:
-    """A Bloom filter over a run's keys, built once (runs never change)."""
+    """A Bloom filter over a run's keys, in segments of SEGMENT_KEYS consecutive keys (in key
+    order), each with bits of its own: a key's segment is found by its first key, so a
+    filter is built a segment at a time as a run is written, with small temporaries."""
 
-    __slots__ = ("bits", "mask")
+    __slots__ = ("bits", "firsts", "segment_bits")
 
-    def __init__(self, hashes: np.ndarray) -> None:
-        size = 64
-        while size < len(hashes) * BLOOM_BITS_PER_KEY:
-            size *= 2
-        self.mask = _U(size - 1)
-        marks = np.zeros(size, dtype=bool)
-        for positions in self._positions(hashes):
-            marks[positions] = True
-        self.bits = np.packbits(marks, bitorder="little")
+    def __init__(self, bits: np.ndarray, firsts: np.ndarray, segment_bits: int) -> None:
+        self.bits, self.firsts, self.segment_bits = bits, firsts, segment_bits
 
-    def _positions(self, hashes: np.ndarray):
+    @property
+    def nbytes(self) -> int:
+        return self.bits.nbytes + self.firsts.nbytes
+
+    @staticmethod
+    def positions(hashes: np.ndarray, segment_bits: int):
+        mask = _U(segment_bits - 1)
         step = _mix(hashes ^ _U(0x9E3779B97F4A7C15)) | _U(1)
         for i in range(BLOOM_HASHES):
-            yield ((hashes + _U(i) * step) & self.mask).astype(np.int64)
+            yield ((hashes + _U(i) * step) & mask).astype(np.int64)
 
-    def may_hold(self, hashes: np.ndarray) -> np.ndarray:
-        maybe = np.ones(len(hashes), dtype=bool)
-        for positions in self._positions(hashes):
+    def may_hold(self, probes: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        segment = np.searchsorted(self.firsts, probes, side="right") - 1
+        maybe = segment >= 0            # below the run's first key: not in it
+        base = np.maximum(segment, 0) * self.segment_bits
+        for positions in self.positions(hashes, self.segment_bits):
+            positions += base
             maybe &= (self.bits[positions >> 3] >> (positions & 7).astype(np.uint8)) & 1 == 1
         return maybe
+
+
+class _BloomBuilder:
+    """Builds a run's _Bloom from its keys in key order, a segment at a time; `expected`
+    keys (at least) size each segment's bits."""
+
+    def __init__(self, expected: int) -> None:
+        self.segment_bits = 64
+        while self.segment_bits < min(max(expected, 1), SEGMENT_KEYS) * BLOOM_BITS_PER_KEY:
+            self.segment_bits *= 2
+        self._parts: list[np.ndarray] = []
+        self._firsts: list[np.ndarray] = []
+        self._keys: list[np.ndarray] = []
+        self._pending = 0
+
+    def add(self, keys: np.ndarray) -> None:
+        self._keys.append(keys)
+        self._pending += len(keys)
+        while self._pending >= SEGMENT_KEYS:
+            self._segment(SEGMENT_KEYS)
+
+    def _segment(self, size: int) -> None:
+        keys = np.concatenate(self._keys) if len(self._keys) > 1 else self._keys[0]
+        segment, rest = keys[:size], keys[size:]
+        self._keys, self._pending = ([rest] if len(rest) else []), len(rest)
+        marks = np.zeros(self.segment_bits, dtype=bool)
+        for positions in _Bloom.positions(key_hashes(segment), self.segment_bits):
+            marks[positions] = True
+        self._parts.append(np.packbits(marks, bitorder="little"))
+        self._firsts.append(segment[:1])
+
+    def finish(self, dtype: np.dtype) -> _Bloom:
+        if self._pending:
+            self._segment(self._pending)
+        firsts = np.concatenate(self._firsts) if self._firsts else np.zeros(0, dtype)
+        bits = (np.concatenate(self._parts) if self._parts else np.zeros(0, np.uint8))
+        return _Bloom(bits, firsts, self.segment_bits)
 
 
 class _Run:
@@ -139,7 +181,9 @@ class _Run:
         run = cls(len(keys))
         run.keys, run.rows = keys, rows
         if len(keys) >= BLOOM_MIN_KEYS:
-            run.bloom = _Bloom(key_hashes(keys))
+            builder = _BloomBuilder(len(keys))
+            builder.add(keys)
+            run.bloom = builder.finish(keys.dtype)
         if alive is not None and not alive.all():
             run.alive, run.has_dead = alive, True
         return run
@@ -149,7 +193,7 @@ class _Run:
         return self.path is not None
 
     def memory_bytes(self) -> int:
-        bloom = self.bloom.bits.nbytes if self.bloom is not None else 0
+        bloom = self.bloom.nbytes if self.bloom is not None else 0
         if self.on_disk:
             return self.fences.nbytes + bloom
         return (bloom + self.keys.nbytes + self.rows.nbytes
@@ -224,7 +268,7 @@ class _Reader:
         if run.n == 0 or len(probes) == 0:
             return found, pos, alive
         maybe = (np.arange(len(probes)) if hashes is None or run.bloom is None
-                 else np.flatnonzero(run.bloom.may_hold(hashes)))
+                 else np.flatnonzero(run.bloom.may_hold(probes, hashes)))
         if len(maybe) < len(probes):
             f, p, a = self.find(probes[maybe], None) if len(maybe) else (found[:0],) * 3
             found[maybe], pos[maybe], alive[maybe] = f, p, a
@@ -384,11 +428,13 @@ def _merge_two(older, newer):
 class _RunWriter:
     """Writes a run's files from entries in key order."""
 
-    def __init__(self, path: str, schema: pa.Schema) -> None:
+    def __init__(self, path: str, schema: pa.Schema, expected: int,
+                 bloom: "_Bloom | None" = None) -> None:
+        """`expected`: at least the keys it will hold; `bloom`: their filter, if made."""
         self.path = path
         self.n, self.has_dead = 0, False
         self.fences: list[np.ndarray] = []
-        self.hashes: list[np.ndarray] = []
+        self.bloom = _BloomBuilder(expected) if bloom is None else bloom
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         try:
@@ -403,7 +449,8 @@ class _RunWriter:
         try:
             start = (-self.n) % BLOCK   # the first key of each new block is a fence
             self.fences.append(keys[start::BLOCK].copy())
-            self.hashes.append(key_hashes(keys))
+            if isinstance(self.bloom, _BloomBuilder):
+                self.bloom.add(keys)
             self._keys.write(memoryview(np.ascontiguousarray(keys)).cast("B"))
             self._alive.write(alive.astype(np.uint8).tobytes())
             self.has_dead |= not alive.all()
@@ -438,9 +485,8 @@ class _RunWriter:
         run.path, run.has_dead = self.path, self.has_dead
         run.fences = (np.concatenate(self.fences) if self.fences
                       else np.zeros(0, dtype=dtype))
-        run.bloom = _Bloom(np.concatenate(self.hashes) if self.hashes
-                           else np.zeros(0, dtype=_U))
-        self.hashes = []
+        run.bloom = (self.bloom.finish(dtype) if isinstance(self.bloom, _BloomBuilder)
+                     else self.bloom)
         run.disk_bytes = sum(os.path.getsize(self.path + s) for s in
                              ((".keys", ".alive", ".arrow") if self.has_dead
                               else (".keys", ".arrow")))
@@ -657,7 +703,7 @@ class TieredRows:
         try:
             pieces = _merged(readers, MERGE_ROWS, keep_dead=not bottom)
             if to_disk:
-                merged = self._write_pieces(pieces)
+                merged = self._write_pieces(pieces, sum(r.n for r in runs))
             else:
                 parts = list(pieces)
                 if parts:
@@ -679,18 +725,20 @@ class TieredRows:
         reader = _Reader(run, self.dtype)
         try:
             return self._write_pieces(iter([(reader.keys(0, run.n), reader.alive(0, run.n),
-                                             reader.rows(0, run.n))] if run.n else []))
+                                             reader.rows(0, run.n))] if run.n else []),
+                                      run.n, run.bloom)
         finally:
             reader.close()
 
-    def _write_pieces(self, pieces) -> _Run:
+    def _write_pieces(self, pieces, expected: int, bloom: _Bloom | None = None) -> _Run:
         if not self._made_directory:
             try:
                 os.makedirs(self.directory, exist_ok=True)
             except OSError as e:
                 raise LocalStateWriteFailed(self.directory, e) from e
             self._made_directory = True
-        writer = _RunWriter(os.path.join(self.directory, str(next(_sequence))), self.schema)
+        writer = _RunWriter(os.path.join(self.directory, str(next(_sequence))), self.schema,
+                            expected, bloom)
         try:
             for keys, alive, rows in pieces:
                 writer.write(keys, alive, rows)
