@@ -8,18 +8,19 @@ import pytest
 
 from arrowstate import keys
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, budget, tier
+from arrowstate.store import VersionedState, budget, runs
 from arrowstate.store.budget import MemoryBudget, TierPlace
 from arrowstate.store.rows import KeyedRows
-from arrowstate.store.tier import LocalStateWriteFailed, TieredRows
+from arrowstate.store.runs import LocalStateWriteFailed
+from arrowstate.store.tier import TieredRows
 from small_disk import small_disk
 
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """Small blocks and reads, so a few thousand keys make many of each."""
-    monkeypatch.setattr(tier, "BLOCK", 64)
-    monkeypatch.setattr(tier, "SPAN_BLOCKS", 4)
+    monkeypatch.setattr(runs, "BLOCK", 64)
+    monkeypatch.setattr(runs, "SPAN_BLOCKS", 4)
 
 
 def _columns(kind, raw):

@@ -1,0 +1,392 @@
+"""Sorted runs of a partition's state (see `tier`): a run in memory or its files on disk,
+reading it (`RunReader`, `Cursor`), writing it (`RunWriter`), and merging runs (`merged`).
+
+A run on disk is three files in the tier's directory, read with ordinary reads, never
+mapped, so the worker's resident memory holds only what an operation reads and the
+kernel's page cache holds the rest:
+
+    <n>.keys    the keys' fixed-width bytes, sorted
+    <n>.alive   one byte per key (no file when every entry is alive)
+    <n>.arrow   an Arrow IPC file of the rows, one record batch per block of BLOCK keys
+
+The first key of each block stays in memory (`fences`), so finding keys reads only the
+blocks they fall in.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ArrowStateError
+from .bloom import BLOOM_MIN_KEYS, Bloom, BloomBuilder
+
+BLOCK = 4096              # keys per block of a run on disk (one Arrow record batch each)
+SPAN_BLOCKS = 256         # the most blocks of keys one lookup reads at once (1M keys)
+MERGE_ROWS = 1 << 17      # rows a merge or scan reads from each run at a time
+DIR_SETTING = "spark.arrowstate.worker.localDir"
+
+
+class LocalStateWriteFailed(ArrowStateError):
+    """The tier could not write its files (a full disk, a missing or read-only directory)."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = ("the local disk is full" if full
+                else f"{type(error).__name__}: {error.strerror or error}")
+        super().__init__(
+            "ARROWSTATE_LOCAL_STATE_WRITE_FAILED",
+            f"arrowstate could not write state that is over the worker's memory budget to "
+            f"{path}: {what}. Nothing committed is lost (the checkpoint holds it); free space "
+            f"there, or point {DIR_SETTING} (default: Spark's local directories) at a disk "
+            "with room, or give the workers more memory.",
+            path=path, reason=what, setting=DIR_SETTING)
+
+
+class Run:
+    """One run: in memory (`keys`, `alive`, `rows`) or on disk (`path`, `fences`), and the
+    Bloom filter of its keys."""
+
+    __slots__ = ("n", "keys", "alive", "rows", "path", "fences", "has_dead", "disk_bytes",
+                 "bloom", "__weakref__")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.keys: np.ndarray | None = None
+        self.alive: np.ndarray | None = None     # None: every entry alive
+        self.rows: pa.RecordBatch | None = None
+        self.path: str | None = None
+        self.fences: np.ndarray | None = None
+        self.has_dead = False
+        self.disk_bytes = 0
+        self.bloom: Bloom | None = None
+
+    @classmethod
+    def in_memory(cls, keys: np.ndarray, alive: np.ndarray | None,
+                  rows: pa.RecordBatch) -> "Run":
+        run = cls(len(keys))
+        run.keys, run.rows = keys, rows
+        if len(keys) >= BLOOM_MIN_KEYS:
+            builder = BloomBuilder(len(keys))
+            builder.add(keys)
+            run.bloom = builder.finish(keys.dtype)
+        if alive is not None and not alive.all():
+            run.alive, run.has_dead = alive, True
+        return run
+
+    @property
+    def on_disk(self) -> bool:
+        return self.path is not None
+
+    def memory_bytes(self) -> int:
+        bloom = self.bloom.nbytes if self.bloom is not None else 0
+        if self.on_disk:
+            return self.fences.nbytes + bloom
+        return (bloom + self.keys.nbytes + self.rows.nbytes
+                + (self.alive.nbytes if self.alive is not None else 0))
+
+    def delete_files(self) -> None:
+        if self.path is not None:
+            delete_run_files(self.path)
+
+
+class RunReader:
+    """Reads a run (its files held open, so a merge that deletes them meanwhile does not
+    disturb a reader that started before)."""
+
+    def __init__(self, run: Run, dtype: np.dtype) -> None:
+        self.run, self.dtype = run, dtype
+        if run.on_disk:
+            self._keys = os.open(run.path + ".keys", os.O_RDONLY)
+            self._alive = (os.open(run.path + ".alive", os.O_RDONLY) if run.has_dead
+                           else None)
+            self._arrow_file = pa.OSFile(run.path + ".arrow", "rb")
+            self._arrow = pa.ipc.open_file(self._arrow_file)
+
+    def close(self) -> None:
+        if self.run.on_disk:
+            os.close(self._keys)
+            if self._alive is not None:
+                os.close(self._alive)
+            self._arrow_file.close()
+
+    def keys(self, lo: int, hi: int) -> np.ndarray:
+        if not self.run.on_disk:
+            return self.run.keys[lo:hi]
+        size = self.dtype.itemsize
+        return np.frombuffer(_pread(self._keys, (hi - lo) * size, lo * size), self.dtype)
+
+    def alive(self, lo: int, hi: int) -> np.ndarray:
+        if not self.run.has_dead:
+            return np.ones(hi - lo, dtype=bool)
+        if not self.run.on_disk:
+            return self.run.alive[lo:hi]
+        return np.frombuffer(_pread(self._alive, hi - lo, lo), dtype=bool)
+
+    def rows(self, lo: int, hi: int) -> pa.RecordBatch:
+        if not self.run.on_disk:
+            return self.run.rows.slice(lo, hi - lo)
+        first, last = lo // BLOCK, (hi - 1) // BLOCK
+        parts = [self._arrow.get_batch(b) for b in range(first, last + 1)]
+        whole = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        return whole.slice(lo - first * BLOCK, hi - lo)
+
+    def rows_at(self, positions: np.ndarray) -> pa.RecordBatch:
+        """Rows at sorted positions."""
+        if not self.run.on_disk:
+            return self.run.rows.take(pa.array(positions))
+        blocks = positions // BLOCK
+        cuts = np.flatnonzero(np.diff(blocks)) + 1
+        parts = []
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(positions)]):
+            b = int(blocks[lo])
+            parts.append(self._arrow.get_batch(b).take(pa.array(positions[lo:hi] - b * BLOCK)))
+        return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+
+    def find(self, probes: np.ndarray, hashes: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For sorted probes (and their key_hashes): found, position, alive (the last two
+        meaningful where found). Only probes the run's Bloom filter may hold are searched."""
+        run = self.run
+        found = np.zeros(len(probes), dtype=bool)
+        pos = np.zeros(len(probes), dtype=np.int64)
+        alive = np.ones(len(probes), dtype=bool)
+        if run.n == 0 or len(probes) == 0:
+            return found, pos, alive
+        maybe = (np.arange(len(probes)) if hashes is None or run.bloom is None
+                 else np.flatnonzero(run.bloom.may_hold(probes, hashes)))
+        if len(maybe) < len(probes):
+            f, p, a = self.find(probes[maybe], None) if len(maybe) else (found[:0],) * 3
+            found[maybe], pos[maybe], alive[maybe] = f, p, a
+            return found, pos, alive
+        return self._search_run(probes, found, pos, alive)
+
+    def _search_run(self, probes, found, pos, alive):
+        run = self.run
+        if not run.on_disk:
+            _search(run.keys, probes, found, pos)
+            if run.has_dead:
+                alive[found] = run.alive[pos[found]]
+            return found, pos, alive
+        block = np.searchsorted(run.fences, probes, side="right") - 1
+        start = int(np.searchsorted(block, 0))            # probes below the first key miss
+        if start == len(probes):
+            return found, pos, alive
+        tail = block[start:]
+        touched = tail[np.r_[True, tail[1:] != tail[:-1]]]
+        # runs of consecutive touched blocks, each read at once (at most SPAN_BLOCKS)
+        breaks = np.flatnonzero((np.diff(touched) != 1)
+                                | (np.arange(1, len(touched)) % SPAN_BLOCKS == 0)) + 1
+        for lo_i, hi_i in zip(np.r_[0, breaks], np.r_[breaks, len(touched)]):
+            b0, b1 = int(touched[lo_i]), int(touched[hi_i - 1]) + 1
+            p0 = int(np.searchsorted(block, b0))
+            p1 = int(np.searchsorted(block, b1))
+            lo, hi = b0 * BLOCK, min(b1 * BLOCK, run.n)
+            span_found = found[p0:p1]
+            span_pos = pos[p0:p1]
+            _search(self.keys(lo, hi), probes[p0:p1], span_found, span_pos)
+            span_pos += lo
+            if run.has_dead:
+                at = np.flatnonzero(span_found)
+                alive[p0:p1][at] = self.alive(lo, hi)[span_pos[at] - lo]
+        return found, pos, alive
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    while len(data) < size:   # pread may return less than asked on some filesystems
+        more = os.pread(fd, size - len(data), offset + len(data))
+        if not more:
+            raise OSError(errno.EIO, f"short read of a state tier file at {offset}")
+        data += more
+    return data
+
+
+def _search(keys: np.ndarray, probes: np.ndarray, found: np.ndarray, pos: np.ndarray) -> None:
+    """Fills found/pos (views) for probes in sorted keys."""
+    at = np.searchsorted(keys, probes)
+    inside = at < len(keys)
+    hit = np.zeros(len(probes), dtype=bool)
+    hit[inside] = keys[at[inside]] == probes[inside]
+    found |= hit
+    pos[hit] = at[hit]
+
+
+def newest_of_each(keys: np.ndarray) -> np.ndarray:
+    """Positions that keep, for each distinct key, its last occurrence; in key order."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    return order[last]
+
+
+class Cursor:
+    """Reads a run in chunks, for merges and full scans."""
+
+    def __init__(self, reader: RunReader, chunk: int) -> None:
+        self.reader, self.chunk, self.next = reader, chunk, 0
+        self.keys = self.alive = self.rows = None
+
+    def fill(self) -> bool:
+        """Has buffered entries (reading the next chunk if the buffer is empty)."""
+        if self.keys is not None and len(self.keys):
+            return True
+        n = self.reader.run.n
+        if self.next >= n:
+            return False
+        hi = min(self.next + self.chunk, n)
+        self.keys = self.reader.keys(self.next, hi)
+        self.alive = self.reader.alive(self.next, hi)
+        self.rows = self.reader.rows(self.next, hi)
+        self.next = hi
+        return True
+
+    def take_to(self, bound) -> tuple[np.ndarray, np.ndarray, pa.RecordBatch]:
+        cut = int(np.searchsorted(self.keys, bound, side="right"))
+        out = self.keys[:cut], self.alive[:cut], self.rows.slice(0, cut)
+        self.keys, self.alive = self.keys[cut:], self.alive[cut:]
+        self.rows = self.rows.slice(cut)
+        return out
+
+
+def merged(readers: Sequence[RunReader], chunk: int, keep_dead: bool
+            ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.RecordBatch]]:
+    """The entries of runs (oldest first) merged in key order, the newest entry of each key
+    winning, in pieces of about `chunk` per run: (keys, alive, rows). Dead entries are
+    left out unless `keep_dead` (a merge that older runs still lie below must keep them)."""
+    cursors = [Cursor(r, chunk) for r in readers]
+    while True:
+        active = [c for c in cursors if c.fill()]
+        if not active:
+            return
+        bound = min(c.keys[-1] for c in active)
+        parts = [c.take_to(bound) for c in active]
+        keys, alive, rows = parts[0]
+        for newer in parts[1:]:
+            keys, alive, rows = merge_two((keys, alive, rows), newer)
+        if not keep_dead and not alive.all():
+            keys, rows = keys[alive], rows.filter(pa.array(alive))
+            alive = alive[alive]
+        if len(keys):
+            yield keys, alive, rows
+
+
+def merge_two(older, newer):
+    """Two sorted pieces of unique keys as one, the newer entry of a key winning: the newer
+    keys' places found by binary search, not by sorting both again."""
+    a_keys, a_alive, a_rows = older
+    b_keys, b_alive, b_rows = newer
+    if not len(a_keys):
+        return newer
+    if not len(b_keys):
+        return older
+    at = np.searchsorted(a_keys, b_keys)
+    inside = at < len(a_keys)
+    replaced = np.zeros(len(a_keys), dtype=bool)
+    dup = np.zeros(len(b_keys), dtype=bool)
+    dup[inside] = a_keys[at[inside]] == b_keys[inside]
+    replaced[at[dup]] = True
+    kept_a = np.flatnonzero(~replaced)
+    # each newer key goes before the older keys at or after it that are kept
+    b_place = np.searchsorted(kept_a, at) + np.arange(len(b_keys))
+    total = len(kept_a) + len(b_keys)
+    source = np.empty(total, dtype=np.int64)     # index into concat(kept older, newer)
+    is_b = np.zeros(total, dtype=bool)
+    is_b[b_place] = True
+    source[~is_b] = np.arange(len(kept_a))
+    source[b_place] = len(kept_a) + np.arange(len(b_keys))
+    keys = np.concatenate([a_keys[kept_a], b_keys])[source]
+    alive = np.concatenate([a_alive[kept_a], b_alive])[source]
+    rows = pa.concat_batches([a_rows.take(pa.array(kept_a)), b_rows]).take(pa.array(source))
+    return keys, alive, rows
+
+
+class RunWriter:
+    """Writes a run's files from entries in key order."""
+
+    def __init__(self, path: str, schema: pa.Schema, expected: int,
+                 bloom: "Bloom | None" = None) -> None:
+        """`expected`: at least the keys it will hold; `bloom`: their filter, if made."""
+        self.path = path
+        self.n, self.has_dead = 0, False
+        self.fences: list[np.ndarray] = []
+        self.bloom = BloomBuilder(expected) if bloom is None else bloom
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        try:
+            self._keys = open(path + ".keys", "wb")
+            self._alive = open(path + ".alive", "wb")
+            self._sink = pa.OSFile(path + ".arrow", "wb")
+            self._arrow = pa.ipc.new_file(self._sink, schema)
+        except OSError as e:
+            raise LocalStateWriteFailed(path, e) from e
+
+    def write(self, keys: np.ndarray, alive: np.ndarray, rows: pa.RecordBatch) -> None:
+        try:
+            start = (-self.n) % BLOCK   # the first key of each new block is a fence
+            self.fences.append(keys[start::BLOCK].copy())
+            if isinstance(self.bloom, BloomBuilder):
+                self.bloom.add(keys)
+            self._keys.write(memoryview(np.ascontiguousarray(keys)).cast("B"))
+            self._alive.write(alive.astype(np.uint8).tobytes())
+            self.has_dead |= not alive.all()
+            self.n += len(keys)
+            self._pending.append(rows)
+            self._pending_rows += rows.num_rows
+            while self._pending_rows >= BLOCK:
+                self._flush_block(BLOCK)
+        except OSError as e:
+            raise LocalStateWriteFailed(self.path, e) from e
+
+    def _flush_block(self, size: int) -> None:
+        rows = pa.concat_batches(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._arrow.write_batch(rows.slice(0, size))
+        rest = rows.slice(size)
+        self._pending = [rest] if rest.num_rows else []
+        self._pending_rows = rest.num_rows
+
+    def finish(self, dtype: np.dtype) -> Run:
+        try:
+            if self._pending_rows:
+                self._flush_block(self._pending_rows)
+            self._arrow.close()
+            self._sink.close()
+            self._keys.close()
+            self._alive.close()
+        except OSError as e:
+            raise LocalStateWriteFailed(self.path, e) from e
+        if not self.has_dead:
+            os.remove(self.path + ".alive")
+        run = Run(self.n)
+        run.path, run.has_dead = self.path, self.has_dead
+        run.fences = (np.concatenate(self.fences) if self.fences
+                      else np.zeros(0, dtype=dtype))
+        run.bloom = (self.bloom.finish(dtype) if isinstance(self.bloom, BloomBuilder)
+                     else self.bloom)
+        run.disk_bytes = sum(os.path.getsize(self.path + s) for s in
+                             ((".keys", ".alive", ".arrow") if self.has_dead
+                              else (".keys", ".arrow")))
+        return run
+
+    def abandon(self) -> None:
+        for f in (self._keys, self._alive):
+            f.close()
+        with contextlib.suppress(pa.ArrowException, OSError):   # abandoned: its file goes
+            self._arrow.close()
+        self._sink.close()
+        delete_run_files(self.path)
+
+
+def delete_run_files(path: str) -> None:
+    for suffix in (".keys", ".alive", ".arrow"):
+        with contextlib.suppress(FileNotFoundError):   # a run without dead entries has no .alive
+            os.remove(path + suffix)
+
+
+def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
