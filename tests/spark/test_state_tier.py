@@ -3,7 +3,10 @@ fixed-width keys lives in sorted runs on the worker's local disk. Every query he
 `stateMemoryPercent` 0, so after each micro-batch all of it moves to disk and the next batch
 reads it from there; Spark's own operators are the oracle."""
 import datetime as dt
+import os
 import random
+import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -134,6 +137,45 @@ def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint
                           custom_metrics=["stateCacheMisses", "stateDiskBytes"])
     assert ours.custom[2][0]["stateCacheMisses"] > 0
     assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_a_worker_killed_while_it_writes_to_the_tier_loses_nothing(spark, spark_conf,
+                                                                   tmp_path):
+    """Runs over 1 MiB go to disk in the middle of a batch here: the workers are killed as
+    soon as a run file appears, and the task's retry continues from the checkpoint."""
+    local = tmp_path / "local"
+    spark_conf(**{"spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0",
+                  "spark.arrowstate.worker.localDir": str(local)})
+    batches = _batches(4, 60000, 1_000_000, seed=10)
+    killed = []
+
+    def kill_when_writing(i, _checkpoint):
+        if i != 2 or spark.conf.get("spark.arrowstate.enabled") != "true":
+            return   # the native run (the harness calls this in both) has nothing to kill
+        stop = time.monotonic() + 60
+
+        def run_files():
+            return {os.path.join(d, n) for d, _, names in os.walk(local) for n in names
+                    if n.endswith((".arrow", ".keys"))}
+
+        before = run_files()   # earlier batches' runs: the watch waits for a new one
+
+        def watch():
+            while time.monotonic() < stop:
+                if run_files() - before:
+                    killed.append(kill_own_state_workers())
+                    return
+                time.sleep(0.002)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
+                          expect_node=DEDUP, between_batches=kill_when_writing,
+                          custom_metrics=["stateCacheMisses"])
+    assert killed and killed[0] > 0, "no worker was writing to the tier"
+    assert ours.custom[2][0]["stateCacheMisses"] or ours.custom[3][0]["stateCacheMisses"], \
+        "the state was not reloaded from the checkpoint after the kill"
 
 
 def test_budget_below_the_workers_base_size_fails_naming_the_setting(spark, spark_conf,
