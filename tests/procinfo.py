@@ -27,10 +27,14 @@ def own_state_worker_pids() -> list[int]:
 
 def kill_own_state_workers() -> int:
     """SIGKILLs the state workers of this process's own Spark; how many there were."""
-    pids = own_state_worker_pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    return len(pids)
+    killed = 0
+    for pid in own_state_worker_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:   # it exited meanwhile (an idle worker stopping)
+            continue
+    return killed
 
 
 def rss_bytes(pid: int) -> int:

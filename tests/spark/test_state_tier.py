@@ -163,8 +163,8 @@ def test_a_worker_killed_while_it_writes_to_the_tier_loses_nothing(spark, spark_
 
         def watch():
             while time.monotonic() < stop:
-                if run_files() - before:
-                    killed.append(kill_own_state_workers())
+                if run_files() - before and kill_own_state_workers():
+                    killed.append(True)
                     return
                 time.sleep(0.002)
 
@@ -173,7 +173,7 @@ def test_a_worker_killed_while_it_writes_to_the_tier_loses_nothing(spark, spark_
     _, ours = assert_same(spark, tmp_path, EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
                           expect_node=DEDUP, between_batches=kill_when_writing,
                           custom_metrics=["stateCacheMisses"])
-    assert killed and killed[0] > 0, "no worker was writing to the tier"
+    assert killed, "no worker was writing to the tier"
     assert ours.custom[2][0]["stateCacheMisses"] or ours.custom[3][0]["stateCacheMisses"], \
         "the state was not reloaded from the checkpoint after the kill"
 

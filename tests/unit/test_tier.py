@@ -210,3 +210,14 @@ def test_state_memory_counts_a_familys_own_objects_and_the_tiers_filters(tmp_pat
     state.objects = {"variables": {"count": {(i,): ((i,), 5) for i in range(10_000)}},
                      "timerHeap": [(i, i, (i,)) for i in range(10_000)], "total": 10_000}
     assert state.memory_bytes() - before > 10_000 * 200
+
+
+def test_each_local_directory_setting_gets_the_tiers_made_after_it(tmp_path):
+    b = MemoryBudget()
+    b.configure(_header(budget.resident_bytes() + (100 << 20), local_dir=str(tmp_path / "a")))
+    first = b.place("/ck/state/0/0")
+    b.configure(_header(budget.resident_bytes() + (100 << 20), local_dir=str(tmp_path / "b")))
+    second = b.place("/ck/state/0/0")
+    assert first.directory.startswith(str(tmp_path / "a"))
+    assert second.directory.startswith(str(tmp_path / "b"))
+    assert first.directory != second.directory.replace("/b/", "/a/")

@@ -14,7 +14,6 @@ Families whose keys have no fixed width keep their state in memory, and count ag
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import os
 import re
@@ -79,7 +78,7 @@ class MemoryBudget:
         self.state_percent = 50
         self.base = 0                       # resident bytes before any state was held
         self.local_dir: str | None = None
-        self._root: str | None = None
+        self._roots: dict[str, str] = {}   # local directory -> this worker's part of it
         self._names = itertools.count()
         self._peak_tracked = False
 
@@ -112,11 +111,13 @@ class MemoryBudget:
         """Where a new partition state keeps its tier; None without a budget."""
         if not self.total or not self.local_dir:
             return None
-        if self._root is None:
-            self._root = os.path.join(self.local_dir, f"arrowstate-worker-{os.getpid()}")
-            atexit.register(shutil.rmtree, self._root, True)
+        root = self._roots.get(self.local_dir)
+        if root is None:   # the directory is a per-session setting: one part in each used
+            root = self._roots[self.local_dir] = os.path.join(
+                self.local_dir, f"arrowstate-worker-{os.getpid()}")
+            atexit.register(shutil.rmtree, root, True)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", state_key)[-80:]
-        return TierPlace(os.path.join(self._root, f"{next(self._names)}-{name}"),
+        return TierPlace(os.path.join(root, f"{next(self._names)}-{name}"),
                          memory_cap=max(MIB, self.state_share // 8))
 
     def balance(self, states: Iterable) -> None:
@@ -150,11 +151,6 @@ class MemoryBudget:
                 f"at least {_mib(peak)}, or send smaller micro-batches "
                 "(maxFilesPerTrigger, maxOffsetsPerTrigger) or more shuffle partitions.",
                 budget=self.total, needed=peak, setting=SETTING)
-
-    def close(self) -> None:
-        if self._root is not None:
-            with contextlib.suppress(OSError):   # already gone
-                shutil.rmtree(self._root)
 
 
 def _mib(n: int) -> str:
