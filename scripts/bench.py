@@ -15,12 +15,12 @@ under a memory budget (spark.executor.pyspark.memory, 1g unless --pyspark-memory
 otherwise; a state worker that passes it fails the query) and by Spark on its RocksDB store,
 in one process. It prints each batch's time, the median of the last --batches, the peak
 resident memory of the state workers and of the JVM (sampled every 0.2 s), and whether
-every batch's output was the same (a row count and a sum of row hashes per batch).
+every batch's output was the same (a row count and a sum of row hashes per batch); its code is
+in scripts/bench_scaling.py.
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -192,133 +192,6 @@ def run_once(spark, source: str, case, arrowstate: bool):
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def write_scaling_batches(directory: str, state_keys: int, batch_rows: int,
-                          seed: int = 11) -> int:
-    """Batches of `batch_rows` new keys each (in random order) until `state_keys` keys
-    exist; how many batches."""
-    rng = np.random.default_rng(seed)
-    batches = max(1, state_keys // batch_rows)
-    for b in range(batches):
-        keys = rng.permutation(batch_rows).astype(np.int64) + b * batch_rows
-        table = pa.table({"key": pa.array(keys), "value": pa.array(rng.random(batch_rows))})
-        pq.write_table(table, os.path.join(directory, f"{b:05d}.parquet"))
-    return batches
-
-
-class PeakRss:
-    """Samples the resident memory of arrowstate's state workers and of Spark's JVM (this
-    process's child) every `interval` seconds while it runs: each one's peak."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        import threading
-
-        from procinfo import own_state_worker_pids, rss_bytes
-        self.workers: dict[int, int] = {}
-        self.jvm = 0
-        self._stop = threading.Event()
-
-        def jvm_pids():
-            me = str(os.getpid())
-            for stat in glob.glob("/proc/[0-9]*/stat"):
-                try:
-                    with open(stat) as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if fields[1] == me:
-                    yield int(stat.split("/")[2])
-
-        def sample():
-            jvms = list(jvm_pids())
-            while not self._stop.wait(interval):
-                for pid in own_state_worker_pids():
-                    self.workers[pid] = max(self.workers.get(pid, 0), rss_bytes(pid))
-                self.jvm = max([self.jvm] + [rss_bytes(pid) for pid in jvms])
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
-        return {"worker_rss_peak_mb": round(max(self.workers.values(), default=0) / 2**20),
-                "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
-
-
-def scaling_run(spark, source: str, arrowstate: bool) -> tuple[list, dict, dict]:
-    """A count and sum per key in update mode over every file of `source`, arrowstate on or
-    Spark's operators on Spark's RocksDB store: each batch's duration (ms), a checksum of
-    each batch's output (row count and a sum of row hashes: equal outputs, equal sums) and
-    the peak resident memory."""
-    from pyspark.sql import functions as F
-    spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
-    if arrowstate:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    else:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    checksums = {}
-
-    def checksum(df, batch_id):
-        row = df.agg(F.count("*").alias("n"), F.sum(F.xxhash64(*df.columns)
-                                                     .cast("decimal(38,0)")).alias("h")).first()
-        checksums[batch_id] = (row["n"], str(row["h"]))
-
-    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
-    peak = PeakRss()
-    try:
-        stream = (spark.readStream.schema("key long, value double")
-                  .option("maxFilesPerTrigger", 1).parquet(source))
-        q = (stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
-             .writeStream.foreachBatch(checksum).outputMode("update")
-             .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
-        q.awaitTermination()
-        assert (SAVE in q._jsq.explainInternal(False)) == arrowstate
-        progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
-        durations = [p["durationMs"]["triggerExecution"] for p in progress]
-        memory = peak.stop()
-        if arrowstate:   # the time tasks waited on the state workers (summed over tasks)
-            memory["python_worker_ms"] = [
-                p["stateOperators"][0]["customMetrics"].get("pythonWorkerTimeMs")
-                for p in progress]
-        return durations, checksums, memory
-    finally:
-        peak.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
-
-
-def scaling(spark, args, memory) -> None:
-    """Per state size: the last --batches batches' median time and the peak resident memory,
-    arrowstate (under the budget) and Spark on RocksDB, with their outputs compared."""
-    warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
-    write_scaling_batches(warm_up, 30_000, 10_000)
-    for on in (True, False):
-        scaling_run(spark, warm_up, on)
-    shutil.rmtree(warm_up, ignore_errors=True)
-    for state_keys in [int(k) for k in args.state_keys.split(",")]:
-        source = tempfile.mkdtemp(prefix="bench-scaling-")
-        batches = write_scaling_batches(source, state_keys, args.batch_rows)
-        try:
-            result = {"case": "scaling_agg_update_new_keys", "state_keys": state_keys,
-                      "batch_rows": args.batch_rows, "batches": batches,
-                      "measured_batches": min(args.batches, batches),
-                      "budget": spark.sparkContext.getConf().get(
-                          "spark.executor.pyspark.memory", "none")}
-            outputs = {}
-            for on in (True, False):
-                durations, outputs[on], peak = scaling_run(spark, source, on)
-                name = "arrowstate" if on else "rocksdb"
-                last = durations[-result["measured_batches"]:]
-                result[f"{name}_batch_ms_median"] = statistics.median(last)
-                result[f"{name}_batch_ms"] = durations
-                result.update({f"{name}_{k}": v for k, v in peak.items()})
-            result["same_answers"] = outputs[True] == outputs[False]
-            result["speedup"] = round(result["rocksdb_batch_ms_median"]
-                                      / result["arrowstate_batch_ms_median"], 2)
-            print(json.dumps(result), flush=True)
-        finally:
-            shutil.rmtree(source, ignore_errors=True)
-
-
 def _timed_state_operations():
     """A transformWithState processor that times its own state operations (one key)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -486,6 +359,7 @@ def main() -> None:
     import arrowstate
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from bench_scaling import scaling
     from procinfo import rss_bytes, state_worker_pids
 
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
@@ -506,7 +380,7 @@ def main() -> None:
 
     if args.scaling:
         try:
-            scaling(spark, args, memory)
+            scaling(spark, args, SAVE, ROCKSDB)
         finally:
             spark.stop()
         return

@@ -11,8 +11,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from arrowstate import contract
 from arrowstate.families import (REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState,
-                                 SessionWindow, TransformWithState)
-from arrowstate.store import VersionedState
+                                 SessionWindow)
+from family_tasks import commit, task, tws_task
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -22,20 +22,8 @@ def _seconds(*values):
                      for v in values], TS)
 
 
-def _task(family_class, operator, schema):
-    """A family and an empty state, as the worker makes them for a task."""
-    family = family_class(operator, schema)
-    return family, VersionedState(family.key_fields, family.value_fields,
-                                  named_columns=family.named_columns)
-
-
 def _mask(answer):
     return answer.column(0).to_pylist()
-
-
-def _commit(state, version):
-    state.commit_files(version, 100)
-    state.mark_committed(version, 1000)
 
 
 def test_registry_is_the_contracts_families():
@@ -48,7 +36,7 @@ DEDUP_SCHEMA = pa.schema([("c0", pa.string()), ("c1", TS)])
 
 
 def _dedup(**operator):
-    return _task(Deduplicate, {"keyCount": 2, "eventTimeIndex": 1, "evictByKey": True,
+    return task(Deduplicate, {"keyCount": 2, "eventTimeIndex": 1, "evictByKey": True,
                                "withinWatermark": False, **operator}, DEDUP_SCHEMA)
 
 
@@ -66,7 +54,7 @@ def test_dedup_keeps_first_of_each_key_drops_late_and_evicts_by_watermark():
 
 def test_dedup_within_watermark_expires_at_event_time_plus_delay():
     schema = pa.schema([("c0", pa.string()), ("c1", TS)])
-    family, state = _task(Deduplicate, {
+    family, state = task(Deduplicate, {
         "keyCount": 1, "eventTimeIndex": 1, "evictByKey": False, "withinWatermark": True,
         "delayMs": 10000, "evictionWatermarkMs": 15000}, schema)
     batch = pa.RecordBatch.from_arrays([pa.array(["a", "b", "a"]), _seconds(1, 8, 2)],
@@ -94,7 +82,7 @@ AGG_SCHEMA = pa.schema([("c0", pa.string()), ("c1", TS), ("c2", pa.int64())])
 
 
 def _agg(mode, **operator):
-    return _task(Aggregate, {"keyCount": 2, "outputMode": mode, "eventTimeIndex": 1,
+    return task(Aggregate, {"keyCount": 2, "outputMode": mode, "eventTimeIndex": 1,
                              "batchSize": 2, **operator}, AGG_SCHEMA)
 
 
@@ -106,7 +94,7 @@ def _agg_batch(users, seconds, counts):
 def test_aggregate_lookup_returns_stored_buffers_by_position():
     family, state = _agg("update")
     assert family.process(state, _agg_batch(["a", "b"], [1, 2], [3, 4])) is None
-    _commit(state, 1)
+    commit(state, 1)
     answer = family.lookup(state, pa.RecordBatch.from_arrays(
         [pa.array(["x", "b", "a"]), _seconds(1, 2, 1)], names=["c0", "c1"]))
     assert answer.column(0).to_pylist() == [1, 2] and answer.column(1).to_pylist() == [4, 3]
@@ -145,7 +133,7 @@ SESSION_SCHEMA = pa.schema([("c0", pa.string()), ("c1", SESSION), ("c2", pa.int6
 
 
 def _sessions(mode, **operator):
-    return _task(SessionWindow, {"keyIndexes": [0], "sessionIndex": 1, "eventTimeIndex": 1,
+    return task(SessionWindow, {"keyIndexes": [0], "sessionIndex": 1, "eventTimeIndex": 1,
                                  "outputMode": mode, "batchSize": 100, **operator},
                  SESSION_SCHEMA)
 
@@ -183,7 +171,7 @@ def test_session_restore_merges_stored_sessions_in_order_across_batches():
     family.process(state, _session_rows(["a", "a", "a", "b"],
                                         [(10, 20), (30, 40), (50, 60), (5, 15)], [1, 2, 3, 4]))
     list(family.finish(state))
-    _commit(state, 1)
+    commit(state, 1)
     family, _ = _sessions("append", lateEventsWatermarkMs=12000)   # the next task
     # a@2 is late ([2, 12) ends at the watermark); a@5 goes before a's first session, a@30
     # after the stored one of the same start; a's session at 50 waits: a's rows go on in
@@ -222,7 +210,7 @@ def test_session_save_replaces_each_keys_sessions_even_across_batches():
     family.process(state, _session_rows(["a", "a", "b"], [(10, 20), (30, 40), (1, 5)]))
     list(family.finish(state))
     assert family.metrics["numUpdatedStateRows"] == 3 and len(state) == 3
-    _commit(state, 1)
+    commit(state, 1)
     family, _ = _sessions("append")
     # a's sessions joined into [10, 45) and a new one, in two batches; b kept as it was
     family.process(state, _session_rows(["a"], [(10, 45)], [3]))
@@ -240,16 +228,16 @@ def test_session_eviction_skips_extended_and_merged_sessions_and_survives_a_relo
     family, state = _sessions("append")
     family.process(state, _session_rows(["a", "a", "b"], [(10, 20), (30, 40), (1, 5)]))
     list(family.finish(state))
-    _commit(state, 1)
+    commit(state, 1)
     family, _ = _sessions("append")
     family.process(state, _session_rows(["a", "b"], [(10, 45), (1, 25)]))   # 30 merged
     list(family.finish(state))
-    _commit(state, 2)
+    commit(state, 2)
     family, _ = _sessions("append", evictionWatermarkMs=40000)
     out = list(family.finish(state))   # [10, 45) outlives 40 s; b's [1, 25) does not
     assert [(r["v0"], _sec(r["v1"]["end"])) for b in out for r in b.to_pylist()] == [("b", 25)]
     assert family.metrics["numRemovedStateRows"] == 1 and len(state) == 1
-    _commit(state, 3)
+    commit(state, 3)
     state.index = type(state.index)()   # as after a load
     family, _ = _sessions("append", evictionWatermarkMs=45000)
     family.rebuild_index(state)
@@ -281,7 +269,7 @@ def _flatmap(func):
         "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
                         '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
                         '"nullable":true,"metadata":{}}]}'}
-    return _task(FlatMapGroupsWithState, operator, schema), schema
+    return task(FlatMapGroupsWithState, operator, schema), schema
 
 
 def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
@@ -296,7 +284,7 @@ def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
 
     assert run(["a", "a", "b"]) == [("a", 2), ("b", 1)]
     assert len(state) == 2
-    _commit(state, 1)
+    commit(state, 1)
     (family, _), _ = _flatmap(running_count)   # a new task on the same state
     assert run(["a", "b"]) == [("a", 3), ("b", 2)]
     assert len(state) == 1 and family.metrics["numRemovedStateRows"] == 1
@@ -308,57 +296,12 @@ def test_family_metrics_are_declared_in_the_contract(name):
     family = {"deduplicate": lambda: _dedup()[0], "aggregate": lambda: _agg("update")[0],
               "flatMapGroupsWithState": lambda: _flatmap(running_count)[0][0],
               "sessionWindow": lambda: _sessions("append")[0],
-              "transformWithState": lambda: _tws()[0][0]}[name]()
+              "transformWithState": lambda: tws_task()[0][0]}[name]()
     assert set(family.metrics) <= declared
 
 
-class _Keeps(StatefulProcessor):
-    """Keeps a count, the values and a count per value."""
-
-    def init(self, handle):
-        from pyspark.sql.types import LongType, StringType, StructField, StructType
-        long_ = StructType([StructField("n", LongType())])
-        self.count = handle.getValueState("count", long_)
-        self.values = handle.getListState("values", long_)
-        self.per_value = handle.getMapState(
-            "per_value", StructType([StructField("v", StringType())]), long_)
-
-    def handleInputRows(self, key, rows, timerValues):
-        n = self.count.get()[0] if self.count.exists() else 0
-        for pdf in rows:
-            for v in pdf["v"].tolist():
-                n += 1
-                self.values.appendValue((v,))
-                seen = self.per_value.getValue((str(v),))
-                self.per_value.updateValue((str(v),), ((seen[0] if seen else 0) + 1,))
-        self.count.update((n,))
-        if n >= 4:
-            self.values.clear()
-        yield pd.DataFrame({"user": [key[0]], "count": [n],
-                            "values": [str(sorted(self.values.get()))],
-                            "per_value": [str(sorted(self.per_value.iterator()))]})
-
-
-def _tws(processor=None, time_mode="None", **times):
-    from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasUdfUtils
-    schema = pa.schema([("user", pa.string()), ("user_", pa.string()), ("v", pa.int64())])
-    udf = TransformWithStateInPandasUdfUtils(processor or _Keeps(),
-                                             time_mode).transformWithStateUDF
-    command = base64.b64encode(CloudPickleSerializer().dumps((udf, None))).decode()
-    operator = {
-        "command": command, "pythonIncludes": [], "keyIndices": [0], "valueIndices": [1, 2],
-        "pandas": True, "maxRecordsPerBatch": 10000, "variables": {},
-        "runnerConf": {"spark.sql.session.timeZone": "UTC"}, "timeMode": time_mode, **times,
-        "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
-                        '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
-                        '"nullable":true,"metadata":{}},{"name":"values","type":"string",'
-                        '"nullable":true,"metadata":{}},{"name":"per_value","type":"string",'
-                        '"nullable":true,"metadata":{}}]}'}
-    return _task(TransformWithState, operator, schema), schema
-
-
 def test_transform_with_state_keeps_every_kind_of_variable_across_tasks_and_reloads():
-    (family, state), schema = _tws()
+    (family, state), schema = tws_task()
 
     def run(family, users, values):
         out = family.process(state, pa.RecordBatch.from_arrays(
@@ -373,21 +316,21 @@ def test_transform_with_state_keeps_every_kind_of_variable_across_tasks_and_relo
     assert family.metrics["numTotalStateRows"] == 6
     assert family.metrics["numUpdatedStateRows"] == 8
     assert family.metrics["numValueStateVars"] == 1 and family.metrics["numMapStateVars"] == 1
-    _commit(state, 1)
-    (family, _), _ = _tws()   # the next task, on the state kept in memory
+    commit(state, 1)
+    (family, _), _ = tws_task()   # the next task, on the state kept in memory
     assert run(family, ["a", "a"], [3, 1]) == [
         ("a", 4, "[]", "[(('1',), (3,)), (('3',), (1,))]")]
     assert family.metrics["numRemovedStateRows"] == 4   # the cleared list's values
     assert family.metrics["numTotalStateRows"] == 6     # a: count + 2 entries; b: 3
-    _commit(state, 2)
+    commit(state, 2)
     state.objects = None   # as after a load from files: the values come back from Arrow
-    (family, _), _ = _tws()
+    (family, _), _ = tws_task()
     assert run(family, ["b"], [2]) == [("b", 2, "[(2,), (2,)]", "[(('2',), (2,))]")]
     assert family.metrics["numTotalStateRows"] == 6
 
 
 def test_transform_with_state_calls_a_key_once_when_its_rows_span_batches():
-    (family, state), schema = _tws()
+    (family, state), schema = tws_task()
     outputs = []
     for users, values in ((["a", "b", "b"], [1, 2, 2]), (["b", "c"], [2, 3])):
         out = family.process(state, pa.RecordBatch.from_arrays(
@@ -422,7 +365,7 @@ class _Alarms(StatefulProcessor):
 
 def test_transform_with_state_timers_expire_in_time_order_across_tasks_and_reloads():
     def task(watermark, state=None):
-        (family, fresh), schema = _tws(_Alarms(), "EventTime", evictionWatermarkMs=watermark,
+        (family, fresh), schema = tws_task(_Alarms(), "EventTime", evictionWatermarkMs=watermark,
                                         batchTimestampMs=5)
         return family, (fresh if state is None else state), schema
 
@@ -440,12 +383,12 @@ def test_transform_with_state_timers_expire_in_time_order_across_tasks_and_reloa
     assert family.metrics["numRegisteredTimers"] == 4
     assert family.metrics["numDeletedTimers"] == 1      # the fired timer's deletion
     assert family.metrics["numTotalStateRows"] == 0     # timers are not state rows
-    _commit(state, 1)
+    commit(state, 1)
     family, _, _ = task(35, state)
     # a's 0 deletes its timers; c's 25 and b's 30... fire in time order
     assert run(family, state, schema, ["a", "c", "c"], [0, 25, 30]) == [
         ("c", 25, "[25, 30]", "35"), ("c", 30, "[30]", "35")]
-    _commit(state, 2)
+    commit(state, 2)
     state.objects = None   # as after a load from files: timers come back from Arrow
     family, _, _ = task(100, state)
     assert run(family, state, schema, [], []) == [("b", 40, "[40]", "100")]
@@ -460,7 +403,7 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
     from arrowstate import state_data
     from arrowstate.store import files
 
-    (family, state), schema = _tws()
+    (family, state), schema = tws_task()
     written = {}
 
     class Files:
@@ -473,7 +416,7 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
             return written[name]
 
     def run(version, users, values):
-        family, _ = _tws()[0]
+        family, _ = tws_task()[0]
         family.process(state, pa.RecordBatch.from_arrays(
             [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
         list(family.finish(state))

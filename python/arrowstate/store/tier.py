@@ -179,20 +179,19 @@ class TieredRows:
         found = np.flatnonzero(ids >= 0)
         once = found[newest_of_each(ids[found])]   # in row-id order
         rows = self.take(ids[once])
-        self._remove(keys[once])
+        self._bury(np.sort(keys[once]))
         return rows
 
     def discard(self, keys: np.ndarray) -> None:
         """Removes the keys, present or not, without reading their rows."""
-        self._remove(keys)
-
-    def _remove(self, keys: np.ndarray) -> None:
         if not len(keys) or not self.runs:
             return
         keys = np.asarray(keys, dtype=self.dtype)
         keys = keys[newest_of_each(keys)]
-        present = self.lookup(keys) >= 0
-        keys = keys[present]
+        self._bury(keys[self.lookup(keys) >= 0])
+
+    def _bury(self, keys: np.ndarray) -> None:
+        """Removes present keys (sorted, unique): a run of dead entries that hides them."""
         if not len(keys):
             return
         self._live -= len(keys)

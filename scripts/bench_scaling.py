@@ -1,0 +1,134 @@
+"""bench.py --scaling: state beyond memory. A count and sum per key (update mode) over batches
+of new keys, arrowstate under a memory budget against Spark on its RocksDB store in one
+process: each batch's time, the peak resident memory of the state workers and the JVM, and
+whether every batch's output was the same (see bench.py's docstring)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def write_scaling_batches(directory: str, state_keys: int, batch_rows: int,
+                          seed: int = 11) -> int:
+    """Batches of `batch_rows` new keys each (in random order) until `state_keys` keys
+    exist; how many batches."""
+    rng = np.random.default_rng(seed)
+    batches = max(1, state_keys // batch_rows)
+    for b in range(batches):
+        keys = rng.permutation(batch_rows).astype(np.int64) + b * batch_rows
+        table = pa.table({"key": pa.array(keys), "value": pa.array(rng.random(batch_rows))})
+        pq.write_table(table, os.path.join(directory, f"{b:05d}.parquet"))
+    return batches
+
+
+class PeakRss:
+    """Samples the resident memory of arrowstate's state workers and of Spark's JVM (this
+    process's child) every `interval` seconds while it runs: each one's peak."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        from procinfo import own_state_worker_pids, parent_pid, rss_bytes
+        self.workers: dict[int, int] = {}
+        self.jvm = 0
+        self._stop = threading.Event()
+
+        def sample():
+            jvms = [pid for pid in map(int, (p.split("/")[2] for p in glob.glob("/proc/[0-9]*")))
+                    if parent_pid(pid) == os.getpid()]   # Spark's JVM is our child
+            while not self._stop.wait(interval):
+                for pid in own_state_worker_pids():
+                    self.workers[pid] = max(self.workers.get(pid, 0), rss_bytes(pid))
+                self.jvm = max([self.jvm] + [rss_bytes(pid) for pid in jvms])
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {"worker_rss_peak_mb": round(max(self.workers.values(), default=0) / 2**20),
+                "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
+
+
+def scaling_run(spark, source: str, arrowstate: bool, node: str,
+                provider: str) -> tuple[list, dict, dict]:
+    """A count and sum per key in update mode over every file of `source`, arrowstate on or
+    Spark's operators on Spark's RocksDB store: each batch's duration (ms), a checksum of
+    each batch's output (row count and a sum of row hashes: equal outputs, equal sums) and
+    the peak resident memory."""
+    from pyspark.sql import functions as F
+    spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
+    if arrowstate:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    else:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+    checksums = {}
+
+    def checksum(df, batch_id):
+        row = df.agg(F.count("*").alias("n"), F.sum(F.xxhash64(*df.columns)
+                                                     .cast("decimal(38,0)")).alias("h")).first()
+        checksums[batch_id] = (row["n"], str(row["h"]))
+
+    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
+    peak = PeakRss()
+    try:
+        stream = (spark.readStream.schema("key long, value double")
+                  .option("maxFilesPerTrigger", 1).parquet(source))
+        q = (stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
+             .writeStream.foreachBatch(checksum).outputMode("update")
+             .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
+        q.awaitTermination()
+        assert (node in q._jsq.explainInternal(False)) == arrowstate
+        progress = [p for p in q.recentProgress if p["numInputRows"] > 0]
+        durations = [p["durationMs"]["triggerExecution"] for p in progress]
+        memory = peak.stop()
+        if arrowstate:   # the time tasks waited on the state workers (summed over tasks)
+            memory["python_worker_ms"] = [
+                p["stateOperators"][0]["customMetrics"].get("pythonWorkerTimeMs")
+                for p in progress]
+        return durations, checksums, memory
+    finally:
+        peak.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def scaling(spark, args, node: str, provider: str) -> None:
+    """Per state size: the last --batches batches' median time and the peak resident memory,
+    arrowstate (under the budget, its operator `node`) and Spark on the state store
+    `provider`, with their outputs compared."""
+    warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
+    write_scaling_batches(warm_up, 30_000, 10_000)
+    for on in (True, False):
+        scaling_run(spark, warm_up, on, node, provider)
+    shutil.rmtree(warm_up, ignore_errors=True)
+    for state_keys in [int(k) for k in args.state_keys.split(",")]:
+        source = tempfile.mkdtemp(prefix="bench-scaling-")
+        batches = write_scaling_batches(source, state_keys, args.batch_rows)
+        try:
+            result = {"case": "scaling_agg_update_new_keys", "state_keys": state_keys,
+                      "batch_rows": args.batch_rows, "batches": batches,
+                      "measured_batches": min(args.batches, batches),
+                      "budget": spark.sparkContext.getConf().get(
+                          "spark.executor.pyspark.memory", "none")}
+            outputs = {}
+            for on in (True, False):
+                durations, outputs[on], peak = scaling_run(spark, source, on, node, provider)
+                name = "arrowstate" if on else "rocksdb"
+                last = durations[-result["measured_batches"]:]
+                result[f"{name}_batch_ms_median"] = statistics.median(last)
+                result[f"{name}_batch_ms"] = durations
+                result.update({f"{name}_{k}": v for k, v in peak.items()})
+            result["same_answers"] = outputs[True] == outputs[False]
+            result["speedup"] = round(result["rocksdb_batch_ms_median"]
+                                      / result["arrowstate_batch_ms_median"], 2)
+            print(json.dumps(result), flush=True)
+        finally:
+            shutil.rmtree(source, ignore_errors=True)
