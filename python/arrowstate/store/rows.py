@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import itertools
 import sys
-from typing import Hashable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -165,15 +165,23 @@ class FrozenRows:
 def take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
          ids: np.ndarray) -> pa.RecordBatch:
     """Rows by global id from these chunks, in the order given."""
+    return take_by_id(schema, starts, ids,
+                      lambda c, positions: chunks[c].take(pa.array(positions)))
+
+
+def take_by_id(schema: pa.Schema, starts: Sequence[int], ids: np.ndarray,
+               rows_at: Callable[[int, np.ndarray], pa.RecordBatch]) -> pa.RecordBatch:
+    """Rows by global id from consecutive parts (part c's first row has id starts[c]), in
+    the order given; `rows_at(c, positions)` reads part c's rows at sorted positions."""
     if len(ids) == 0:
         return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema],
                                           schema=schema)
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     starts = np.asarray(starts, dtype=np.int64)
-    chunk_of = np.searchsorted(starts, sorted_ids, side="right") - 1
-    bounds = np.searchsorted(chunk_of, np.arange(len(chunks) + 1))
-    parts = [chunks[c].take(pa.array(sorted_ids[lo:hi] - starts[c]))
+    part_of = np.searchsorted(starts, sorted_ids, side="right") - 1
+    bounds = np.searchsorted(part_of, np.arange(len(starts) + 1))
+    parts = [rows_at(c, sorted_ids[lo:hi] - starts[c])
              for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
     rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
     if np.any(order[1:] < order[:-1]):

@@ -157,16 +157,21 @@ class RunReader:
         alive = np.ones(len(probes), dtype=bool)
         if run.n == 0 or len(probes) == 0:
             return found, pos, alive
-        maybe = (np.arange(len(probes)) if hashes is None or run.bloom is None
-                 else np.flatnonzero(run.bloom.may_hold(probes, hashes)))
-        if len(maybe) < len(probes):
-            f, p, a = self.find(probes[maybe], None) if len(maybe) else (found[:0],) * 3
-            found[maybe], pos[maybe], alive[maybe] = f, p, a
-            return found, pos, alive
-        return self._search_run(probes, found, pos, alive)
+        if run.bloom is not None:
+            maybe = np.flatnonzero(run.bloom.may_hold(probes, hashes))
+            if len(maybe) < len(probes):
+                found[maybe], pos[maybe], alive[maybe] = self._search_run(probes[maybe])
+                return found, pos, alive
+        return self._search_run(probes)
 
-    def _search_run(self, probes, found, pos, alive):
+    def _search_run(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """find() over every probe."""
         run = self.run
+        found = np.zeros(len(probes), dtype=bool)
+        pos = np.zeros(len(probes), dtype=np.int64)
+        alive = np.ones(len(probes), dtype=bool)
+        if not len(probes):
+            return found, pos, alive
         if not run.on_disk:
             _search(run.keys, probes, found, pos)
             if run.has_dead:
@@ -216,13 +221,17 @@ def _search(keys: np.ndarray, probes: np.ndarray, found: np.ndarray, pos: np.nda
     pos[hit] = at[hit]
 
 
-def newest_of_each(keys: np.ndarray) -> np.ndarray:
-    """Positions that keep, for each distinct key, its last occurrence; in key order."""
+def newest_of_each(keys: np.ndarray, first: bool = False) -> np.ndarray:
+    """Positions that keep, for each distinct key, its last occurrence (its first, with
+    `first`); in key order."""
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = ordered[1:] != ordered[:-1]
-    return order[last]
+    keep = np.ones(len(order), dtype=bool)
+    if first:
+        keep[1:] = ordered[1:] != ordered[:-1]
+    else:
+        keep[:-1] = ordered[1:] != ordered[:-1]
+    return order[keep]
 
 
 class Cursor:

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .bloom import Bloom, key_hashes
+from .rows import take_by_id
 from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunReader, RunWriter,
                    empty_batch, merged, newest_of_each)
 
@@ -107,27 +108,15 @@ class TieredRows:
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
         """Rows by id (from `lookup`), in the order given."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if len(ids) == 0:
-            return empty_batch(self.schema)
-        starts = np.cumsum([0] + [r.n for r in self.runs], dtype=np.int64)
-        order = np.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        run_of = np.searchsorted(starts, sorted_ids, side="right") - 1
-        bounds = np.searchsorted(run_of, np.arange(len(self.runs) + 1))
-        parts = []
-        for r, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-            if lo < hi:
-                reader = RunReader(self.runs[r], self.dtype)
-                try:
-                    parts.append(reader.rows_at(sorted_ids[lo:hi] - starts[r]))
-                finally:
-                    reader.close()
-        rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        if np.any(order[1:] < order[:-1]):
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            rows = rows.take(pa.array(inverse))
+        def rows_at(r: int, positions: np.ndarray) -> pa.RecordBatch:
+            reader = RunReader(self.runs[r], self.dtype)
+            try:
+                return reader.rows_at(positions)
+            finally:
+                reader.close()
+
+        starts = np.cumsum([0] + [r.n for r in self.runs[:-1]], dtype=np.int64)
+        rows = take_by_id(self.schema, starts, np.asarray(ids, dtype=np.int64), rows_at)
         return pa.RecordBatch.from_arrays(rows.columns, schema=self.schema)
 
     def first_absent(self, keys: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -136,11 +125,7 @@ class TieredRows:
         if not len(candidates):
             return candidates
         picked = keys[candidates]
-        order = np.argsort(picked, kind="stable")
-        ordered = picked[order]
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        distinct = order[first]
+        distinct = newest_of_each(picked, first=True)
         absent = self.lookup(picked[distinct]) < 0
         return np.sort(candidates[distinct[absent]])
 
@@ -167,8 +152,8 @@ class TieredRows:
         keys = keys[pick]
         present = self.lookup(keys) >= 0
         self._live += int(len(keys) - present.sum())
-        rows = batch.take(pa.array(pick)) if len(pick) != batch.num_rows or np.any(
-            pick != np.arange(len(pick))) else batch
+        in_place = len(pick) == batch.num_rows and not np.any(pick != np.arange(len(pick)))
+        rows = batch if in_place else batch.take(pa.array(pick))
         self._add(Run.in_memory(keys, None, pa.RecordBatch.from_arrays(
             rows.columns, schema=self.schema)))
 

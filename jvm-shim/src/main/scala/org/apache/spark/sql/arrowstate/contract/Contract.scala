@@ -174,12 +174,15 @@ object ArrowStateConf {
           s"The value '$own' in the config \"$WorkerMemory\" is invalid. It should be a/an " +
             "'bytes' value (such as 2g or 512m).")
       }
-    } else {
-      val cores = math.max(1, sparkConf.getInt("spark.executor.cores", 1))
-      sparkConf.getOption("spark.executor.pyspark.memory")
-        .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v) * 1024L * 1024L / cores)
-        .getOrElse(0L)
-    }
+    } else pysparkMemoryMbPerWorker(sparkConf).map(_ * 1024L * 1024L).getOrElse(0L)
+  }
+
+  /** spark.executor.pyspark.memory shared by the executor's cores, in MiB, as Spark's Python
+   * runner shares it among its workers (None when it is not set). */
+  def pysparkMemoryMbPerWorker(sparkConf: org.apache.spark.SparkConf): Option[Long] = {
+    val cores = math.max(1, sparkConf.getInt("spark.executor.cores", 1))
+    sparkConf.getOption("spark.executor.pyspark.memory")
+      .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v) / cores)
   }
 
   def get(conf: SQLConf, key: String): String =

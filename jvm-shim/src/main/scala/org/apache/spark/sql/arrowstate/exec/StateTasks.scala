@@ -143,10 +143,8 @@ object TaskEnvironment {
    * (spark.executorEnv.* and the rest of the function's envVars) and, as Spark's Python
    * runner does, `spark.executor.pyspark.memory` shared by the executor's cores. */
   def forFunction(function: PythonFunction, conf: SparkConf): FunctionEnvironment = {
-    val cores = math.max(1, conf.getInt("spark.executor.cores", 1))
-    val memory = conf.getOption("spark.executor.pyspark.memory")
-      .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v))
-      .map(mb => "PYSPARK_EXECUTOR_MEMORY_MB" -> (mb / cores).toString)
+    val memory = ArrowStateConf.pysparkMemoryMbPerWorker(conf)
+      .map(mb => "PYSPARK_EXECUTOR_MEMORY_MB" -> mb.toString)
     FunctionEnvironment(function.pythonExec, function.envVars.asScala.toMap ++ memory)
   }
 }
