@@ -8,6 +8,7 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
                             [--pyspark-memory 1g] [--batches 3] [--shuffle-partitions 4]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
+    python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
 mode) over batches of --batch-rows new keys each until N keys exist, run by arrowstate
@@ -17,6 +18,10 @@ in one process. It prints each batch's time, the median of the last --batches, t
 resident memory of the state workers and of the JVM (sampled every 0.2 s), and whether
 every batch's output was the same (a row count and a sum of row hashes per batch); its code is
 in scripts/bench_scaling.py.
+
+--tier-ops drives the aggregate family inside one worker without Spark, batches of
+--batch-rows new keys until the first --state-keys size, with the state in memory and in the
+tier: the tier's cost against the in-memory store on the same path.
 """
 from __future__ import annotations
 
@@ -335,6 +340,9 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--state-load", action="store_true",
                         help="time state loads and the part spent verifying files (no Spark)")
+    parser.add_argument("--tier-ops", action="store_true",
+                        help="the aggregate family's cost per batch in one worker, state in "
+                             "memory against the tier (no Spark)")
     parser.add_argument("--state-ops", action="store_true",
                         help="time transformWithState state operations in the worker (no "
                              "Spark)")
@@ -352,6 +360,10 @@ def main() -> None:
         return
     if args.state_ops:
         state_ops(args)
+        return
+    if args.tier_ops:
+        from bench_scaling import tier_ops
+        tier_ops(args)
         return
 
     from pyspark.sql import SparkSession

@@ -11,6 +11,7 @@ import shutil
 import statistics
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -132,3 +133,52 @@ def scaling(spark, args, node: str, provider: str) -> None:
             print(json.dumps(result), flush=True)
         finally:
             shutil.rmtree(source, ignore_errors=True)
+
+
+def tier_ops(args) -> None:
+    """The aggregate family's cost per batch inside one worker, without Spark: batches of
+    --batch-rows new keys into one partition's state, sent as Spark sends them (lookups,
+    then saves, in Arrow batches of 10,000 rows), with the state in memory (today's store,
+    no budget) and in the tier (runs on disk over a 64 MiB cap, as under a budget). Prints
+    the median seconds of the last --batches batches of each and their ratio: the tier's
+    distance to the in-memory store on the same path."""
+    from arrowstate.families import Aggregate
+    from arrowstate.store import VersionedState
+    from arrowstate.store.budget import TierPlace
+
+    schema = pa.schema([("key", pa.int64()), ("n", pa.int64()), ("s", pa.float64())])
+    operator = {"keyCount": 1, "outputMode": "update", "eventTimeIndex": -1,
+                "batchSize": 10000}
+    batches = max(1, int(args.state_keys.split(",")[0]) // args.batch_rows)
+    result = {"case": "tier_ops_agg_update_new_keys", "batch_rows": args.batch_rows,
+              "batches": batches}
+    for tiered in (False, True):
+        directory = tempfile.mkdtemp(prefix="bench-tier-")
+        rng = np.random.default_rng(1)
+        family = Aggregate(operator, schema)
+        state = VersionedState(family.key_fields, family.value_fields,
+                               tier=TierPlace(directory + "/t", 64 << 20) if tiered else None)
+        seconds = []
+        try:
+            for v in range(1, batches + 1):
+                keys = rng.permutation(args.batch_rows).astype(np.int64) + v * args.batch_rows
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.array(keys), pa.array(np.ones(len(keys), np.int64)),
+                     pa.array(rng.random(len(keys)))], schema=schema)
+                family = Aggregate(operator, schema)
+                t0 = time.perf_counter()
+                for lo in range(0, len(keys), 10000):
+                    family.lookup(state, batch.slice(lo, 10000).select([0]))
+                for lo in range(0, len(keys), 10000):
+                    family.process(state, batch.slice(lo, 10000))
+                list(family.finish(state))
+                state.commit_files(v, 100)
+                state.mark_committed(v, 1000)
+                seconds.append(time.perf_counter() - t0)
+        finally:
+            state.close()
+            shutil.rmtree(directory, ignore_errors=True)
+        result["tier_s" if tiered else "memory_s"] = round(
+            statistics.median(seconds[-args.batches:]), 3)
+    result["tier_over_memory"] = round(result["tier_s"] / result["memory_s"], 2)
+    print(json.dumps(result), flush=True)
