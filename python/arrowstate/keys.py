@@ -139,6 +139,12 @@ def key_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
     if (len(fields) == 1 and not fields[0].nullable
             and any(is_type(fields[0].type) for is_type in _TIME_OR_INTEGER)):
         return np.dtype(np.int64)
+    return bytes_dtype(fields)
+
+
+def bytes_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
+    """`S<width>` of the fixed-width block of these fields (a key's first fields give its
+    first bytes: a prefix), or None when some field has no fixed width."""
     parts: list[np.ndarray] = []
     if not all(_fixed_width(pa.array([], f.type), parts) for f in fields):
         return None

@@ -8,7 +8,7 @@ import pytest
 
 from arrowstate import keys
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, budget, runs
+from arrowstate.store import VersionedState, bloom, budget, runs
 from arrowstate.store.budget import MemoryBudget, TierPlace
 from arrowstate.store.rows import KeyedRows
 from arrowstate.store.runs import LocalStateWriteFailed
@@ -18,9 +18,11 @@ from small_disk import small_disk
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    """Small blocks and reads, so a few thousand keys make many of each."""
+    """Small blocks, reads and Bloom filter segments, so a few thousand keys make many of
+    each."""
     monkeypatch.setattr(runs, "BLOCK", 64)
     monkeypatch.setattr(runs, "SPAN_BLOCKS", 4)
+    monkeypatch.setattr(bloom, "SEGMENT_KEYS", 200)
 
 
 def _columns(kind, raw):
@@ -101,6 +103,60 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
                                                          schema).to_pylist()))
     ours.close()
     assert not os.path.exists(tmp_path / "tier")
+
+
+@pytest.mark.parametrize("group_type", [pa.int64(), pa.int32()])
+def test_a_prefix_scan_finds_each_groups_live_rows(tmp_path, group_type):
+    """Session windows' layout (grouping key, session start): random puts and removals of
+    sessions, runs in memory and on disk (Bloom filters by prefix, ranges across blocks and
+    segments); each scan gives exactly the live sessions of the groups asked for."""
+    fields = [pa.field("g", group_type), pa.field("start", pa.timestamp("us"))]
+    state = VersionedState(fields, [pa.field("v", pa.int64())],
+                           tier=TierPlace(str(tmp_path / "t"), memory_cap=8192),
+                           prefix_count=1)
+    schema = state.schema
+    rows = state.rows
+    assert isinstance(rows, TieredRows) and rows.prefix_width == 1 + group_type.bit_width // 8
+    live: dict = {}
+    rng = np.random.default_rng(3)
+    for step in range(150):
+        n = int(rng.integers(1, 300))
+        g = rng.integers(0, 400, n)
+        start = rng.integers(0, 60, n) * 1000
+        if rng.random() < 0.2:          # some groups with many sessions (ranges over blocks)
+            g[:] = int(rng.integers(0, 400))
+            start = rng.integers(0, 5000, n) * 1000
+        g_col = pa.array(g, group_type, mask=g == 0)   # the null group is a group too
+        cols = [g_col, pa.array(start, pa.timestamp("us"))]
+        batch_keys = state.keys(cols, n)
+        names = [(-1 if gi == 0 else int(gi), int(s)) for gi, s in zip(g, start)]
+        if rng.random() < 0.7:
+            value = rng.integers(0, 1000, n)
+            rows.insert(batch_keys, pa.RecordBatch.from_arrays(cols + [pa.array(value)],
+                                                               schema=schema))
+            live.update(zip(names, value.tolist()))
+        else:
+            rows.pop_present(batch_keys)
+            for name in names:
+                live.pop(name, None)
+        if step % 40 == 39:
+            rows.spill()
+        asked = np.unique(rng.integers(0, 420, 60))
+        asked_col = pa.array(asked, group_type, mask=asked == 0)
+        owner, ids = rows.scan_prefixes(state.prefix_keys([asked_col], len(asked)))
+        found = rows.take(ids).to_pylist()
+        want_groups = {-1 if a == 0 else int(a): i for i, a in enumerate(asked)}
+        got = sorted((-1 if r["k0"] is None else r["k0"], _micros(r["k1"]), r["v0"], asked_index)
+                     for r, asked_index in zip(found, owner.tolist()))
+        want = sorted((gk, s, v, want_groups[gk]) for (gk, s), v in live.items()
+                      if gk in want_groups)
+        assert got == want, step
+    assert any(run.on_disk for run in rows.runs)
+    state.close()
+
+
+def _micros(t):
+    return int(pa.scalar(t, pa.timestamp("us")).cast(pa.int64()).as_py())
 
 
 def test_a_frozen_view_reads_runs_that_merges_have_since_deleted(tmp_path):

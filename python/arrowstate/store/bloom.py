@@ -1,5 +1,7 @@
 """Bloom filters over a sorted run's keys, so that a key absent from a run (a new key) is
-found absent without a search or a read: 10 bits a key, about 1% false positives."""
+found absent without a search or a read: 10 bits a key, about 1% false positives. A store
+scanned by key prefix (see `TieredRows`) filters by the prefix alone: one filter then
+answers both a whole key (by its prefix) and a prefix."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,10 +21,21 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _U(31))
 
 
-def key_hashes(keys: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each key (int64 or fixed-width bytes)."""
+def prefixes(keys: np.ndarray, width: int) -> np.ndarray:
+    """The first `width` bytes of fixed-width byte keys, as keys of that width."""
+    if keys.dtype.itemsize == width:
+        return keys
+    raw = np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), keys.dtype.itemsize)
+    return np.ascontiguousarray(raw[:, :width]).view(f"S{width}").ravel()
+
+
+def key_hashes(keys: np.ndarray, width: int | None = None) -> np.ndarray:
+    """A 64-bit hash of each key (int64 or fixed-width bytes), or of its first `width`
+    bytes (its prefix)."""
     if keys.dtype == np.int64:
         return _mix(keys.view(_U))
+    if width is not None:
+        keys = prefixes(keys, width)
     width = keys.dtype.itemsize
     words = -(-width // 8)
     raw = np.zeros((len(keys), words * 8), dtype=np.uint8)
@@ -55,21 +68,33 @@ class Bloom:
         for i in range(BLOOM_HASHES):
             yield ((hashes + _U(i) * step) & mask).astype(np.int64)
 
-    def may_hold(self, probes: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    def may_hold(self, probes: np.ndarray, hashes: np.ndarray,
+                 highest: np.ndarray | None = None) -> np.ndarray:
+        """Whether the run may hold each probe: a key, or with `highest` (each probe's
+        highest key) a range of keys that share a prefix, `hashes` being the prefix's."""
         segment = np.searchsorted(self.firsts, probes, side="right") - 1
-        maybe = segment >= 0            # below the run's first key: not in it
+        if highest is None:
+            maybe = segment >= 0            # below the run's first key: not in it
+        else:   # a range may start below a segment's first key and end in it, or span two
+            last = np.searchsorted(self.firsts, highest, side="right") - 1
+            maybe = last >= 0
+            segment = np.maximum(segment, 0)
+            spans = last > segment
         base = np.maximum(segment, 0) * self.segment_bits
         for positions in self.positions(hashes, self.segment_bits):
             positions += base
             maybe &= (self.bits[positions >> 3] >> (positions & 7).astype(np.uint8)) & 1 == 1
+        if highest is not None:
+            maybe |= spans
         return maybe
 
 
 class BloomBuilder:
     """Builds a run's Bloom from its keys in key order, a segment at a time; `expected`
-    keys (at least) size each segment's bits."""
+    keys (at least) size each segment's bits; with `width`, of the keys' prefixes."""
 
-    def __init__(self, expected: int) -> None:
+    def __init__(self, expected: int, width: int | None = None) -> None:
+        self.width = width
         self.segment_bits = 64
         while self.segment_bits < min(max(expected, 1), SEGMENT_KEYS) * BLOOM_BITS_PER_KEY:
             self.segment_bits *= 2
@@ -89,7 +114,7 @@ class BloomBuilder:
         segment, rest = keys[:size], keys[size:]
         self._keys, self._pending = ([rest] if len(rest) else []), len(rest)
         marks = np.zeros(self.segment_bits, dtype=bool)
-        for positions in Bloom.positions(key_hashes(segment), self.segment_bits):
+        for positions in Bloom.positions(key_hashes(segment, self.width), self.segment_bits):
             marks[positions] = True
         self._parts.append(np.packbits(marks, bitorder="little"))
         self._firsts.append(segment[:1])

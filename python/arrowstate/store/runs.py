@@ -67,11 +67,12 @@ class Run:
 
     @classmethod
     def in_memory(cls, keys: np.ndarray, alive: np.ndarray | None,
-                  rows: pa.RecordBatch) -> "Run":
+                  rows: pa.RecordBatch, prefix_width: int | None = None) -> "Run":
+        """`prefix_width`: the Bloom filter's, see `bloom`."""
         run = cls(len(keys))
         run.keys, run.rows = keys, rows
         if len(keys) >= BLOOM_MIN_KEYS:
-            builder = BloomBuilder(len(keys))
+            builder = BloomBuilder(len(keys), prefix_width)
             builder.add(keys)
             run.bloom = builder.finish(keys.dtype)
         if alive is not None and not alive.all():
@@ -163,6 +164,60 @@ class RunReader:
                 found[maybe], pos[maybe], alive[maybe] = self._search_run(probes[maybe])
                 return found, pos, alive
         return self._search_run(probes)
+
+    def scan(self, lows: np.ndarray, highs: np.ndarray, hashes: np.ndarray | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The entries in key ranges [lows[i], highs[i]] (sorted, not overlapping; `hashes`,
+        their prefixes' key_hashes when the run's Bloom filter is by prefix): each entry's
+        range, position, key and whether it is alive, in key order."""
+        run = self.run
+        none = np.zeros(0, np.int64)
+        if run.n == 0 or len(lows) == 0:
+            return none, none, np.zeros(0, self.dtype), np.zeros(0, bool)
+        which = np.arange(len(lows))
+        if run.bloom is not None and hashes is not None:
+            which = np.flatnonzero(run.bloom.may_hold(lows, hashes, highs))
+            lows, highs = lows[which], highs[which]
+        owners, positions, found, alive = [], [], [], []
+
+        def within(keys: np.ndarray, offset: int, p0: int, p1: int) -> None:
+            a = np.searchsorted(keys, lows[p0:p1], side="left")
+            b = np.searchsorted(keys, highs[p0:p1], side="right")
+            counts = b - a
+            total = int(counts.sum())
+            if total:
+                owners.append(np.repeat(which[p0:p1], counts))
+                local = np.repeat(a - np.cumsum(counts) + counts, counts) + np.arange(total)
+                positions.append(offset + local)
+                found.append(keys[local])
+                alive.append(self.alive(offset, offset + len(keys))[local])
+
+        if not run.on_disk:
+            within(run.keys, 0, 0, len(lows))
+        else:
+            first = np.maximum(np.searchsorted(run.fences, lows, side="right") - 1, 0)
+            last = np.searchsorted(run.fences, highs, side="right") - 1
+            # the blocks the ranges touch, read a span of consecutive blocks at a time
+            covered = np.zeros(len(run.fences) + 1, np.int64)
+            inside = last >= 0
+            np.add.at(covered, first[inside], 1)
+            np.add.at(covered, last[inside] + 1, -1)
+            touched = np.flatnonzero(np.cumsum(covered)[:-1] > 0)
+            breaks = np.flatnonzero((np.diff(touched) != 1)
+                                    | (np.arange(1, len(touched)) % SPAN_BLOCKS == 0)) + 1
+            for lo_i, hi_i in zip(np.r_[0, breaks], np.r_[breaks, len(touched)]):
+                if lo_i == hi_i:
+                    continue
+                b0, b1 = int(touched[lo_i]), int(touched[hi_i - 1]) + 1
+                # the ranges that overlap these blocks (first and last rise with the ranges)
+                p0 = int(np.searchsorted(last, b0, side="left"))
+                p1 = int(np.searchsorted(first, b1, side="left"))
+                if p0 < p1:
+                    lo, hi = b0 * BLOCK, min(b1 * BLOCK, run.n)
+                    within(self.keys(lo, hi), lo, p0, p1)
+        if not owners:
+            return none, none, np.zeros(0, self.dtype), np.zeros(0, bool)
+        return tuple(np.concatenate(x) for x in (owners, positions, found, alive))
 
     def _search_run(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """find() over every probe."""
@@ -319,12 +374,13 @@ class RunWriter:
     """Writes a run's files from entries in key order."""
 
     def __init__(self, path: str, schema: pa.Schema, expected: int,
-                 bloom: "Bloom | None" = None) -> None:
-        """`expected`: at least the keys it will hold; `bloom`: their filter, if made."""
+                 bloom: "Bloom | None" = None, prefix_width: int | None = None) -> None:
+        """`expected`: at least the keys it will hold; `bloom`: their filter, if made (else
+        one is made, by the keys' first `prefix_width` bytes when given)."""
         self.path = path
         self.n, self.has_dead = 0, False
         self.fences: list[np.ndarray] = []
-        self.bloom = BloomBuilder(expected) if bloom is None else bloom
+        self.bloom = BloomBuilder(expected, prefix_width) if bloom is None else bloom
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         try:

@@ -43,12 +43,16 @@ def _size_class(n: int) -> int:
 class TieredRows:
     """Key -> Arrow row mapping for keys of one fixed width (`dtype`, see
     `arrowstate.keys.key_dtype`), with KeyedRows' operations on key arrays. Runs whose
-    rows pass `memory_cap` bytes, and any the worker spills, live in `directory`."""
+    rows pass `memory_cap` bytes, and any the worker spills, live in `directory`. With
+    `prefix_width`, the rows whose keys share their first bytes (Spark's prefix key: a
+    session window's grouping keys) are found together (`scan_prefixes`), as Spark's
+    RocksDB store finds them by prefix scan."""
 
     def __init__(self, schema: pa.Schema, dtype: np.dtype, directory: str,
-                 memory_cap: int) -> None:
+                 memory_cap: int, prefix_width: int | None = None) -> None:
         self.schema, self.dtype = schema, np.dtype(dtype)
         self.directory, self.memory_cap = directory, memory_cap
+        self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
         self._live = 0
         self._made_directory = False
@@ -80,7 +84,7 @@ class TieredRows:
         keys = np.asarray(keys, dtype=self.dtype)
         order = np.argsort(keys, kind="stable")
         probes = keys[order]
-        hashes = key_hashes(probes)
+        hashes = key_hashes(probes, self.prefix_width)
         run_of = np.full(len(keys), -1, dtype=np.int64)
         pos = np.zeros(len(keys), dtype=np.int64)
         alive = np.zeros(len(keys), dtype=bool)
@@ -119,6 +123,43 @@ class TieredRows:
         rows = take_by_id(self.schema, starts, np.asarray(ids, dtype=np.int64), rows_at)
         return pa.RecordBatch.from_arrays(rows.columns, schema=self.schema)
 
+    def scan_prefixes(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The live rows whose keys start with one of the prefixes (fixed-width bytes of
+        `prefix_width`, unique): each row's prefix (its index in `prefixes`) and row id
+        (valid until the rows change), in key order."""
+        none = np.zeros(0, np.int64)
+        if not len(prefixes) or not self.runs:
+            return none, none
+        order = np.argsort(prefixes, kind="stable")
+        ordered = prefixes[order]
+        lows = _padded(ordered, self.dtype, 0)
+        highs = _padded(ordered, self.dtype, 0xFF)
+        hashes = key_hashes(ordered)
+        starts = np.cumsum([0] + [r.n for r in self.runs], dtype=np.int64)
+        owners, ids, keys, ages, alive = [], [], [], [], []
+        for r, run in enumerate(self.runs):
+            reader = RunReader(run, self.dtype)
+            try:
+                owner, pos, key, live = reader.scan(lows, highs, hashes)
+                if len(pos):
+                    owners.append(owner)
+                    ids.append(starts[r] + pos)
+                    keys.append(key)
+                    alive.append(live)
+                    ages.append(np.full(len(pos), len(self.runs) - r))
+            finally:
+                reader.close()
+        if not ids:
+            return none, none
+        owner, id_, key, age, live = (np.concatenate(x) for x in (owners, ids, keys, ages,
+                                                                   alive))
+        pick = np.lexsort((age, key))            # each key's newest entry first
+        newest = np.ones(len(pick), dtype=bool)
+        newest[1:] = key[pick][1:] != key[pick][:-1]
+        pick = pick[newest]
+        pick = pick[live[pick]]
+        return order[owner[pick]], id_[pick]
+
     def first_absent(self, keys: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """Of the candidate positions, those holding the first occurrence of a key that is
         not in state, in position order."""
@@ -155,7 +196,7 @@ class TieredRows:
         in_place = len(pick) == batch.num_rows and not np.any(pick != np.arange(len(pick)))
         rows = batch if in_place else batch.take(pa.array(pick))
         self._add(Run.in_memory(keys, None, pa.RecordBatch.from_arrays(
-            rows.columns, schema=self.schema)))
+            rows.columns, schema=self.schema), self.prefix_width))
 
     def pop_present(self, keys: np.ndarray) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once); returns their rows."""
@@ -182,7 +223,8 @@ class TieredRows:
         self._live -= len(keys)
         empty = pa.RecordBatch.from_arrays(
             [pa.nulls(len(keys), f.type) for f in self.schema], schema=self.schema)
-        self._add(Run.in_memory(keys, np.zeros(len(keys), dtype=bool), empty))
+        self._add(Run.in_memory(keys, np.zeros(len(keys), dtype=bool), empty,
+                                self.prefix_width))
 
     def _add(self, run: Run) -> None:
         """Appends a run, then merges the newest runs once FANOUT of them are of one size
@@ -225,7 +267,7 @@ class TieredRows:
                 else:
                     keys, alive = np.zeros(0, self.dtype), np.zeros(0, bool)
                     rows = empty_batch(self.schema)
-                result = Run.in_memory(keys, alive, rows)
+                result = Run.in_memory(keys, alive, rows, self.prefix_width)
         finally:
             for reader in readers:
                 reader.close()
@@ -250,7 +292,7 @@ class TieredRows:
                 raise LocalStateWriteFailed(self.directory, e) from e
             self._made_directory = True
         writer = RunWriter(os.path.join(self.directory, str(next(_sequence))), self.schema,
-                            expected, bloom)
+                            expected, bloom, self.prefix_width)
         try:
             for keys, alive, rows in pieces:
                 writer.write(keys, alive, rows)
@@ -277,6 +319,15 @@ class TieredRows:
 
     def disk_bytes(self) -> int:
         return sum(r.disk_bytes for r in self.runs)
+
+
+def _padded(prefixes: np.ndarray, dtype: np.dtype, fill: int) -> np.ndarray:
+    """Prefixes padded with `fill` bytes to keys of `dtype`: the lowest or highest key
+    with each prefix."""
+    width = prefixes.dtype.itemsize
+    raw = np.full((len(prefixes), dtype.itemsize), fill, dtype=np.uint8)
+    raw[:, :width] = np.ascontiguousarray(prefixes).view(np.uint8).reshape(-1, width)
+    return raw.view(dtype).ravel()
 
 
 class FrozenTier:

@@ -29,13 +29,15 @@ class VersionedState:
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
                  named_columns: bool = False, dropped_columns: Sequence[str] = (),
-                 tier: "TierPlace | None" = None):
+                 tier: "TierPlace | None" = None, prefix_count: int = 0):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
         back null (a family whose set of value columns may grow between runs), and those
         named in `dropped_columns` (dropped on purpose) are left out. With `tier` (a worker
         with a memory budget) and keys of a fixed width, rows live in sorted runs that may
-        move to local disk (`TieredRows`); else in memory (`KeyedRows`)."""
+        move to local disk (`TieredRows`); else in memory (`KeyedRows`). `prefix_count`
+        key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
+        `rows.scan_prefixes`)."""
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
         fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
@@ -45,9 +47,14 @@ class VersionedState:
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
         self.key_dtype = keycodec.key_dtype(key_fields) if tier is not None else None
+        self.prefix_dtype = None
+        if self.key_dtype is not None and prefix_count:
+            self.key_dtype = keycodec.bytes_dtype(key_fields)
+            self.prefix_dtype = keycodec.bytes_dtype(key_fields[:prefix_count])
         self.rows: KeyedRows | TieredRows = (
             KeyedRows(self.schema) if self.key_dtype is None
-            else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap))
+            else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap,
+                            self.prefix_dtype.itemsize if self.prefix_dtype else None))
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
         # Python objects a family keeps with the state between batches (transformWithState's
         # decoded variables, timer heap and TTL heaps), rebuilt from the rows on a load
@@ -70,6 +77,11 @@ class VersionedState:
         if self.key_dtype is None:
             return keycodec.rows(columns, num_rows)
         return keycodec.key_array(columns, num_rows, self.key_dtype)
+
+    def prefix_keys(self, columns: Sequence[pa.Array], num_rows: int) -> np.ndarray:
+        """The prefixes (the first `prefix_count` key columns) of rows, in the form
+        `rows.scan_prefixes` takes (tiered state with a prefix only)."""
+        return keycodec.key_array(columns, num_rows, self.prefix_dtype)
 
     def as_keys(self, keys):
         """Keys gathered one by one (from `keys`' results) in the store's form again."""
