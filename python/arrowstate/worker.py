@@ -115,7 +115,8 @@ class Worker:
             state = VersionedState(family.key_fields, family.value_fields,
                                    named_columns=family.named_columns,
                                    dropped_columns=family.dropped_columns,
-                                   tier=self.budget.place(key) if family.tiered else None)
+                                   tier=self.budget.place(key) if family.tiered else None,
+                                   prefix_count=family.prefix_count)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)

@@ -1,5 +1,6 @@
-"""State beyond memory: under a memory budget, deduplication and aggregation state with
-fixed-width keys lives in sorted runs on the worker's local disk. Every query here runs with
+"""State beyond memory: under a memory budget, state with fixed-width keys (deduplication,
+aggregation, session windows, applyInPandasWithState) lives in sorted runs on the worker's
+local disk. Every query here runs with
 `stateMemoryPercent` 0, so after each micro-batch all of it moves to disk and the next batch
 reads it from there; Spark's own operators are the oracle."""
 import datetime as dt
@@ -120,6 +121,26 @@ def test_apply_in_pandas_with_state_and_event_time_timeouts_on_disk(spark, tmp_p
         expect_node=FLATMAP, output_mode="update", restart_after=[2],
         custom_metrics=["stateDiskBytes"])
     assert sum(f[0]["numRowsRemoved"] for f in ours.figures.values()) > 0
+    assert any(_on_disk(ours)), ours.custom
+
+
+@pytest.mark.parametrize("mode", ["append", "complete"])
+def test_session_windows_with_state_on_disk(spark, spark_conf, tmp_path, tiered, mode):
+    """Sessions that span batches (a key every few seconds, batches 8 s apart, gap 6 s) and
+    Arrow batches (a key's rows cut between them), merged and evicted from disk: the
+    grouping keys (a long and a boolean) are the prefix the tier scans."""
+    spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
+    batches = _batches(6, 3000, 2000, seed=11, step=8) + [[]]
+    _, ours = assert_same(
+        spark, tmp_path, EVENTS, batches,
+        lambda df: df.withWatermark("ts", "10 seconds")
+                     .groupBy(F.session_window("ts", "6 seconds"), "k",
+                              (F.col("v") % 2 == 0).alias("even"))
+                     .agg(F.count("*").alias("n"), F.sum("v").alias("s")),
+        expect_node="ArrowSessionWindowStateStoreSave", output_mode=mode, restart_after=[3],
+        custom_metrics=["stateDiskBytes"])
+    figures = [f[0] for f in ours.figures.values()]
+    assert sum(f["numRowsRemoved"] for f in figures) > 0
     assert any(_on_disk(ours)), ours.custom
 
 

@@ -69,7 +69,10 @@ class FamilyBase:
     # whether its state may live in sorted runs on local disk under a memory budget: the
     # family handles keys only as `state.keys` makes them (a list or an array) and selects
     # them with `state.rows.pick`
-    tiered: ClassVar[bool] = False
+    tiered: bool = False
+    # the key fields, first of the key, whose rows the family finds together on the tier
+    # (VersionedState's prefix_count)
+    prefix_count: int = 0
 
     def __init__(self, operator: dict[str, Any], metric_names: Sequence[str]) -> None:
         self.late_threshold = micros(operator.get("lateEventsWatermarkMs"))

@@ -22,10 +22,12 @@ whole row (keys, session window, buffer), so Spark's state readers see Spark's l
   event-time column: the session's end); complete mode emits every stored session.
   Spark refuses update mode for session windows at analysis.
 
-The sessions of each key are indexed (`state.objects["sessions"]`: key -> start -> (state
-key, event time)); in append mode a time index holds (key, start) at each session's event
-time, so eviction touches only what the watermark passes (an entry whose session has since
-been merged away or extended is skipped).
+The sessions of each key are found together: in memory by an index (`state.objects
+["sessions"]`: key -> start -> (state key, event time)); in state on the tier (a worker with
+a memory budget, grouping keys of a fixed width) by a prefix scan on the grouping keys, as
+Spark's RocksDB store finds them. In append mode a time index holds each session at its
+event time, so eviction touches only what the watermark passes (an entry whose session has
+since been merged away or extended is skipped).
 """
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ class SessionWindow(FamilyBase):
         if self.output_mode != "append":
             self.evict_threshold = None
         self.indexed = self.event_time_index >= 0 and self.output_mode == "append"
+        # on the tier, the grouping keys are the state key's prefix (none: one group)
+        self.prefix_count = self.group_width
+        self.tiered = self.group_width > 0
         # the lookup batch: keys, session, and the event-time column if it is another one
         self.lookup_event_time = (None if self.event_time_index < 0 else
                                   self.group_width if self.event_time_index == self.session_index
@@ -86,6 +91,13 @@ class SessionWindow(FamilyBase):
 
     # -- the index of each key's sessions ---------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
+        if _scanned(state):
+            if self.indexed:
+                for keys, rows in state.rows.items(1 << 20):
+                    times, valid = keycodec.event_time_micros(
+                        rows.column(self.key_count + self.event_time_index))
+                    state.index.add_many(times, keys, valid)
+            return
         rows = state.rows
         stored = rows.take(rows.live_ids())
         by_key = self._by_key(stored.columns[self.key_count:], list(rows.data))
@@ -131,9 +143,22 @@ class SessionWindow(FamilyBase):
         with self.updating():
             return self._restore(state, batch)
 
+    def _groups(self, state: VersionedState, columns: list, n: int):
+        """Each row's grouping key: a Python value, or on the tier its prefix bytes."""
+        if _scanned(state):
+            return state.prefix_keys(columns, n)
+        return keycodec.rows(columns, n)
+
     def _stored_of(self, state: VersionedState, groups: list) -> tuple[pa.RecordBatch, list]:
         """The stored sessions of these keys, each key's by start: their value columns and
         the number per key."""
+        if _scanned(state):
+            owner, ids = state.rows.scan_prefixes(np.asarray(groups, state.prefix_dtype))
+            rows = state.rows.take(ids)
+            order = np.lexsort((_micros(rows.column(self.key_count - 1)), owner))
+            return (pa.RecordBatch.from_arrays(rows.take(pa.array(order)).columns[
+                self.key_count:], schema=self._value_schema()),
+                np.bincount(owner, minlength=len(groups)))
         sessions = self._sessions(state)
         picked, counts = [], []
         for g in groups:
@@ -169,16 +194,8 @@ class SessionWindow(FamilyBase):
             if late.any():
                 late_any = True
                 kept = np.flatnonzero(~late)
-        group_of = keycodec.rows(batch.columns[:g], n)
-        runs: list[Hashable] = []      # the kept rows' keys, in order, once each
-        run_of = np.empty(len(kept), np.int64)
-        previous: Any = _NONE
-        for j, i in enumerate(kept.tolist()):
-            key = group_of[i]
-            if previous is _NONE or key != previous:
-                runs.append(key)
-                previous = key
-            run_of[j] = len(runs) - 1
+        group_of = self._groups(state, batch.columns[:g], n)
+        runs, run_of = _runs(group_of, kept)
         if not runs:   # every row late: held-back sessions keep waiting
             return self._answer(np.zeros(0, np.int32), self._empty(), np.zeros(0))
 
@@ -242,7 +259,7 @@ class SessionWindow(FamilyBase):
             n = batch.num_rows
             if n == 0:
                 return None
-            groups = keycodec.rows([batch.column(i) for i in self.key_indexes], n)
+            groups = self._groups(state, [batch.column(i) for i in self.key_indexes], n)
             last = groups[-1]
             cut = n   # the rows from here on are the last key's: its sessions may go on
             while cut > 0 and groups[cut - 1] == last:
@@ -251,10 +268,10 @@ class SessionWindow(FamilyBase):
                 self._apply_pending(state)
             if cut > 0:
                 self._pending.append(batch.slice(0, cut))
-                self._pending_keys += groups[:cut]
+                self._pending_keys.extend(groups[:cut])
                 self._apply_pending(state)
             self._pending.append(batch.slice(cut))
-            self._pending_keys += groups[cut:]
+            self._pending_keys.extend(groups[cut:])
         return None
 
     def _apply_pending(self, state: VersionedState) -> None:
@@ -273,6 +290,9 @@ class SessionWindow(FamilyBase):
             return
         start_column = rows.column(self.session_index).flatten()[0]
         key_columns = [rows.column(i) for i in self.key_indexes] + [start_column]
+        if _scanned(state):
+            self._replace_scanned(state, rows, key_columns)
+            return
         state_keys = keycodec.rows(key_columns, n)
         fresh = self._by_key(rows.columns, state_keys, groups)
         sessions = self._sessions(state)
@@ -293,6 +313,32 @@ class SessionWindow(FamilyBase):
         self.metrics["numUpdatedStateRows"] += n
         if self.indexed:
             self._add_times(state, times)
+
+    def _replace_scanned(self, state: VersionedState, rows: pa.RecordBatch,
+                         key_columns: list) -> None:
+        """`_replace` on the tier: each key's stored sessions found by prefix scan."""
+        n = rows.num_rows
+        new_keys = state.keys(key_columns, n)
+        _, ids = state.rows.scan_prefixes(np.unique(state.prefix_keys(key_columns[:-1], n)))
+        old = state.rows.take(ids)
+        old_keys = state.keys(old.columns[: self.key_count], old.num_rows)
+        gone = ~np.isin(old_keys, new_keys)
+        if gone.any():
+            self.metrics["numRemovedStateRows"] += state.pop_present(old_keys[gone]).num_rows
+        state.put_rows(new_keys, pa.RecordBatch.from_arrays(key_columns + rows.columns,
+                                                            schema=state.schema))
+        self.metrics["numUpdatedStateRows"] += n
+        if self.indexed:   # a session new or whose event time moved gets an index entry
+            times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
+            old_times, old_valid = keycodec.event_time_micros(
+                old.column(self.key_count + self.event_time_index))
+            order = np.argsort(old_keys)
+            at = np.minimum(np.searchsorted(old_keys[order], new_keys), len(order) - 1)
+            match = order[at] if len(order) else np.zeros(n, np.int64)
+            same = (np.zeros(n, bool) if not len(order) else
+                    (old_keys[match] == new_keys) & old_valid[match]
+                    & (old_times[match] == times))
+            state.index.add_many(times, new_keys, valid & ~same)
 
     # -- after the input --------------------------------------------------------------------
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
@@ -317,6 +363,23 @@ class SessionWindow(FamilyBase):
             return None
         threshold = self.evict_threshold
         entries, _ = state.index.pop_until(threshold)
+        if _scanned(state):   # the stored session's own event time decides
+            keys = np.unique(np.asarray(entries, state.key_dtype))
+            ids = state.rows.lookup(keys)
+            keys = keys[ids >= 0]
+            times, valid = keycodec.event_time_micros(state.rows.take(ids[ids >= 0]).column(
+                self.key_count + self.event_time_index))
+            gone = keys[valid & (times <= threshold)]
+        else:
+            gone = self._evicted_sessions(state, entries, threshold)
+        evicted = state.pop_present(gone)
+        self.metrics["numRemovedStateRows"] += evicted.num_rows
+        return pa.RecordBatch.from_arrays(evicted.columns[self.key_count:],
+                                          schema=self._value_schema())
+
+    def _evicted_sessions(self, state: VersionedState, entries: list, threshold: int) -> list:
+        """The state keys of indexed sessions the threshold closes, dropped from the index
+        of each key's sessions."""
         sessions = self._sessions(state)
         gone = []
         for g, s in entries:
@@ -328,7 +391,29 @@ class SessionWindow(FamilyBase):
             if not d:
                 del sessions[g]
             gone.append(held[0])
-        evicted = state.pop_present(gone)
-        self.metrics["numRemovedStateRows"] += evicted.num_rows
-        return pa.RecordBatch.from_arrays(evicted.columns[self.key_count:],
-                                          schema=self._value_schema())
+        return gone
+
+
+def _runs(group_of, kept: np.ndarray) -> tuple[list, np.ndarray]:
+    """The keys of the kept rows (sorted by key), once each in order, and each kept row's
+    index among them."""
+    if isinstance(group_of, np.ndarray):   # prefix bytes: compared in numpy
+        kept_groups = group_of[kept]
+        first = np.ones(len(kept), bool)
+        first[1:] = kept_groups[1:] != kept_groups[:-1]
+        return list(kept_groups[first]), np.cumsum(first) - 1
+    runs: list[Hashable] = []
+    run_of = np.empty(len(kept), np.int64)
+    previous: Any = _NONE
+    for j, i in enumerate(kept.tolist()):
+        key = group_of[i]
+        if previous is _NONE or key != previous:
+            runs.append(key)
+            previous = key
+        run_of[j] = len(runs) - 1
+    return runs, run_of
+
+
+def _scanned(state: VersionedState) -> bool:
+    """Whether the state is on the tier, its sessions found by prefix scan."""
+    return state.prefix_dtype is not None
