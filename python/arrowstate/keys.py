@@ -73,13 +73,26 @@ def column_values(arr: pa.Array | pa.ChunkedArray) -> list:
     return arr.to_pylist()
 
 
-def _fixed_width(arr: pa.Array, parts: list) -> bool:
+def _fixed_width(arr: pa.Array, parts: list, seeds: tuple[int, int] | None = None) -> bool:
     """Appends (rows x bytes) uint8 blocks that encode the column exactly, validity first;
-    False if a type has no fixed-width encoding here."""
+    False if a type has no fixed-width encoding here. With `seeds` (keys of the state tier),
+    decimals are encoded too (their 16 or 32 bytes: one column has one scale), and strings
+    and binaries by a 128-bit hash of their bytes under those seeds (`_hashed`)."""
     t = arr.type
     parts.append(arr.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)[:, None])
     if pa.types.is_struct(t):
-        return all(_fixed_width(child, parts) for child in arr.flatten())
+        return all(_fixed_width(child, parts, seeds) for child in arr.flatten())
+    if seeds is not None and (pa.types.is_decimal(t)):
+        width = t.byte_width
+        raw = (np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * width:
+                                                         (arr.offset + len(arr)) * width]
+               if len(arr) else np.zeros(0, np.uint8)).reshape(len(arr), width).copy()
+        raw[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
+        parts.append(raw)
+        return True
+    if seeds is not None and _is_bytes(t):
+        parts.append(_hashed(arr, seeds))
+        return True
     if pa.types.is_floating(t):
         values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
         values = np.where(values == 0, values.dtype.type(0), values)   # -0.0 -> 0.0
@@ -144,15 +157,79 @@ def key_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
 
 def bytes_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
     """`S<width>` of the fixed-width block of these fields (a key's first fields give its
-    first bytes: a prefix), or None when some field has no fixed width."""
+    first bytes: a prefix), or None when some field has no fixed width (lists, maps)."""
     parts: list[np.ndarray] = []
-    if not all(_fixed_width(pa.array([], f.type), parts) for f in fields):
+    if not all(_fixed_width(pa.array([], f.type), parts, (0, 0)) for f in fields):
         return None
     return np.dtype(f"S{sum(p.shape[1] for p in parts)}")
 
 
-def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype) -> np.ndarray:
-    """The keys of these columns' rows in `key_dtype`'s form."""
+def hashes_some(fields: Sequence[pa.Field]) -> bool:
+    """Whether `key_array` hashes some of these fields (strings, binaries)."""
+    def hashed(t: pa.DataType) -> bool:
+        return _is_bytes(t) or (pa.types.is_struct(t) and any(hashed(f.type) for f in t))
+    return any(hashed(f.type) for f in fields)
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
+
+
+_U = np.uint64
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, on uint64 arrays (wrapping arithmetic): a bijection that
+    spreads every input bit over the output."""
+    x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
+    return x ^ (x >> _U(31))
+
+
+def _hashed(arr: pa.Array, seeds: tuple[int, int]) -> np.ndarray:
+    """(rows x 16) bytes: two 64-bit hashes of each value's bytes and length, one per seed
+    (a null's are zero). The seeds are secret to the state that uses them, so keys cannot
+    be chosen to collide; two values collide with probability 2**-128. The values are read
+    8 bytes (a word) at a time, every value's next word at once, in numpy."""
+    n = len(arr)
+    if not n:
+        return np.zeros((0, 16), np.uint8)
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)[
+        arr.offset: arr.offset + n + 1].astype(np.int64)
+    data = (np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None
+            else np.zeros(0, np.uint8))
+    padded = np.concatenate([data, np.zeros(8, np.uint8)])
+    # the little-endian word starting at each byte
+    word_at = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    hashes = [mix64(lengths.astype(_U) ^ _U(seed)) for seed in seeds]
+    active = np.flatnonzero(lengths > 0)
+    done = 0
+    while len(active):
+        word = word_at[starts[active] + done]
+        left = lengths[active] - done
+        short = np.flatnonzero(left < 8)   # a last word shorter than 8 bytes
+        word[short] &= (_U(1) << (left[short] * 8).astype(_U)) - _U(1)
+        every = len(active) == n   # (commonly the first word) no gather, no scatter
+        for h in hashes:
+            if every:
+                h[:] = mix64(h ^ word)
+            else:
+                h[active] = mix64(h[active] ^ word)
+        done += 8
+        active = active[left > 8]
+    out = np.stack(hashes, axis=1)
+    out[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
+    return out.view(np.uint8).reshape(n, 16)
+
+
+def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype,
+              seeds: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """The keys of these columns' rows in `key_dtype`'s form (strings and binaries hashed
+    under `seeds`)."""
     if dtype == np.int64:
         column = columns[0]
         if isinstance(column, pa.ChunkedArray):
@@ -167,7 +244,7 @@ def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype) -> np
     for column in columns:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
-        _fixed_width(column, parts)
+        _fixed_width(column, parts, seeds)
     block = np.ascontiguousarray(np.concatenate(parts, axis=1)) if parts else \
         np.zeros((num_rows, 0), np.uint8)
     return block.view(dtype).ravel()

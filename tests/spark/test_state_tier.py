@@ -144,6 +144,32 @@ def test_session_windows_with_state_on_disk(spark, spark_conf, tmp_path, tiered,
     assert any(_on_disk(ours)), ours.custom
 
 
+def _named(df):
+    """The long keys as strings of several lengths (a null stays null)."""
+    return df.select(F.concat(F.repeat(F.lit("user"), (F.col("k") % 5).cast("int")),
+                              F.col("k").cast("string")).alias("u"), "k", "ts", "v")
+
+
+@pytest.mark.parametrize("query", ["dedup", "aggregate", "sessions"])
+def test_string_keys_on_disk(spark, tmp_path, tiered, query):
+    """String keys live on the tier by a 128-bit hash of their bytes (and a decimal by its
+    bytes): the same answers as Spark's with every key's state on disk."""
+    batches = _batches(5, 3000, 4000, seed=12, step=8) + [[]]
+    build, node, mode = {
+        "dedup": (lambda df: _named(df).withWatermark("ts", "10 seconds")
+                  .dropDuplicates(["u", "ts"]), DEDUP, "append"),
+        "aggregate": (lambda df: _named(df).groupBy("u", (F.col("v") / 7).cast("decimal(9,1)"))
+                      .agg(F.count("*"), F.sum("v")), SAVE, "update"),
+        "sessions": (lambda df: _named(df).withWatermark("ts", "10 seconds")
+                     .groupBy(F.session_window("ts", "6 seconds"), "u")
+                     .agg(F.count("*").alias("n")), "ArrowSessionWindowStateStoreSave",
+                     "append"),
+    }[query]
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=node,
+                          output_mode=mode, restart_after=[2], custom_metrics=["stateDiskBytes"])
+    assert any(_on_disk(ours)), ours.custom
+
+
 def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint(
         spark, tmp_path, tiered):
     batches = _batches(6, 4000, 20000, seed=6)

@@ -1,5 +1,6 @@
 """The state tier (sorted runs, in memory or on local disk) against the in-memory store, and
 the worker's memory budget, without Spark."""
+import decimal
 import os
 
 import numpy as np
@@ -36,6 +37,14 @@ def _columns(kind, raw):
         values = np.where(raw % 7 == 0, np.nan, (raw % 50) - 25.0)
         values = np.where(raw % 11 == 0, -0.0, values)
         return [pa.array(values, mask=nulls)]
+    if kind == "string":   # empty, short, and longer than a word or two
+        return [pa.array([("k" * int(r % 29) + str(r)) if r % 31 else "" for r in raw],
+                         pa.string(), mask=nulls)]
+    if kind == "binary, decimal":   # bytes that are not UTF-8
+        return [pa.array([b"\xff" * int(r % 3) + str(r).encode() for r in raw], pa.binary(),
+                         mask=nulls),
+                pa.array([None if r % 17 == 0 else decimal.Decimal(int(r % 40)) / 4
+                          for r in raw], pa.decimal128(10, 2))]
     if kind == "window and long":
         window = pa.StructArray.from_arrays(
             [pa.array(raw // 10 * 10, pa.timestamp("us")),
@@ -45,7 +54,7 @@ def _columns(kind, raw):
     raise AssertionError(kind)
 
 
-KINDS = ["long not null", "long", "double", "window and long"]
+KINDS = ["long not null", "long", "double", "window and long", "string", "binary, decimal"]
 
 
 def _schema(kind):
@@ -67,7 +76,8 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
 
     def both_keys(raw):
         cols = _columns(kind, raw)
-        return (keys.key_array(cols, len(raw), dtype), keys.rows(cols, len(raw)), cols)
+        return (keys.key_array(cols, len(raw), dtype, (12345, 678)), keys.rows(cols, len(raw)),
+                cols)
 
     for step in range(120):
         raw = rng.integers(-1 if kind != "long not null" else 0, 3000,
@@ -180,13 +190,16 @@ def test_a_frozen_view_reads_runs_that_merges_have_since_deleted(tmp_path):
     assert got.column("v1").to_pylist() == [2 * k for k in range(1600)]
 
 
-def test_versioned_state_takes_the_tier_for_fixed_width_keys_only(tmp_path):
+def test_versioned_state_takes_the_tier_for_keys_it_can_encode(tmp_path):
     place = TierPlace(str(tmp_path / "t"), memory_cap=1 << 20)
     fixed = VersionedState([pa.field("k", pa.int64())], [pa.field("n", pa.int64())],
                            tier=place)
     strings = VersionedState([pa.field("k", pa.string())], [pa.field("n", pa.int64())],
                              tier=place)
-    assert isinstance(fixed.rows, TieredRows) and isinstance(strings.rows, KeyedRows)
+    lists = VersionedState([pa.field("k", pa.list_(pa.int64()))], [pa.field("n", pa.int64())],
+                           tier=place)
+    assert isinstance(fixed.rows, TieredRows) and isinstance(strings.rows, TieredRows)
+    assert isinstance(lists.rows, KeyedRows)
     assert isinstance(VersionedState([pa.field("k", pa.int64())], [], tier=None).rows,
                       KeyedRows)
 
@@ -277,3 +290,32 @@ def test_each_local_directory_setting_gets_the_tiers_made_after_it(tmp_path):
     assert first.directory.startswith(str(tmp_path / "a"))
     assert second.directory.startswith(str(tmp_path / "b"))
     assert first.directory != second.directory.replace("/b/", "/a/")
+
+
+def test_hashed_keys_are_equal_exactly_when_the_values_are():
+    """Strings hashed for the tier: the same value gives the same key wherever it sits
+    (sliced arrays, other neighbours, large_string), distinct values distinct keys (200K
+    values of every length to 40 bytes, differing in one byte or only in length), and
+    other seeds other keys."""
+    rng = np.random.default_rng(5)
+    values = list({bytes(rng.integers(0, 256, int(rng.integers(0, 41))).astype(np.uint8))
+                   for _ in range(200_000)})
+    values += [b"", b"\0", b"\0\0", b"a" * 16, b"a" * 17, b"a" * 15 + b"b"]
+    values = list(dict.fromkeys(values))
+    column = pa.array(values, pa.binary())
+    dtype = keys.key_dtype([pa.field("k", pa.binary())])
+    seeds = (3, 4)
+    hashed = keys.key_array([column], len(values), dtype, seeds)
+    assert len(np.unique(hashed)) == len(values)
+    for lo, hi in ((1, 7), (1000, 1010), (len(values) - 5, len(values))):
+        assert (keys.key_array([column.slice(lo, hi - lo)], hi - lo, dtype, seeds)
+                == hashed[lo:hi]).all()
+    shuffled = rng.permutation(len(values))[:1000]
+    assert (keys.key_array([column.take(pa.array(shuffled))], 1000, dtype, seeds)
+            == hashed[shuffled]).all()
+    assert (keys.key_array([column.cast(pa.large_binary())], len(values), dtype, seeds)
+            == hashed).all()
+    assert not (keys.key_array([column], len(values), dtype, (5, 6)) == hashed).any()
+    nulls = pa.array([None, b"", None], pa.binary())
+    got = keys.key_array([nulls], 3, dtype, seeds)
+    assert got[0] == got[2] != got[1]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..keys import mix64 as _mix
+
 BLOOM_BITS_PER_KEY = 10   # about 1% false positives with BLOOM_HASHES
 BLOOM_HASHES = 5
 SEGMENT_KEYS = 52428      # keys per segment: 10 bits a key in 2**19 bits
@@ -14,11 +16,6 @@ BLOOM_MIN_KEYS = 1 << 12  # a smaller run in memory is searched at once: no filt
 _U = np.uint64
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, on uint64 arrays (wrapping arithmetic)."""
-    x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
-    return x ^ (x >> _U(31))
 
 
 def prefixes(keys: np.ndarray, width: int) -> np.ndarray:

@@ -7,6 +7,7 @@ retention) in `Lifecycle`; this class records the changes between them.
 """
 from __future__ import annotations
 
+import secrets
 import sys
 from typing import TYPE_CHECKING, Hashable, Sequence
 
@@ -47,6 +48,9 @@ class VersionedState:
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
         self.key_dtype = keycodec.key_dtype(key_fields) if tier is not None else None
+        # strings in keys on the tier are hashed under seeds of this state's own (the tier
+        # is never reused by another process, so they need not last)
+        self.seeds = (secrets.randbits(64), secrets.randbits(64))
         self.prefix_dtype = None
         if self.key_dtype is not None and prefix_count:
             self.key_dtype = keycodec.bytes_dtype(key_fields)
@@ -76,12 +80,12 @@ class VersionedState:
         of Python values (KeyedRows) or a numpy array (TieredRows); `rows.pick` selects."""
         if self.key_dtype is None:
             return keycodec.rows(columns, num_rows)
-        return keycodec.key_array(columns, num_rows, self.key_dtype)
+        return keycodec.key_array(columns, num_rows, self.key_dtype, self.seeds)
 
     def prefix_keys(self, columns: Sequence[pa.Array], num_rows: int) -> np.ndarray:
         """The prefixes (the first `prefix_count` key columns) of rows, in the form
         `rows.scan_prefixes` takes (tiered state with a prefix only)."""
-        return keycodec.key_array(columns, num_rows, self.prefix_dtype)
+        return keycodec.key_array(columns, num_rows, self.prefix_dtype, self.seeds)
 
     def as_keys(self, keys):
         """Keys gathered one by one (from `keys`' results) in the store's form again."""
