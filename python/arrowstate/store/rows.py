@@ -200,7 +200,10 @@ def _deep_size(v: object) -> int:
 def sampled_size(v: object, sample: int = 16) -> int:
     """Estimated memory of Python values held in dicts and lists (a family's own objects:
     transformWithState's variables, timer heap, TTL heaps): each container's size plus its
-    length times the mean size of a sample of its items, recursively; never a full walk."""
+    length times the mean size of a sample of its items, recursively; never a full walk.
+    An object that knows its size (a TimeIndex) says it."""
+    if hasattr(v, "memory_bytes"):
+        return v.memory_bytes()
     if isinstance(v, dict):
         items = list(itertools.islice(v.items(), sample))
         per = (sum(_deep_size(k) + sampled_size(x, sample) for k, x in items) / len(items)

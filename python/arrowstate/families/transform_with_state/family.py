@@ -16,7 +16,8 @@ arrives before the first batch's rows (`initial_state`): handleInitialState per 
 deleteIfExists in init() removes a variable it declared, or one only an earlier run declared
 (its column goes from the files, as Spark removes its column family).
 
-State layout: see layout. Change feed: see changelog.
+State layout: see layout. Change feed: see changelog. State on the tier (a worker with a
+memory budget): see working_set.
 """
 from __future__ import annotations
 
@@ -41,12 +42,14 @@ from .processor_input import ProcessorInput
 from .spark_layout import LAYOUT
 from .timers import Timers
 from .variables import DELETED_CLIENTS, NO_KEY, Variable
+from .working_set import WorkingSet, entries_in
 
 
 class TransformWithState(FamilyBase):
     name = "transformWithState"
     layout = LAYOUT
     named_columns = True   # a processor may add state variables between runs, as in Spark
+    tiered = True          # on the tier, a key's rows are found by its grouping key (prefix)
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS + ("numTotalStateRows",) + COUNTED_METRICS)
@@ -72,6 +75,8 @@ class TransformWithState(FamilyBase):
         self.processor = udf.__self__._stateful_processor
         self.pandas = operator["pandas"]
         self.key_indices = operator["keyIndices"]
+        self.prefix_count = len(self.key_indices)
+        self.working: WorkingSet | None = None   # state on the tier: the keys loaded
         self.value_indices = operator["valueIndices"]
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
@@ -179,12 +184,34 @@ class TransformWithState(FamilyBase):
 
     # -- state between batches --------------------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
-        """Loads the variables' values from the stored rows (after a load from files)."""
+        """Loads the variables' values from the stored rows (after a load from files); on
+        the tier, only what the family keeps between batches (see working_set)."""
+        if state.prefix_dtype is not None:
+            state.objects = WorkingSet(self, state).rebuild()
+            return
         rows = state.rows.take(state.rows.live_ids())
         nk = len(self.key_fields) - 1
         groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
         names = rows.column(nk).to_pylist()
         data = {n: {} for n in self.order}
+        self.decode_rows(rows, groups, data)
+        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
+        if unknown:
+            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
+                              "the processor does not define")
+        total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
+        total += self._orphan_entries(rows, names)
+        key_batch = rows.select(range(nk))
+        held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
+                     else {})
+        state.objects = {"variables": data, "total": total, "timerHeap": [],
+                         "heldKeys": held_keys, "ttlIndexes": {}}
+
+    def decode_rows(self, rows: pa.RecordBatch, groups: list, data: dict | None = None) -> None:
+        """Stored rows' values, decoded into `data` (name -> key -> value), by default the
+        variables' own dicts; `groups`: each row's grouping key."""
+        nk = len(self.key_fields) - 1
+        names = rows.column(nk).to_pylist()
         for column, name in enumerate(self.order):
             var = self.variables[name]
             picked = [i for i, n in enumerate(names) if n == name]
@@ -203,19 +230,9 @@ class TransformWithState(FamilyBase):
                 offsets = values.offsets.to_pylist()
                 decoded = [flat[a:b] if keys is None else dict(zip(keys[a:b], flat[a:b]))
                            for a, b in zip(offsets[:-1], offsets[1:])]
+            target = var.data if data is None else data[name]
             for i, value in zip(picked, decoded):
-                data[name][groups[i]] = value
-        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
-        if unknown:
-            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
-                              "the processor does not define")
-        total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
-        total += self._orphan_entries(rows, names)
-        key_batch = rows.select(range(nk))
-        held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
-                     else {})
-        state.objects = {"variables": data, "total": total, "timerHeap": [],
-                         "heldKeys": held_keys, "ttlIndexes": {}}
+                target[groups[i]] = value
 
     def _attach(self, state: VersionedState) -> None:
         if self._attached:
@@ -225,12 +242,18 @@ class TransformWithState(FamilyBase):
         if held is None or set(held["variables"]) != set(self.order):
             self.rebuild_index(state)
             held = state.objects
+        if state.prefix_dtype is not None:
+            self.working = WorkingSet(self, state)
         for name, var in self.variables.items():
             if var is not self.timers:
                 var.data = held["variables"][name]
-            if var.ttl is not None:
+            if var.ttl is not None and self.working is not None:
+                var.attach_tier_index(held["ttlIndexes"][name])
+            elif var.ttl is not None:
                 var.attach_index(held["ttlIndexes"].setdefault(name, []))
-        if self.timers is not None:
+        if self.timers is not None and self.working is not None:
+            self.timers.attach_tier(held["variables"][TIMER_VARIABLE], held["timerIndex"])
+        elif self.timers is not None:
             self.timers.attach(held["variables"][TIMER_VARIABLE], held["timerHeap"])
         self.held_keys = held["heldKeys"]
         self.total = held["total"]
@@ -243,20 +266,24 @@ class TransformWithState(FamilyBase):
     def dropped_columns(self) -> tuple[str, ...]:
         return tuple(f"s_{n}" for n in self.dropped)
 
-    def _drop_rows(self, state: VersionedState, names: list[str]) -> None:
-        """Removes the stored rows of variables whose columns went (a scan, once)."""
-        rows = state.rows.take(state.rows.live_ids())
+    def _drop_rows(self, state: VersionedState, names: list[str]) -> int:
+        """Removes the stored rows of variables whose columns went (a scan, once); the
+        state rows Spark counts in them."""
         nk = len(self.key_fields) - 1
-        mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
-        if mine.num_rows:
-            state.pop_present(keycodec.rows(mine.columns[:nk + 1], mine.num_rows))
+        columns = [nk + 1 + self.order.index(n) for n in names if n in self.order]
+        counted = 0
+        for rows in state.rows.all_rows(1 << 20):   # a view: removals do not disturb it
+            mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
+            if mine.num_rows:
+                state.pop_present(state.keys(mine.columns[:nk + 1], mine.num_rows))
+                counted += sum(entries_in(mine.column(c).drop_null()) for c in columns)
+        return counted
 
     def _drop_variable(self, state: VersionedState, var: Variable) -> None:
         """Removes every stored row of a deleted variable (a scan, once: after it there are
         none) and makes later uses of it fail."""
-        if var.data:
-            self._drop_rows(state, [var.name])
-            self.total -= sum(map(var.entries_of, var.data.values()))
+        if var.data or self.working is not None:
+            self.total -= self._drop_rows(state, [var.name])
             var.data.clear()
         for client in var.clients:
             client.__class__ = DELETED_CLIENTS[type(client)]
@@ -269,6 +296,15 @@ class TransformWithState(FamilyBase):
             self._process(batch)
         return self._output()
 
+    def _groups(self, batch: pa.RecordBatch, key_indices: list[int]) -> list | None:
+        """The batch's grouping keys as the dicts hold them on the tier (their stored rows
+        loaded); None for state in memory (the input's own form)."""
+        if self.working is None:
+            return None
+        groups = self.working.groups([batch.column(i) for i in key_indices], batch.num_rows)
+        self.working.load(groups)
+        return groups
+
     def _process(self, batch: pa.RecordBatch) -> None:
         if self.late_threshold is not None and self.event_time_index >= 0:
             late = self.late_mask(*keycodec.event_time_micros(
@@ -276,7 +312,8 @@ class TransformWithState(FamilyBase):
             if late.any():   # EventTime mode: Spark drops rows the watermark has passed
                 batch = batch.filter(pa.array(~late))
         for group, key_columns, key, items in self.input.keys_of(
-                batch, self.key_indices, self.value_indices):
+                batch, self.key_indices, self.value_indices,
+                self._groups(batch, self.key_indices)):
             pending = self._pending
             if pending is not None and pending[0] == group:
                 pending[2].extend(items)   # the key's rows continue from the last batch
@@ -296,7 +333,8 @@ class TransformWithState(FamilyBase):
         k = self.initial_key_count
         with self.updating():
             for group, key_columns, key, items in self.input.keys_of(
-                    batch, list(range(k)), list(range(k, batch.num_columns))):
+                    batch, list(range(k)), list(range(k, batch.num_columns)),
+                    self._groups(batch, list(range(k)))):
                 pending = self._initial_pending
                 if pending is not None and pending[0] == group:
                     pending[2].extend(items)
@@ -382,9 +420,9 @@ class TransformWithState(FamilyBase):
             present = [g for g in changed if g in var.data]
             gone = [g for g in changed if g not in var.data]
             if gone:
-                state.pop_present(self.store_keys(name, gone)[0])
+                state.pop_present(self.store_keys(state, name, gone)[0])
             if present:
-                hkeys, key_columns = self.store_keys(name, present)
+                hkeys, key_columns = self.store_keys(state, name, present)
                 values = [var.data[g] for g in present]
                 if var.kind == VALUE:
                     array = var.store_codec.to_arrow(values)
@@ -408,7 +446,7 @@ class TransformWithState(FamilyBase):
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
         write_changes(self, state, written)
-        if self.holds_keys:
+        if self.holds_keys and self.working is None:
             self._hold_keys(dict.fromkeys(g for _, g in dirty))
 
     def _hold_keys(self, groups) -> None:
@@ -430,13 +468,14 @@ class TransformWithState(FamilyBase):
     def _key_columns(self, group) -> tuple[pa.RecordBatch, int]:
         return self._key_rows.get(group) or self.held_keys[group]
 
-    def store_keys(self, name: str, groups: list) -> tuple[list, list[pa.Array]]:
+    def store_keys(self, state: VersionedState, name: str, groups: list
+                   ) -> tuple[list, list[pa.Array]]:
         """The store's keys (grouping key columns and the variable's name) of groups seen in
-        this batch or holding timers: their hashable form and their columns."""
+        this batch or holding timers: the store's form and their columns."""
         keys = gather_rows([self._key_columns(g) for g in groups],
                            [f.name for f in self.key_fields[:-1]])
         columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
-        return keycodec.rows(columns, len(groups)), columns
+        return state.keys(columns, len(groups)), columns
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
@@ -452,6 +491,13 @@ class TransformWithState(FamilyBase):
                     self.metrics["numRemovedStateRows"] += expired
                     self.metrics["numValuesRemovedDueToTTLExpiry"] += expired
             self._write(state)
+            if self.working is not None:   # the tier holds the values now
+                if self.timers is not None:
+                    self.timers.flush()
+                for var in self.variables.values():
+                    if var.ttl is not None:
+                        var.flush()
+                self.working.drop()
         self._key_rows = {}
         state.objects["total"] = self.total
         self.metrics["numTotalStateRows"] = self.total

@@ -40,15 +40,17 @@ class ProcessorInput:
         self._seen_bytes = self._seen_rows = 0
 
     def keys_of(self, batch: pa.RecordBatch, key_indices: list[int],
-                value_indices: list[int]) -> Iterator[tuple]:
-        """Per key of a batch sorted by key: the key (hashable), where its columns are,
-        the key as the processor gets it, and its rows as the processor gets them (pandas:
-        DataFrames of at most maxRecordsPerBatch rows; Row API: Rows)."""
+                value_indices: list[int], groups: list | None = None) -> Iterator[tuple]:
+        """Per key of a batch sorted by key: the key (hashable: `groups`' item of its rows,
+        by default the key columns' values), where its columns are, the key as the
+        processor gets it, and its rows as the processor gets them (pandas: DataFrames of
+        at most maxRecordsPerBatch rows; Row API: Rows)."""
         n = batch.num_rows
         if n == 0:
             return
         key_batch = batch.select(key_indices)
-        groups = keycodec.rows(key_batch.columns, n)
+        if groups is None:
+            groups = keycodec.rows(key_batch.columns, n)
         bounds = [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
         if self.pandas:
             series = self.io.to_pandas(batch)

@@ -5,7 +5,7 @@ every key's rows, each timer at or before the batch's timestamp (ProcessingTime)
 eviction watermark (EventTime) expires in timestamp order, handleExpiredTimer is called
 with the key as a Row, then the timer is deleted (counted in numDeletedTimers, as Spark
 counts it; Spark's Python path leaves numExpiredTimers at 0). Expiry pops a heap: it costs
-what expires.
+what expires. On the tier the heap is a `TimeIndex` of grouping keys (see working_set).
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class Timers:
         self.data: dict = {}
         self.heap: list = []
         self.live = 0
+        self.index = None          # on the tier: TimeIndex of (time, grouping key)
+        self.pending: list = []    # on the tier: this batch's new (time, grouping key)
 
     def entries_of(self, _value) -> int:
         return 0   # timers are not state rows in Spark's figures
@@ -46,6 +48,14 @@ class Timers:
         self.live = sum(map(len, data.values()))
         if len(heap) < self.live:
             self._rebuild()
+
+    def attach_tier(self, data: dict, index) -> None:
+        """Takes the loaded keys' timers (filled as keys load) and the index of all."""
+        self.data, self.index = data, index
+
+    def flush(self) -> None:
+        """Indexes the timers registered since the last flush (on the tier)."""
+        self.family.working.index(self.index, self.pending)
 
     def _rebuild(self) -> None:
         self.heap[:] = [(ts, next(SEQUENCE), g) for g, times in self.data.items()
@@ -61,9 +71,12 @@ class Timers:
             return   # Spark logs a warning and keeps the one timer
         times.append(ts)
         times.sort()
+        family.dirty[(TIMER_VARIABLE, group)] = None
+        if self.index is not None:
+            self.pending.append((ts, group))
+            return
         self.live += 1
         heapq.heappush(self.heap, (ts, next(SEQUENCE), group))
-        family.dirty[(TIMER_VARIABLE, group)] = None
 
     def delete(self, ts: int, group=None) -> None:
         family = self.family
@@ -77,7 +90,7 @@ class Timers:
             del self.data[group]
         self.live -= 1
         family.dirty[(TIMER_VARIABLE, group)] = None
-        if len(self.heap) > 2 * self.live + 1024:
+        if self.index is None and len(self.heap) > 2 * self.live + 1024:
             self._rebuild()
 
     def list(self) -> Iterator[int]:
@@ -87,9 +100,19 @@ class Timers:
         """Live timers at or before `threshold`, in time order, taken off the heap at once:
         as Spark's iterator over its timer index, one made before any handler runs."""
         heap, due, seen = self.heap, [], set()
-        while heap and heap[0][0] <= threshold:
-            ts, _, group = heapq.heappop(heap)
+        if self.index is not None:   # the keys come due loaded
+            self.flush()
+            entries = zip(*self.family.working.due(self.index, threshold))
+        else:
+            entries = _popped(heap, threshold)
+        for ts, group in entries:
             if (ts, group) not in seen and ts in self.data.get(group, ()):
                 seen.add((ts, group))
                 due.append((ts, group))
         return due
+
+
+def _popped(heap: list, threshold: int) -> Iterator[tuple[int, Any]]:
+    while heap and heap[0][0] <= threshold:
+        ts, _, group = heapq.heappop(heap)
+        yield ts, group

@@ -34,7 +34,8 @@ class Variable:
     an element expires at the batch timestamp of its last write plus the TTL: from a batch
     whose timestamp reaches that, reads skip it, and at the end of the batch it is removed
     (counted as removed rows and in numValuesRemovedDueToTTLExpiry). A heap of (expiry,
-    sequence, element key) finds what expires without a scan of the state."""
+    sequence, element key) finds what expires without a scan of the state; on the tier a
+    `TimeIndex` of grouping keys does (see working_set)."""
 
     def __init__(self, family: "TransformWithState", name: str, kind: str, schema,
                  key_schema=None, ttl_ms: int | None = None) -> None:
@@ -54,6 +55,8 @@ class Variable:
         self.now = family.timer_values.getCurrentProcessingTimeInMs()
         self.expiry = None if ttl_ms is None else self.now + ttl_ms
         self.index: list = []     # TTL: heap of (expiry, sequence, element key)
+        self.tier_index = None    # TTL on the tier: TimeIndex of (expiry, grouping key)
+        self.pending: list = []   # TTL on the tier: this batch's (expiry, grouping key)
         self._indexed = 0         # TTL: heap size after its last rebuild
         self._written_key, self._written = NO_KEY, None   # _changed's last key, this batch
 
@@ -117,7 +120,18 @@ class Variable:
 
     def indexed(self, element_key) -> None:
         """Notes that `element_key` holds an element written now (TTL only)."""
+        if self.tier_index is not None:
+            self.pending.append((self.expiry, element_key[0] if self.kind == MAP
+                                 else element_key))
+            return
         heapq.heappush(self.index, (self.expiry, next(SEQUENCE), element_key))
+
+    def attach_tier_index(self, index) -> None:
+        self.tier_index = index
+
+    def flush(self) -> None:
+        """Indexes the keys written since the last flush (on the tier)."""
+        self.family.working.index(self.tier_index, self.pending)
 
     def attach_index(self, index: list) -> None:
         self.index = index
@@ -137,6 +151,8 @@ class Variable:
 
     def expire(self) -> int:
         """Removes the elements whose TTL has passed; how many (Spark's count)."""
+        if self.tier_index is not None:
+            return self._expire_tiered()
         index, now, data, removed = self.index, self.now, self.data, 0
         while index and index[0][0] <= now:
             _, _, element_key = heapq.heappop(index)
@@ -150,14 +166,7 @@ class Variable:
             elif self.kind == LIST:
                 values = data.get(element_key)
                 if values:
-                    kept = [e for e in values if e[1] > now]
-                    if len(kept) < len(values):
-                        removed += len(values) - len(kept)
-                        self._set(element_key, kept)
-                        # Spark's cleanup removes the list, then puts what is left
-                        self.logged(element_key, CHANGE_DELETE)
-                        if kept:
-                            self.logged(element_key, CHANGE_UPDATE, list(kept))
+                    removed += self._expire_list(element_key, values)
             else:
                 element = data.get(element_key)
                 if element is not None and element[1] <= now:
@@ -167,6 +176,43 @@ class Variable:
         if len(index) > 2 * self._indexed + 1024:   # mostly superseded entries
             self._rebuild_index()
         return removed
+
+
+    def _expire_tiered(self) -> int:
+        """expire() on the tier: each key that comes due is loaded and all its elements
+        past their TTL go (each element has an entry at its own expiry)."""
+        self.flush()
+        now, data, removed = self.now, self.data, 0
+        _, groups = self.family.working.due(self.tier_index, now)
+        for group in dict.fromkeys(groups):
+            value = data.get(group)
+            if value is None:
+                continue
+            if self.kind == MAP:
+                for user_key, element in list(value.items()):
+                    if element[1] <= now:
+                        _remove_entry(self, group, value, user_key)
+                        self.logged_entry(group, CHANGE_DELETE, user_key)
+                        removed += 1
+            elif self.kind == LIST:
+                removed += self._expire_list(group, value)
+            elif value[1] <= now:
+                self._set(group, None)
+                self.logged(group, CHANGE_DELETE)
+                removed += 1
+        return removed
+
+    def _expire_list(self, group, values: list) -> int:
+        """Removes a list's elements past their TTL; how many."""
+        kept = [e for e in values if e[1] > self.now]
+        if len(kept) == len(values):
+            return 0
+        self._set(group, kept)
+        # Spark's cleanup removes the list, then puts what is left
+        self.logged(group, CHANGE_DELETE)
+        if kept:
+            self.logged(group, CHANGE_UPDATE, list(kept))
+        return len(values) - len(kept)
 
 
 def _remove_entry(var: Variable, group, entries: dict, user_key) -> None:
