@@ -6,12 +6,14 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
                             [--cases dedup,agg_update,...]
     python scripts/bench.py --scaling [--state-keys 1000000,20000000] [--batch-rows 2000000]
                             [--pyspark-memory 1g] [--batches 3] [--shuffle-partitions 4]
+                            [--scaling-case agg|agg_string_keys|tws_pandas_value_count]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
-mode) over batches of --batch-rows new keys each until N keys exist, run by arrowstate
+mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a
+ValueState) over batches of --batch-rows new keys each until N keys exist, run by arrowstate
 under a memory budget (spark.executor.pyspark.memory, 1g unless --pyspark-memory says
 otherwise; a state worker that passes it fails the query) and by Spark on its RocksDB store,
 in one process. It prints each batch's time, the median of the last --batches, the peak
@@ -62,6 +64,12 @@ def jvm_heap_used(spark) -> int:
 def _count_and_sum(df):
     from pyspark.sql import functions as F
     return df.agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+
+
+def _by_user_name(df):
+    """Grouped by a string key made from the long one ("user-<key>")."""
+    from pyspark.sql import functions as F
+    return df.groupBy(F.concat(F.lit("user-"), F.col("key").cast("string")).alias("user"))
 
 
 def _windowed(df, size: str):
@@ -171,6 +179,13 @@ CASES = {
     "tws_list_timer": (_tws_list_timer, "append", TWS),
 }
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# --scaling's queries over a stream of (key long, value double), update mode: the query and
+# the arrowstate node it plans
+SCALING_CASES = {
+    "agg": (lambda df: _count_and_sum(df.groupBy("key")), SAVE),
+    "agg_string_keys": (lambda df: _count_and_sum(_by_user_name(df)), SAVE),
+    "tws_pandas_value_count": (_tws_count(True), TWS),
+}
 
 
 def run_once(spark, source: str, case, arrowstate: bool):
@@ -354,6 +369,8 @@ def main() -> None:
                         help="spark.executor.pyspark.memory (--scaling: 1g unless given): "
                              "each state worker's memory budget")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
+                        help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
     if args.state_load:
         state_load(args)
@@ -392,7 +409,7 @@ def main() -> None:
 
     if args.scaling:
         try:
-            scaling(spark, args, SAVE, ROCKSDB)
+            scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
         finally:
             spark.stop()
         return

@@ -1,6 +1,6 @@
-"""bench.py --scaling: state beyond memory. A count and sum per key (update mode) over batches
-of new keys, arrowstate under a memory budget against Spark on its RocksDB store in one
-process: each batch's time, the peak resident memory of the state workers and the JVM, and
+"""bench.py --scaling: state beyond memory. A query keeping state per key (update mode: a
+count and sum per key, by default) over batches of new keys, arrowstate under a memory
+budget against Spark on its RocksDB store in one process: each batch's time, the peak resident memory of the state workers and the JVM, and
 whether every batch's output was the same (see bench.py's docstring)."""
 from __future__ import annotations
 
@@ -59,12 +59,14 @@ class PeakRss:
                 "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
 
 
-def scaling_run(spark, source: str, arrowstate: bool, node: str,
+def scaling_run(spark, source: str, arrowstate: bool, case,
                 provider: str) -> tuple[list, dict, dict]:
-    """A count and sum per key in update mode over every file of `source`, arrowstate on or
+    """The case's query (`(build, node)`: the query on a stream of key and value, and the
+    arrowstate node it plans) in update mode over every file of `source`, arrowstate on or
     Spark's operators on Spark's RocksDB store: each batch's duration (ms), a checksum of
     each batch's output (row count and a sum of row hashes: equal outputs, equal sums) and
     the peak resident memory."""
+    build, node = case
     from pyspark.sql import functions as F
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     if arrowstate:
@@ -83,8 +85,7 @@ def scaling_run(spark, source: str, arrowstate: bool, node: str,
     try:
         stream = (spark.readStream.schema("key long, value double")
                   .option("maxFilesPerTrigger", 1).parquet(source))
-        q = (stream.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
-             .writeStream.foreachBatch(checksum).outputMode("update")
+        q = (build(stream).writeStream.foreachBatch(checksum).outputMode("update")
              .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
         q.awaitTermination()
         assert (node in q._jsq.explainInternal(False)) == arrowstate
@@ -101,27 +102,28 @@ def scaling_run(spark, source: str, arrowstate: bool, node: str,
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def scaling(spark, args, node: str, provider: str) -> None:
+def scaling(spark, args, case, provider: str) -> None:
     """Per state size: the last --batches batches' median time and the peak resident memory,
-    arrowstate (under the budget, its operator `node`) and Spark on the state store
-    `provider`, with their outputs compared."""
+    arrowstate (under the budget) and Spark on the state store `provider` running the
+    case (see scaling_run), with their outputs compared."""
     warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
     write_scaling_batches(warm_up, 30_000, 10_000)
     for on in (True, False):
-        scaling_run(spark, warm_up, on, node, provider)
+        scaling_run(spark, warm_up, on, case, provider)
     shutil.rmtree(warm_up, ignore_errors=True)
     for state_keys in [int(k) for k in args.state_keys.split(",")]:
         source = tempfile.mkdtemp(prefix="bench-scaling-")
         batches = write_scaling_batches(source, state_keys, args.batch_rows)
         try:
-            result = {"case": "scaling_agg_update_new_keys", "state_keys": state_keys,
+            result = {"case": f"scaling_{args.scaling_case}_new_keys",
+                      "state_keys": state_keys,
                       "batch_rows": args.batch_rows, "batches": batches,
                       "measured_batches": min(args.batches, batches),
                       "budget": spark.sparkContext.getConf().get(
                           "spark.executor.pyspark.memory", "none")}
             outputs = {}
             for on in (True, False):
-                durations, outputs[on], peak = scaling_run(spark, source, on, node, provider)
+                durations, outputs[on], peak = scaling_run(spark, source, on, case, provider)
                 name = "arrowstate" if on else "rocksdb"
                 last = durations[-result["measured_batches"]:]
                 result[f"{name}_batch_ms_median"] = statistics.median(last)

@@ -6,6 +6,7 @@ reads it from there; Spark's own operators are the oracle."""
 import datetime as dt
 import os
 import random
+import shutil
 import threading
 import time
 
@@ -183,6 +184,33 @@ def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint
                           between_batches=kill, restart_after=[3],
                           custom_metrics=["stateCacheMisses", "stateDiskBytes"])
     assert ours.custom[2][0]["stateCacheMisses"] > 0
+    assert all(_on_disk(ours)[1:]), ours.custom
+
+
+def test_a_restored_checkpoint_is_loaded_from_its_files_not_from_a_live_tier(
+        spark, tmp_path, tiered):
+    """An operator restores an older copy of the checkpoint (taken after batch 1) while the
+    workers' tiers hold the state of batch 3: the restarted query reloads each partition
+    from the restored files (a new run never takes a tier's rows) and re-runs batches 2
+    and 3 as Spark does, with Spark's answers."""
+    batches = _batches(6, 3000, 8000, seed=13)
+
+    def restore(i, checkpoint):
+        backup = checkpoint + ".backup"
+        if i == 1:
+            shutil.copytree(checkpoint, backup)
+        elif i == 3:
+            shutil.rmtree(checkpoint)
+            shutil.copytree(backup, checkpoint)
+        return False
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, batches,
+                          lambda df: df.groupBy("k").agg(F.count("*"), F.sum("v")),
+                          expect_node=SAVE, output_mode="update", restart_after=[1, 3],
+                          on_restart=restore,
+                          custom_metrics=["stateCacheMisses", "stateDiskBytes"])
+    assert [b for b, _ in ours.history] == [0, 1, 2, 3, 2, 3, 4, 5]
+    assert ours.custom[2][0]["stateCacheMisses"] > 0   # the re-run batch 2: from files
     assert all(_on_disk(ours)[1:]), ours.custom
 
 
