@@ -278,3 +278,20 @@ class RunningCountDroppingHistory(RunningCount):
     def init(self, handle):
         super().init(handle)
         handle.deleteIfExists("history")
+
+
+class LongList(StatefulProcessor):
+    """Appends `size` values to one list per key in each call: a working set (the key's
+    decoded list) of about 100 bytes a value in the worker."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def init(self, handle):
+        self.values = handle.getListState("values", "v long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for _ in rows:
+            pass
+        self.values.appendList([(i,) for i in range(self.size)])
+        yield pd.DataFrame({"user": [key[0]], "count": [self.size]})

@@ -267,6 +267,31 @@ def test_budget_below_the_workers_base_size_fails_naming_the_setting(spark, spar
     assert int(parameters["needed"]) > int(parameters["budget"]) == 8 << 20
 
 
+def test_a_working_set_over_the_budget_fails_naming_the_setting_and_its_peak(
+        spark, spark_conf, tmp_path):
+    """A transformWithState key whose list grows by 3M values in one batch: its decoded
+    values (the batch's working set) cannot leave memory, so the task fails, naming the
+    setting and the peak it reached, rather than the worker passing its budget."""
+    import tws_processors as procs
+    cloudpickle.register_pickle_by_value(procs)
+    spark_conf(**{"spark.arrowstate.worker.memory": "300m",
+                  "spark.arrowstate.worker.localDir": str(tmp_path / "local"),
+                  "spark.sql.streaming.stateStore.providerClass":
+                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+    rows = [{"k": 1, "ts": dt.datetime.fromtimestamp(0, dt.timezone.utc), "v": 1}]
+    with pytest.raises(StreamingQueryException) as failure:
+        run_query(spark, str(tmp_path), EVENTS, [rows],
+                  lambda df: df.select(F.col("k").cast("string").alias("user"), "v")
+                  .groupBy("user").transformWithStateInPandas(
+                      procs.LongList(3_000_000), "user string, count long", "Update", "None"),
+                  arrowstate=True, output_mode="update")
+    found = spark_errors(failure.value)
+    assert "ARROWSTATE_MEMORY_BUDGET_TOO_SMALL" in found, found
+    parameters = found["ARROWSTATE_MEMORY_BUDGET_TOO_SMALL"]["parameters"]
+    assert parameters["setting"] == "spark.arrowstate.worker.memory"
+    assert int(parameters["needed"]) > int(parameters["budget"]) == 300 << 20
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB filesystem of its own (tmpfs; root only)."""

@@ -9,7 +9,7 @@ import pytest
 
 from arrowstate import keys
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, bloom, budget, runs
+from arrowstate.store import VersionedState, bloom, budget, runs, tier
 from arrowstate.store.budget import MemoryBudget, TierPlace
 from arrowstate.store.rows import KeyedRows
 from arrowstate.store.runs import LocalStateWriteFailed
@@ -63,10 +63,14 @@ def _schema(kind):
     return pa.schema(fields + [pa.field(f"v{len(fields)}", pa.int64())])
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
-    """Random puts and removals, with runs merged in memory and on disk: every lookup,
+@pytest.mark.parametrize("kind, background", [(k, False) for k in KINDS]
+                         + [("long", True), ("string", True)])
+def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, background):
+    """Random puts and removals, with runs merged in memory and on disk (and, with
+    `background`, the larger merges in a thread while the tier goes on): every lookup,
     row, removal and count as KeyedRows gives them."""
+    if background:
+        monkeypatch.setattr(tier, "BACKGROUND_ROWS", 600)
     schema = _schema(kind)
     dtype = keys.key_dtype(list(schema)[:-1])
     assert dtype is not None and (dtype == np.int64) == (kind == "long not null")
@@ -96,6 +100,8 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
             theirs.discard(their_keys)
         if step % 30 == 29:
             ours.spill()
+        if background and step % 7 == 0:   # a merge done meanwhile is swapped in
+            ours.compact_if_sparse()
         assert len(ours) == len(theirs), step
         probe_raw = rng.integers(-1, 3000, 300)
         probe_ours, probe_theirs, _ = both_keys(probe_raw)
@@ -108,6 +114,7 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, kind):
                 == theirs.first_absent(probe_theirs, candidates).tolist())
     assert any(run.on_disk for run in ours.runs)
     assert ours.disk_bytes() > 0
+    assert (ours.background_merges > 0) == background
     rows = sorted(map(str, pa.Table.from_batches(list(ours.all_rows(100)), schema).to_pylist()))
     assert rows == sorted(map(str, pa.Table.from_batches(list(theirs.all_rows(100)),
                                                          schema).to_pylist()))

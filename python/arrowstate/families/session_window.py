@@ -24,8 +24,8 @@ whole row (keys, session window, buffer), so Spark's state readers see Spark's l
 
 The sessions of each key are found together: in memory by an index (`state.objects
 ["sessions"]`: key -> start -> (state key, event time)); in state on the tier (a worker with
-a memory budget, grouping keys of a fixed width) by a prefix scan on the grouping keys, as
-Spark's RocksDB store finds them. In append mode a time index holds each session at its
+a memory budget) by a prefix scan on the grouping keys, as Spark's RocksDB store finds
+them. In append mode a time index holds each session at its
 event time, so eviction touches only what the watermark passes (an entry whose session has
 since been merged away or extended is skipped).
 """

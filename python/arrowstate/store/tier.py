@@ -10,12 +10,17 @@ A run is a numpy array of keys and an Arrow batch in memory, or files on local d
 (`runs`); each has a Bloom filter (`bloom`), so a key absent from it costs no search. The
 files are a cache of what the checkpoint holds: a worker builds them from the checkpoint's
 files and deletes them when it drops the state or exits.
+
+A merge of BACKGROUND_ROWS rows or more runs in a thread of its own, one at a time, so a
+micro-batch that makes the largest runs merge does not wait for them: the runs it merges
+stay in place (and answer) until it is done, and the next change swaps its result in.
 """
 from __future__ import annotations
 
 import itertools
 import os
 import shutil
+import threading
 import weakref
 from typing import Iterator
 
@@ -28,6 +33,7 @@ from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunReader, RunWriter,
                    empty_batch, merged, newest_of_each)
 
 FANOUT = 4                # runs of one size class merged into one
+BACKGROUND_ROWS = 1 << 22  # a merge of this many rows or more runs in the background
 _sequence = itertools.count()
 
 
@@ -54,6 +60,8 @@ class TieredRows:
         self.directory, self.memory_cap = directory, memory_cap
         self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
+        self._merging: _BackgroundMerge | None = None
+        self.background_merges = 0    # started (for tests and metrics)
         self._live = 0
         self._made_directory = False
         self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
@@ -62,12 +70,14 @@ class TieredRows:
         return self._live
 
     def close(self) -> None:
-        """Deletes the tier's files."""
+        """Deletes the tier's files (after a merge running in the background ends)."""
+        self._finish_merge(wait=True, swap=False)
         self.runs = []
         self._live = 0
         self._cleanup()
 
     def clear(self) -> None:
+        self._finish_merge(wait=True, swap=False)
         for run in self.runs:
             run.delete_files()
         self.runs, self._live = [], 0
@@ -231,23 +241,54 @@ class TieredRows:
         class or smaller (tiered merging: each row is copied about log_FANOUT(n / first
         run) times, and at most FANOUT - 1 runs of each class are probed; Bloom filters
         keep probing cheap)."""
+        self._finish_merge(wait=False)
         self.runs.append(run)
+        merging = self._merging.runs if self._merging is not None else ()
         while True:
             size_class = _size_class(self.runs[-1].n)
             tail = 0
             for older in reversed(self.runs):
-                if _size_class(older.n) > size_class:
+                if _size_class(older.n) > size_class or any(older is r for r in merging):
                     break
                 tail += 1
             if tail < FANOUT:
                 break
             taken = self.runs[-tail:]
+            if sum(r.n for r in taken) >= BACKGROUND_ROWS:
+                if self._merging is None:   # else it waits for the one running to end
+                    self._merging = _BackgroundMerge(self, taken, len(taken) == len(self.runs))
+                    self.background_merges += 1
+                break
             del self.runs[-tail:]
             self.runs.append(self._merge(taken, bottom=not self.runs))
-        if not self.runs[-1].on_disk and self.runs[-1].memory_bytes() > self.memory_cap:
-            self.runs[-1] = self._write(self.runs[-1])
+        newest = self.runs[-1]
+        if (not newest.on_disk and newest.memory_bytes() > self.memory_cap
+                and not (self._merging is not None
+                         and any(newest is r for r in self._merging.runs))):
+            self.runs[-1] = self._write(newest)
 
-    def _merge(self, runs: list[Run], bottom: bool) -> Run:
+    def _finish_merge(self, wait: bool, swap: bool = True) -> None:
+        """Swaps a background merge's result in for its runs once it is done (waiting for it
+        with `wait`), and deletes their files; without `swap` its result goes too. A merge
+        that failed raises its error here."""
+        merge = self._merging
+        if merge is None or (not wait and merge.thread.is_alive()):
+            return
+        merge.thread.join()
+        self._merging = None
+        if merge.error is not None:
+            raise merge.error
+        if not swap:
+            merge.result.delete_files()
+            return
+        start = next(i for i, r in enumerate(self.runs) if r is merge.runs[0])
+        assert all(a is b for a, b in zip(self.runs[start:start + len(merge.runs)],
+                                          merge.runs))
+        self.runs[start:start + len(merge.runs)] = [merge.result]
+        for run in merge.runs:   # views opened before hold their files open
+            run.delete_files()
+
+    def _merge(self, runs: list[Run], bottom: bool, delete_inputs: bool = True) -> Run:
         """One run from several (oldest first). Dead entries are dropped at the bottom (no
         older run left to hide). The result goes to disk when any input is there or its
         rows would pass the memory cap."""
@@ -271,8 +312,9 @@ class TieredRows:
         finally:
             for reader in readers:
                 reader.close()
-        for run in runs:
-            run.delete_files()
+        if delete_inputs:
+            for run in runs:
+                run.delete_files()
         return result
 
     def _write(self, run: Run) -> Run:
@@ -304,14 +346,17 @@ class TieredRows:
     def spill(self) -> int:
         """Writes every run held in memory to disk; the bytes of memory it gives back."""
         freed = 0
+        merging = self._merging.runs if self._merging is not None else ()
         for i, run in enumerate(self.runs):
-            if not run.on_disk and run.n:
+            if not run.on_disk and run.n and not any(run is r for r in merging):
                 freed += run.memory_bytes()
                 self.runs[i] = self._write(run)
         return freed
 
     def compact_if_sparse(self) -> None:
-        """Runs merge as they are added; nothing to do after a commit."""
+        """Runs merge as they are added; after a commit, a background merge that is done
+        is swapped in."""
+        self._finish_merge(wait=False)
 
     # -- memory -------------------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -319,6 +364,22 @@ class TieredRows:
 
     def disk_bytes(self) -> int:
         return sum(r.disk_bytes for r in self.runs)
+
+
+class _BackgroundMerge:
+    """A merge of runs (which stay in the tier meanwhile) in a thread of its own."""
+
+    def __init__(self, tier: TieredRows, runs: list[Run], bottom: bool) -> None:
+        self.runs, self.result, self.error = list(runs), None, None
+        self.thread = threading.Thread(target=self._run, args=(tier, bottom), daemon=True,
+                                       name="arrowstate-tier-merge")
+        self.thread.start()
+
+    def _run(self, tier: TieredRows, bottom: bool) -> None:
+        try:
+            self.result = tier._merge(self.runs, bottom, delete_inputs=False)
+        except BaseException as e:   # raised in the task's thread when it collects this
+            self.error = e
 
 
 def _padded(prefixes: np.ndarray, dtype: np.dtype, fill: int) -> np.ndarray:
