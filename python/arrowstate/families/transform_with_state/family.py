@@ -35,13 +35,13 @@ from ..base import WATERMARK_METRICS, FamilyBase, gather_rows
 from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
 from .changelog import write_changes
-from .codec import list_offsets, state_error, struct_schema
-from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, TIMERS, VALUE,
+from .codec import state_error, struct_schema
+from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, VALUE,
                      is_map_type)
 from .processor_input import ProcessorInput
 from .spark_layout import LAYOUT
 from .timers import Timers
-from .variables import DELETED_CLIENTS, NO_KEY, Variable
+from .variables import DELETED_CLIENTS, NO_KEY, Variable, column_values, variable_column
 from .working_set import WorkingSet, entries_in
 
 
@@ -217,19 +217,7 @@ class TransformWithState(FamilyBase):
             picked = [i for i, n in enumerate(names) if n == name]
             if not picked:
                 continue
-            values = rows.column(nk + 1 + column).take(pa.array(picked))
-            if var.kind == VALUE:
-                decoded = var.store_codec.from_arrow(values)
-            elif var.kind == TIMERS:
-                decoded = values.to_pylist()
-            else:
-                flat = var.store_codec.from_arrow(values.flatten() if var.kind == LIST
-                                            else values.flatten().field("value"))
-                keys = (var.key_codec.from_arrow(values.flatten().field("key"))
-                        if var.kind == MAP else None)
-                offsets = values.offsets.to_pylist()
-                decoded = [flat[a:b] if keys is None else dict(zip(keys[a:b], flat[a:b]))
-                           for a, b in zip(offsets[:-1], offsets[1:])]
+            decoded = column_values(var, rows.column(nk + 1 + column).take(pa.array(picked)))
             target = var.data if data is None else data[name]
             for i, value in zip(picked, decoded):
                 target[groups[i]] = value
@@ -423,24 +411,7 @@ class TransformWithState(FamilyBase):
                 state.pop_present(self.store_keys(state, name, gone)[0])
             if present:
                 hkeys, key_columns = self.store_keys(state, name, present)
-                values = [var.data[g] for g in present]
-                if var.kind == VALUE:
-                    array = var.store_codec.to_arrow(values)
-                elif var.kind == TIMERS:
-                    array = pa.ListArray.from_arrays(
-                        pa.array(list_offsets(values), pa.int32()),
-                        pa.array([t for times in values for t in times], pa.int64()))
-                else:
-                    flat = [v for lst in values for v in (lst if var.kind == LIST else
-                                                          lst.values())]
-                    items = var.store_codec.to_arrow(flat)
-                    if var.kind == MAP:
-                        user_keys = var.key_codec.to_arrow(
-                            [k for entries in values for k in entries])
-                        items = pa.StructArray.from_arrays(
-                            [user_keys, items], fields=list(var.type.value_type))
-                    array = pa.ListArray.from_arrays(pa.array(list_offsets(values), pa.int32()),
-                                                     items, type=var.type)
+                array = variable_column(var, [var.data[g] for g in present])
                 value_columns = [array if i == column else pa.nulls(len(present), f.type)
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(

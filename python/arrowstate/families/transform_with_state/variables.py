@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 
 from ...store.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
-from .codec import Codec, TtlCodec, state_error
-from .layout import LIST, MAP, VALUE
+from .codec import Codec, TtlCodec, list_offsets, state_error
+from .layout import LIST, MAP, TIMERS, VALUE
 
 if TYPE_CHECKING:
     from .family import TransformWithState
@@ -213,6 +213,38 @@ class Variable:
         if kept:
             self.logged(group, CHANGE_UPDATE, list(kept))
         return len(values) - len(kept)
+
+
+def column_values(var, column: pa.Array) -> list:
+    """A variable's rows' values (its column, its rows only) as the variable holds them: a
+    value tuple, a list of them, a dict of user key to value, or a key's timer times."""
+    if var.kind == VALUE:
+        return var.store_codec.from_arrow(column)
+    if var.kind == TIMERS:
+        return column.to_pylist()
+    flat = var.store_codec.from_arrow(column.flatten() if var.kind == LIST
+                                      else column.flatten().field("value"))
+    keys = var.key_codec.from_arrow(column.flatten().field("key")) if var.kind == MAP else None
+    offsets = column.offsets.to_pylist()
+    return [flat[a:b] if keys is None else dict(zip(keys[a:b], flat[a:b]))
+            for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def variable_column(var, values: list) -> pa.Array:
+    """The column of a variable's values (column_values' inverse)."""
+    if var.kind == VALUE:
+        return var.store_codec.to_arrow(values)
+    offsets = pa.array(list_offsets(values), pa.int32())
+    if var.kind == TIMERS:
+        return pa.ListArray.from_arrays(offsets, pa.array(
+            [t for times in values for t in times], pa.int64()))
+    items = var.store_codec.to_arrow(
+        [v for lst in values for v in (lst if var.kind == LIST else lst.values())])
+    if var.kind == MAP:
+        user_keys = var.key_codec.to_arrow([k for entries in values for k in entries])
+        items = pa.StructArray.from_arrays([user_keys, items],
+                                           fields=list(var.type.value_type))
+    return pa.ListArray.from_arrays(offsets, items, type=var.type)
 
 
 def _remove_entry(var: Variable, group, entries: dict, user_key) -> None:
