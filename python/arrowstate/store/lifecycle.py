@@ -17,7 +17,6 @@ from typing import Protocol, Sequence
 
 from ..errors import ArrowStateError
 from . import files
-from .background import paced
 from .rows import FrozenRows
 
 
@@ -167,7 +166,7 @@ class _Snapshot(threading.Thread):
 
     def run(self) -> None:
         try:
-            rows = (files.with_op(b, files.OP_PUT) for b in paced(self._rows.batches(1 << 16)))
+            rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
             if self.path is None:
                 self._bytes, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows)
             else:

@@ -27,7 +27,6 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from .background import paced
 from .bloom import Bloom, key_hashes
 from .rows import take_by_id
 from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunReader, RunWriter,
@@ -289,8 +288,7 @@ class TieredRows:
         for run in merge.runs:   # views opened before hold their files open
             run.delete_files()
 
-    def _merge(self, runs: list[Run], bottom: bool, delete_inputs: bool = True,
-               pace: bool = False) -> Run:
+    def _merge(self, runs: list[Run], bottom: bool, delete_inputs: bool = True) -> Run:
         """One run from several (oldest first). Dead entries are dropped at the bottom (no
         older run left to hide). The result goes to disk when any input is there or its
         rows would pass the memory cap."""
@@ -299,8 +297,6 @@ class TieredRows:
         readers = [RunReader(r, self.dtype) for r in runs]
         try:
             pieces = merged(readers, MERGE_ROWS, keep_dead=not bottom)
-            if pace:   # in the background: beside a task, not in its way
-                pieces = paced(pieces)
             if to_disk:
                 result = self._write_pieces(pieces, sum(r.n for r in runs))
             else:
@@ -381,7 +377,7 @@ class _BackgroundMerge:
 
     def _run(self, tier: TieredRows, bottom: bool) -> None:
         try:
-            self.result = tier._merge(self.runs, bottom, delete_inputs=False, pace=True)
+            self.result = tier._merge(self.runs, bottom, delete_inputs=False)
         except BaseException as e:   # raised in the task's thread when it collects this
             self.error = e
 
