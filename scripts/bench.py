@@ -369,6 +369,8 @@ def main() -> None:
                         help="spark.executor.pyspark.memory (--scaling: 1g unless given): "
                              "each state worker's memory budget")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
@@ -399,7 +401,8 @@ def main() -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "8g")
-        .config(map={"spark.executor.pyspark.memory": budget} if budget else {})).getOrCreate()
+        .config(map={"spark.executor.pyspark.memory": budget} if budget else {})
+        .config(map=dict(c.split("=", 1) for c in args.conf))).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
     def memory() -> dict:
