@@ -164,13 +164,6 @@ def bytes_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
     return np.dtype(f"S{sum(p.shape[1] for p in parts)}")
 
 
-def hashes_some(fields: Sequence[pa.Field]) -> bool:
-    """Whether `key_array` hashes some of these fields (strings, binaries)."""
-    def hashed(t: pa.DataType) -> bool:
-        return _is_bytes(t) or (pa.types.is_struct(t) and any(hashed(f.type) for f in t))
-    return any(hashed(f.type) for f in fields)
-
-
 def _is_bytes(t: pa.DataType) -> bool:
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t))
