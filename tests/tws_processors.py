@@ -291,7 +291,5 @@ class LongList(StatefulProcessor):
         self.values = handle.getListState("values", "v long")
 
     def handleInputRows(self, key, rows, timerValues):
-        for _ in rows:
-            pass
         self.values.appendList([(i,) for i in range(self.size)])
         yield pd.DataFrame({"user": [key[0]], "count": [self.size]})

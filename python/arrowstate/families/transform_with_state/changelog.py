@@ -50,7 +50,7 @@ def write_changes(family: "TransformWithState", state: VersionedState,
                 owners.append(i)
                 ops.append(op)
                 payloads.append(payload)
-        _, key_columns = family.store_keys(state, name, groups)
+        key_columns = family.store_columns(name, groups)
         rows = pa.array(owners, pa.int32())
         array = _change_column(var, payloads)
         value_columns = [array if i == column else pa.nulls(len(ops), f.type)

@@ -195,10 +195,7 @@ class TransformWithState(FamilyBase):
         names = rows.column(nk).to_pylist()
         data = {n: {} for n in self.order}
         self.decode_rows(rows, groups, data)
-        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
-        if unknown:
-            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
-                              "the processor does not define")
+        self.check_known(names)
         total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
         total += self._orphan_entries(rows, names)
         key_batch = rows.select(range(nk))
@@ -206,6 +203,13 @@ class TransformWithState(FamilyBase):
                      else {})
         state.objects = {"variables": data, "total": total, "timerHeap": [],
                          "heldKeys": held_keys, "ttlIndexes": {}}
+
+    def check_known(self, names) -> None:
+        """Fails on stored rows of variables this processor neither declares nor keeps."""
+        unknown = set(names) - set(self.order) - set(self.orphans) - set(self.dropped)
+        if unknown:
+            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
+                              "the processor does not define")
 
     def decode_rows(self, rows: pa.RecordBatch, groups: list, data: dict | None = None) -> None:
         """Stored rows' values, decoded into `data` (name -> key -> value), by default the
@@ -408,9 +412,11 @@ class TransformWithState(FamilyBase):
             present = [g for g in changed if g in var.data]
             gone = [g for g in changed if g not in var.data]
             if gone:
-                state.pop_present(self.store_keys(state, name, gone)[0])
+                columns = self.store_columns(name, gone)
+                state.pop_present(state.keys(columns, len(gone)))
             if present:
-                hkeys, key_columns = self.store_keys(state, name, present)
+                key_columns = self.store_columns(name, present)
+                hkeys = state.keys(key_columns, len(present))
                 array = variable_column(var, [var.data[g] for g in present])
                 value_columns = [array if i == column else pa.nulls(len(present), f.type)
                                  for i, f in enumerate(self.value_fields)]
@@ -439,14 +445,12 @@ class TransformWithState(FamilyBase):
     def _key_columns(self, group) -> tuple[pa.RecordBatch, int]:
         return self._key_rows.get(group) or self.held_keys[group]
 
-    def store_keys(self, state: VersionedState, name: str, groups: list
-                   ) -> tuple[list, list[pa.Array]]:
-        """The store's keys (grouping key columns and the variable's name) of groups seen in
-        this batch or holding timers: the store's form and their columns."""
+    def store_columns(self, name: str, groups: list) -> list[pa.Array]:
+        """The store's key columns (grouping key columns and the variable's name) of groups
+        seen in this batch or holding timers."""
         keys = gather_rows([self._key_columns(g) for g in groups],
                            [f.name for f in self.key_fields[:-1]])
-        columns = list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
-        return state.keys(columns, len(groups)), columns
+        return list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)

@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...store import TimeIndex, VersionedState
-from .codec import state_error
 from .layout import MAP, TIMERS, VALUE, is_map_type
 
 if TYPE_CHECKING:
@@ -127,9 +126,6 @@ class WorkingSet:
                     expiries, row = element_expiries(var.kind, values)
                     ttl[name].add_many(expiries, groups[picked][row])
             total += family._orphan_entries(rows, names.to_pylist())
-        unknown = names_seen - set(family.order) - set(family.orphans) - set(family.dropped)
-        if unknown:
-            raise state_error(f"the stored state holds variables {sorted(unknown)} that "
-                              "the processor does not define")
+        family.check_known(names_seen)
         return {"variables": {n: {} for n in family.order}, "total": total,
                 "timerIndex": timers, "ttlIndexes": ttl, "heldKeys": {}}
