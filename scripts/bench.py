@@ -40,6 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import bench_functions as functions
+from pyspark import cloudpickle
+
+cloudpickle.register_pickle_by_value(functions)   # Spark's workers need not import it
+
 
 def write_batches(directory: str, rows: int, batches: int, keys: int, seed: int = 7) -> None:
     rng = np.random.default_rng(seed)
@@ -84,80 +89,25 @@ def _sessions(df):
                           .groupBy(F.session_window("ts", "30 seconds"), "key"))
 
 
-def count_per_key(key, pdfs, state):
-    """The applyInPandasWithState case: a running count per key."""
-    import pandas as pd
-    n = state.get[0] if state.exists else 0
-    for pdf in pdfs:
-        n += len(pdf)
-    state.update((n,))
-    yield pd.DataFrame({"key": [key[0]], "count": [n]})
-
-
 def _counts_with_state(df):
     from pyspark.sql.streaming.state import GroupStateTimeout
     return df.groupBy("key").applyInPandasWithState(
-        count_per_key, "key long, count long", "count long", "Update",
+        functions.count_per_key, "key long, count long", "count long", "Update",
         GroupStateTimeout.NoTimeout)
 
 
-def _tws_count(pandas_api: bool):
-    """The transformWithState cases: a running count per key in a ValueState (pandas or Row
-    API)."""
-    from pyspark.sql import Row
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    class CountPerKey(StatefulProcessor):
-        def init(self, handle):
-            self.count = handle.getValueState("count", "n long")
-
-        def handleInputRows(self, key, rows, timerValues):
-            import pandas as pd
-            n = self.count.get()[0] if self.count.exists() else 0
-            n += sum(len(pdf) for pdf in rows) if pandas_api else sum(1 for _ in rows)
-            self.count.update((n,))
-            if pandas_api:
-                yield pd.DataFrame({"key": [key[0]], "count": [n]})
-            else:
-                yield Row(key=key[0], count=n)
-
+def _tws(processor: type, pandas_api: bool):
+    """A transformWithState case: the processor per key, update mode, no time mode."""
     def build(df):
         grouped = df.groupBy("key")
         run = grouped.transformWithStateInPandas if pandas_api else grouped.transformWithState
-        return run(CountPerKey(), "key long, count long", "Update", "None")
+        return run(processor(), "key long, count long", "Update", "None")
     return build
 
 
 def _tws_list_timer(df):
-    """The transformWithState timer case (pandas API, EventTime): each key's values are
-    appended to a ListState and an event-time timer is set 10 s after its latest row (the
-    previous one deleted); when it fires the key reports its list's length and is cleared."""
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    class CollectUntilQuiet(StatefulProcessor):
-        def init(self, handle):
-            self.handle = handle
-            self.values = handle.getListState("values", "value double")
-
-        def handleInputRows(self, key, rows, timerValues):
-            latest = None
-            for pdf in rows:
-                self.values.appendList(list(zip(pdf["value"].tolist())))
-                top = pdf["ts"].max()
-                latest = top if latest is None or top > latest else latest
-            for old in list(self.handle.listTimers()):
-                self.handle.deleteTimer(old)
-            self.handle.registerTimer(int(latest.timestamp() * 1000) + 10_000)
-            return iter(())
-
-        def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
-            import pandas as pd
-            n = sum(1 for _ in self.values.get())
-            self.values.clear()
-            yield pd.DataFrame({"key": [key[0]], "count": [n]})
-
     return df.withWatermark("ts", "10 seconds").groupBy("key").transformWithStateInPandas(
-        CollectUntilQuiet(), "key long, count long", "Append", "EventTime")
+        functions.CollectUntilQuiet(), "key long, count long", "Append", "EventTime")
 
 
 DEDUP, SAVE = "ArrowStreamingDeduplicate", "ArrowStateStoreSave"
@@ -174,9 +124,22 @@ CASES = {
     "session_window_append": (_sessions, "append", SESSION_SAVE),
     "apply_in_pandas_with_state": (_counts_with_state, "update", FLATMAP),
     # transformWithState needs the RocksDB state store natively (set for these cases)
-    "tws_pandas_value_count": (_tws_count(True), "update", TWS),
-    "tws_rows_value_count": (_tws_count(False), "update", TWS),
+    "tws_pandas_value_count": (_tws(functions.PandasCountPerKey, True), "update", TWS),
+    "tws_pandas_map_per_row": (_tws(functions.PandasCountPerBucket, True), "update", TWS),
+    "tws_rows_value_count": (_tws(functions.RowCountPerKey, False), "update", TWS),
+    "tws_rows_map_per_row": (_tws(functions.RowCountPerBucket, False), "update", TWS),
     "tws_list_timer": (_tws_list_timer, "append", TWS),
+}
+# the user-function cases' floors (see bench_floor.py): (how keys' rows are handed over,
+# the function, whether event time runs)
+FLOORS = {
+    "apply_in_pandas_with_state": ("apply_in_pandas_with_state", functions.count_per_key,
+                                   False),
+    "tws_pandas_value_count": ("tws_pandas", functions.PandasCountPerKey, False),
+    "tws_pandas_map_per_row": ("tws_pandas", functions.PandasCountPerBucket, False),
+    "tws_rows_value_count": ("tws_rows", functions.RowCountPerKey, False),
+    "tws_rows_map_per_row": ("tws_rows", functions.RowCountPerBucket, False),
+    "tws_list_timer": ("tws_pandas", functions.CollectUntilQuiet, True),
 }
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # --scaling's queries over a stream of (key long, value double), update mode: the query and
@@ -184,7 +147,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 SCALING_CASES = {
     "agg": (lambda df: _count_and_sum(df.groupBy("key")), SAVE),
     "agg_string_keys": (lambda df: _count_and_sum(_by_user_name(df)), SAVE),
-    "tws_pandas_value_count": (_tws_count(True), TWS),
+    "tws_pandas_value_count": (_tws(functions.PandasCountPerKey, True), TWS),
 }
 
 
@@ -192,7 +155,9 @@ def run_once(spark, source: str, case, arrowstate: bool):
     """Runs the query over every file of `source`; returns seconds and the progress list."""
     build, mode, node = case
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
-    if node == TWS:
+    if node is None:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    elif node == TWS:
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     else:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
@@ -206,10 +171,42 @@ def run_once(spark, source: str, case, arrowstate: bool):
         q.awaitTermination()
         elapsed = time.perf_counter() - t0
         plan = q._jsq.explainInternal(False)
-        assert (node in plan) == arrowstate, plan
+        assert node is None or (node in plan) == arrowstate, plan
         return elapsed, q.recentProgress
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def batch_times(progress: dict) -> dict:
+    """Each engine's first batch of a run apart from its steady batches (the later ones
+    with input rows): medians over the runs, ms."""
+    figures = {}
+    for on, runs in progress.items():
+        name = "arrowstate" if on else "native"
+        firsts, steady = [], []
+        for batches in runs:
+            ms = [p["durationMs"]["triggerExecution"] for p in batches]
+            firsts.append(ms[0])
+            steady.extend(m for m, p in zip(ms[1:], batches[1:]) if p["numInputRows"])
+        figures[f"{name}_first_batch_ms"] = round(statistics.median(firsts))
+        figures[f"{name}_steady_batch_ms"] = round(statistics.median(steady)) if steady else None
+    return figures
+
+
+def floor_figures(spark, source: str, name: str, args) -> dict:
+    """The case's floor (see bench_floor.py): Spark's read and shuffle of the same stream
+    into a no-op sink, plus the plain-Python time of the user function; medians of
+    --runs."""
+    from bench_floor import floor_python_seconds
+    kind, function, event_time = FLOORS[name]
+    shuffle = (lambda df: df.repartition(args.shuffle_partitions, "key"), "append", None)
+    pipeline = statistics.median(run_once(spark, source, shuffle, False)[0]
+                                 for _ in range(args.runs))
+    python = statistics.median(
+        floor_python_seconds(source, kind, function, args.shuffle_partitions,
+                             event_time)["python_s"] for _ in range(args.runs))
+    return {"floor_s": round(pipeline + python, 3), "floor_pipeline_s": round(pipeline, 3),
+            "floor_python_s": round(python, 3)}
 
 
 def _timed_state_operations():
@@ -423,19 +420,26 @@ def main() -> None:
             case = CASES[name]
             run_once(spark, source, case, True)  # warm-up: JIT, worker start
             run_once(spark, source, case, False)
-            times = {False: [], True: []}
+            times, progress = {False: [], True: []}, {False: [], True: []}
             for i in range(args.runs):
                 for on in ((False, True) if i % 2 == 0 else (True, False)):
-                    times[on].append(run_once(spark, source, case, on)[0])
+                    seconds, batches = run_once(spark, source, case, on)
+                    times[on].append(seconds)
+                    progress[on].append(batches)
             native = args.rows / statistics.median(times[False])
             ours = args.rows / statistics.median(times[True])
+            floor = (floor_figures(spark, source, name, args) if name in FLOORS else {})
             print(json.dumps({
                 "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
                 "runs": args.runs,
                 "native_rows_per_s": round(native), "arrowstate_rows_per_s": round(ours),
                 "ratio": round(ours / native, 3),
+                **({"floor_rows_per_s": round(args.rows / floor["floor_s"]),
+                    "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3)}
+                   if floor else {}),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
+                **floor, **batch_times(progress),
                 **memory()}), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)
