@@ -46,12 +46,16 @@ from pyspark import cloudpickle
 cloudpickle.register_pickle_by_value(functions)   # Spark's workers need not import it
 
 
-def write_batches(directory: str, rows: int, batches: int, keys: int, seed: int = 7) -> None:
+def write_batches(directory: str, rows: int, batches: int, keys: int, seed: int = 7,
+                  rows_per_key: int | None = None) -> None:
+    """`batches` parquet files of `rows` rows in all, of random keys below `keys`; with
+    `rows_per_key`, every key `rows_per_key` times in each batch, in random order."""
     rng = np.random.default_rng(seed)
-    per_batch = rows // batches
+    per_batch = rows // batches if rows_per_key is None else keys * rows_per_key
     start = 1_700_000_000_000_000
     for b in range(batches):
-        key = rng.integers(0, keys, per_batch)
+        key = (rng.integers(0, keys, per_batch) if rows_per_key is None
+               else rng.permutation(np.repeat(np.arange(keys), rows_per_key)))
         ts = start + (b * per_batch + np.arange(per_batch)) * 1000
         table = pa.table({"key": pa.array(key, pa.int64()),
                           "user": pa.array([f"u{k}" for k in key.tolist()]),
@@ -348,8 +352,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=None,
+                        help="default: every case (--shapes: every user-function case)")
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--shapes", action="store_true",
+                        help="the user-function cases against their floor over shapes of "
+                             "input (see bench_shapes.py)")
+    parser.add_argument("--shape-rows-per-key", default="1,4,100")
+    parser.add_argument("--shape-keys", default="10000,100000,1000000")
+    parser.add_argument("--shape-max-batch-rows", type=int, default=1_000_000)
     parser.add_argument("--state-load", action="store_true",
                         help="time state loads and the part spent verifying files (no Spark)")
     parser.add_argument("--tier-ops", action="store_true",
@@ -371,6 +382,7 @@ def main() -> None:
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
+    args.cases = args.cases or ",".join(FLOORS if args.shapes else CASES)
     if args.state_load:
         state_load(args)
         return
@@ -407,9 +419,13 @@ def main() -> None:
                 "python_workers_rss_mb":
                     round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
 
-    if args.scaling:
+    if args.scaling or args.shapes:
         try:
-            scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
+            if args.scaling:
+                scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
+            else:
+                from bench_shapes import shapes
+                shapes(spark, args, CASES, run_once, write_batches, floor_figures)
         finally:
             spark.stop()
         return

@@ -2,7 +2,10 @@
 micro-batches, grouped as the operator groups them, in plain Python with no engine. Per
 batch and shuffle partition: sort the partition's rows by key, convert the columns once
 (to pandas, or to Python values), find each key's rows, hand them over (a DataFrame slice,
-or Rows), keep the state in dicts, gather the outputs into one Arrow table.
+or Rows), keep the state in dicts, gather the outputs into one Arrow table. Python values
+and Rows are made as cheaply as arrowstate makes them (its own python_column and
+row_class), and Python's garbage collector runs as in arrowstate's workers (GC_THRESHOLDS),
+so the floor is no slower for want of a trick the engine has.
 
 What the floor leaves to the engine around it (reading the files and the shuffle) is timed
 by Spark itself: the same stream repartitioned by key into a no-op sink. The floor's time
@@ -11,6 +14,8 @@ runs on one core, the longest first: `makespan`).
 """
 from __future__ import annotations
 
+import functools
+import gc
 import glob
 import heapq
 import itertools
@@ -148,13 +153,6 @@ def _bounds(keys: np.ndarray) -> tuple[list, list]:
     return [0] + starts.tolist(), starts.tolist() + [len(keys)]
 
 
-def _row_class(names: list[str]) -> type:
-    """pyspark Rows of these fields, made as cheaply as a Row can be: a subclass holding the
-    field names, so a row is one tuple."""
-    from pyspark.sql import Row
-    return type("Row", (Row,), {"__fields__": list(names)})
-
-
 class FloorPartition:
     """One shuffle partition's state and the user function over its batches."""
 
@@ -170,7 +168,11 @@ class FloorPartition:
         self.timer_values = TimerValues(-1, -1)
 
     def batch(self, table: pa.Table, watermark_ms: int | None) -> pa.Table | None:
+        from pyspark.sql import Row
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+
+        from arrowstate.families.transform_with_state.processor_input import (python_column,
+                                                                                row_class)
         pd, outputs = self.pd, []
         if watermark_ms is not None:
             self.timer_values = TimerValues(-1, watermark_ms)
@@ -178,15 +180,16 @@ class FloorPartition:
             table = table.take(pc.sort_indices(table, [("key", "ascending")]))
             keys = table.column("key").to_numpy()
             key_values = keys.tolist()
-            if self.kind == "tws_rows":
-                DataRow, new = _row_class(table.column_names), tuple.__new__
-                columns = [c.to_pylist() for c in table.columns]
+            if self.kind == "tws_rows":   # Rows and values made as cheaply as known
+                DataRow = row_class(table.column_names, Row)
+                columns = [python_column(c.combine_chunks()) for c in table.columns]
+                rows = list(map(functools.partial(tuple.__new__, DataRow), zip(*columns)))
             else:
                 frame = table.to_pandas()
             for lo, hi in zip(*_bounds(keys)):
                 key = (key_values[lo],)
                 if self.kind == "tws_rows":
-                    items = [new(DataRow, r) for r in zip(*(c[lo:hi] for c in columns))]
+                    items = rows[lo:hi]
                 else:
                     chunk = frame.iloc[lo:hi]
                     chunk.index = pd.RangeIndex(hi - lo)
@@ -225,8 +228,19 @@ def floor_python_seconds(source: str, kind: str, function: Callable, partitions:
     """The floor's Python time over every batch file of `source` (each file one
     micro-batch, then, for event time, one batch without data as Spark runs to fire what
     the last watermark makes due): the sum over batches of their partitions' makespan."""
+    from arrowstate.worker import GC_THRESHOLDS
     files = sorted(glob.glob(os.path.join(source, "*.parquet")))
     states = [FloorPartition(kind, function) for _ in range(partitions)]
+    collecting = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        return _timed_batches(files, states, partitions, event_time, cores)
+    finally:
+        gc.set_threshold(*collecting)
+
+
+def _timed_batches(files: list[str], states: list[FloorPartition], partitions: int,
+                   event_time: bool, cores: int) -> dict:
     watermark, per_batch = None, []
     for path in files + ([None] if event_time else []):
         table = None if path is None else pq.read_table(path)

@@ -80,7 +80,27 @@ def test_an_exact_value_keeps_integers_within_each_fields_width():
     fields = [pa.field(f.name, t) for f, t in
               zip(schema, [pa.int8(), pa.int16(), pa.int32(), pa.int64()])]
     writer = StateValueWriter(schema, fields)
-    assert writer.is_exact((127, -32768, 2**31 - 1, 2**63 - 1))
+    exact = writer.exact_or(lambda value: "converted")
+    assert exact((127, -32768, 2**31 - 1, 2**63 - 1)) == (127, -32768, 2**31 - 1, 2**63 - 1)
     for value in [(300, 0, 0, 0), (0, 2**15, 0, 0), (0, 0, 2**31, 0), (0, 0, 0, 2**63),
-                  (1.0, 0, 0, 0), (True, 0, 0, 0), (0, 0, 0)]:
-        assert not writer.is_exact(value), value
+                  (1.0, 0, 0, 0), (True, 0, 0, 0), (0, 0, 0), [0, 0, 0, 0]]:
+        assert exact(value) == "converted", value
+    # one field: a check of its own
+    for t, arrow, ok, not_ok in [
+            (LongType(), pa.int64(), [(2**63 - 1,), (-2**63,)], [(2**63,), (True,), (1.5,)]),
+            (ByteType(), pa.int8(), [(-128,)], [(128,)]),
+            (StringType(), pa.string(), [("a",)], [(b"a",), (None,)])]:
+        one = StateValueWriter(StructType([StructField("f", t)]), [pa.field("f", arrow)])
+        exact = one.exact_or(lambda value: "converted")
+        assert [exact(v) for v in ok] == ok
+        assert [exact(v) for v in not_ok + [[1], (1, 2), None]] == ["converted"] * (
+            len(not_ok) + 3)
+
+
+def test_stored_values_go_to_arrow_as_the_checked_path_takes_them():
+    from pyspark.sql.types import LongType
+    schema = StructType([StructField("n", LongType()), StructField("s", StringType())])
+    writer = StateValueWriter(schema, [pa.field("n", pa.int64()), pa.field("s", pa.string())])
+    values = [(1, "a"), (None, "b"), (2**63 - 1, None)]
+    assert [c.to_pylist() for c in writer.stored_columns(values)] == \
+        [c.to_pylist() for c in writer.columns(values)]

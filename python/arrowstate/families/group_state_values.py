@@ -216,6 +216,38 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _exact_or(kinds: list[type] | None, ranges: list[tuple[int, int, int]], otherwise):
+    """A function of a value that returns it as it is when it makes the round trip
+    unchanged (a tuple of exactly the fields' Python types, integers within their field's
+    width), else otherwise(value). It runs on every state operation, so a one-field schema
+    gets a check of its own, one call in all."""
+    if kinds is None:
+        return otherwise
+    if len(kinds) == 1:
+        kind = kinds[0]
+        low, high = ranges[0][1:] if ranges else (None, None)
+
+        def exact_or_one(value):
+            if type(value) is tuple and len(value) == 1 and type(value[0]) is kind and (
+                    low is None or low <= value[0] < high):
+                return value
+            return otherwise(value)
+        return exact_or_one
+    width = len(kinds)
+
+    def exact_or(value):
+        if type(value) is not tuple or len(value) != width:
+            return otherwise(value)
+        for v, k in zip(value, kinds):
+            if type(v) is not k:
+                return otherwise(value)
+        for i, low, high in ranges:
+            if not low <= value[i] < high:
+                return otherwise(value)
+        return value
+    return exact_or
+
+
 class StateValueWriter:
     """Turns the values functions handed GroupState.update into the state's Arrow columns,
     as native Spark would store them."""
@@ -235,21 +267,12 @@ class StateValueWriter:
         kinds = [exact.get(type(f.dataType)) for f in schema.fields]
         self.exact_kinds = kinds if all(kinds) else None
         bits = [_INT_BITS.get(f.dataType.typeName()) for f in schema.fields]
-        self._int_ranges = [(i, -2 ** (b - 1), 2 ** (b - 1)) for i, b in enumerate(bits) if b]
+        self._ranges = [(i, -2 ** (b - 1), 2 ** (b - 1)) for i, b in enumerate(bits) if b]
 
-    def is_exact(self, value: tuple) -> bool:
-        """Whether one value tuple makes the round trip unchanged: exactly the fields' Python
-        types, integers within their field's width."""
-        kinds = self.exact_kinds   # plain loops: this runs on every state write
-        if kinds is None or len(value) != len(kinds):
-            return False
-        for v, k in zip(value, kinds):
-            if type(v) is not k:
-                return False
-        for i, low, high in self._int_ranges:
-            if not low <= value[i] < high:
-                return False
-        return True
+    def exact_or(self, otherwise):
+        """A function that returns a value tuple as it is when it makes the round trip
+        unchanged, else otherwise(value)."""
+        return _exact_or(self.exact_kinds, self._ranges, otherwise)
 
     def _exact_columns(self, values: list) -> list[pa.Array] | None:
         """The columns in one vectorised step when every value is a tuple of exactly the
@@ -267,6 +290,14 @@ class StateValueWriter:
             except (OverflowError, pa.ArrowInvalid):
                 return None
         return columns
+
+    def stored_columns(self, values: list) -> list[pa.Array]:
+        """columns() of value tuples as transformWithState holds them (Codec.stored made
+        them, or Arrow gave them back): where the schema has exact kinds each field is of
+        its kind, in range, or None, so the values go to Arrow as they are, with no check."""
+        if self.exact_kinds is None or not values:
+            return self.columns(values)
+        return [pa.array([v[i] for v in values], t) for i, t in enumerate(self.types)]
 
     def columns(self, values: list) -> list[pa.Array]:
         """`values`: per row the updated value tuple, or None where no value is defined."""

@@ -14,6 +14,8 @@ Families whose keys have no fixed width keep their state in memory, and count ag
 from __future__ import annotations
 
 import atexit
+import ctypes
+import gc
 import itertools
 import os
 import re
@@ -43,6 +45,18 @@ def resident_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def give_back_memory() -> None:
+    """Returns freed memory to the system: Python's garbage, what Arrow's allocator keeps
+    back, and the free pages glibc's malloc keeps in its heap (malloc_trim; Python's
+    small objects live there, so dropped state would otherwise stay resident)."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing more to give back
+        return
 
 
 def _status_bytes(field: str) -> int:

@@ -90,11 +90,11 @@ def _change_column(var: Variable, payloads: list) -> pa.Array:
         return _with_nulls(var, payloads)
     lists = [p or [] for p in payloads]
     if var.kind == LIST:
-        items = var.store_codec.to_arrow([e for lst in lists for e in lst])
+        items = var.store_codec.stored_to_arrow([e for lst in lists for e in lst])
     else:
         pairs = [e for lst in lists for e in lst]
         items = pa.StructArray.from_arrays(
-            [var.key_codec.to_arrow([k for k, _ in pairs]),
+            [var.key_codec.stored_to_arrow([k for k, _ in pairs]),
              _with_nulls(var, [v for _, v in pairs])], fields=list(var.type.value_type))
     return pa.ListArray.from_arrays(pa.array(list_offsets(lists), pa.int32()), items,
                                     type=var.type,
@@ -105,4 +105,4 @@ def _with_nulls(var: Variable, elements: list) -> pa.Array:
     """Stored elements as Arrow, None as null."""
     at = itertools.count()
     indices = pa.array([None if e is None else next(at) for e in elements], pa.int32())
-    return var.store_codec.to_arrow([e for e in elements if e is not None]).take(indices)
+    return var.store_codec.stored_to_arrow([e for e in elements if e is not None]).take(indices)

@@ -35,25 +35,27 @@ class Codec:
         self.type = pa.struct(self.fields)
         self.writer = StateValueWriter(schema, self.fields)
         self._normalize = _normalize_state_value
+        # what Spark makes of a value handed to the state: exactly-typed plain values are
+        # that already; others have numpy values made Python (as pyspark's client does),
+        # then the schema's conversion
+        self._converted = self.writer.exact_or(lambda v: self.from_arrow(self.to_arrow([v]))[0])
+        self.stored = self.writer.exact_or(self._normalized)
+
+    def _normalized(self, value) -> tuple:
+        if value is None:
+            raise state_error("a state value cannot be null")
+        return self._converted(tuple(map(self._normalize, value)))
 
     def to_arrow(self, values: list) -> pa.StructArray:
         return pa.StructArray.from_arrays(self.writer.columns(values), fields=self.fields)
 
+    def stored_to_arrow(self, values: list) -> pa.StructArray:
+        """to_arrow of values `stored` made (or from_arrow gave back)."""
+        return pa.StructArray.from_arrays(self.writer.stored_columns(values),
+                                          fields=self.fields)
+
     def from_arrow(self, array: pa.StructArray) -> list[tuple]:
         return python_values(array.flatten(), self.schema)
-
-    def stored(self, value) -> tuple:
-        """What Spark makes of a value handed to the state: numpy values made Python (as
-        pyspark's client does), then the schema's conversion; exactly-typed plain values
-        are already that."""
-        if type(value) is tuple and self.writer.is_exact(value):
-            return value
-        if value is None:
-            raise state_error("a state value cannot be null")
-        value = tuple(map(self._normalize, value))
-        if self.writer.is_exact(value):
-            return value
-        return self.from_arrow(self.to_arrow([value]))[0]
 
 
 def list_offsets(lists: list) -> list[int]:
@@ -76,9 +78,9 @@ class TtlCodec:
         self.fields = [pa.field("value", codec.type), pa.field("expiresAtMs", pa.int64())]
         self.type = pa.struct(self.fields)
 
-    def to_arrow(self, elements: list) -> pa.StructArray:
+    def stored_to_arrow(self, elements: list) -> pa.StructArray:
         return pa.StructArray.from_arrays(
-            [self.codec.to_arrow([v for v, _ in elements]),
+            [self.codec.stored_to_arrow([v for v, _ in elements]),
              pa.array([e for _, e in elements], pa.int64())], fields=self.fields)
 
     def from_arrow(self, array: pa.StructArray) -> list[tuple]:

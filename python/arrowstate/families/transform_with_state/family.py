@@ -38,7 +38,7 @@ from .changelog import write_changes
 from .codec import state_error, struct_schema
 from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, VALUE,
                      is_map_type)
-from .processor_input import ProcessorInput
+from .processor_input import ProcessorInput, rows_to_arrow
 from .spark_layout import LAYOUT
 from .timers import Timers
 from .variables import DELETED_CLIENTS, NO_KEY, Variable, column_values, variable_column
@@ -81,7 +81,7 @@ class TransformWithState(FamilyBase):
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
-        self._output_rows: list[dict] = []   # Row API: the processor's rows as dicts
+        self._output_rows: list = []   # Row API: the processor's Rows
         self._attached = False
         self.key_fields = [input_schema.field(i) for i in self.key_indices] + [
             pa.field(STATE_NAME, pa.string())]
@@ -303,18 +303,31 @@ class TransformWithState(FamilyBase):
                 batch.column(self.event_time_index)))
             if late.any():   # EventTime mode: Spark drops rows the watermark has passed
                 batch = batch.filter(pa.array(~late))
-        for group, key_columns, key, items in self.input.keys_of(
-                batch, self.key_indices, self.value_indices,
-                self._groups(batch, self.key_indices)):
-            pending = self._pending
-            if pending is not None and pending[0] == group:
-                pending[2].extend(items)   # the key's rows continue from the last batch
-                pending[3] = True
-                continue
-            if pending is not None:
+        # each key is called once the next one shows its rows are all here; the batch's
+        # last key waits (pending): its rows may go on in the next batch
+        key_rows, previous = self._key_rows, None
+        handle, timer_values = self.processor.handleInputRows, self.timer_values
+        collect = self._collect if self.pandas else self._output_rows.extend
+        for entry in self.input.keys_of(batch, self.key_indices, self.value_indices,
+                                        self._groups(batch, self.key_indices)):
+            group = entry[0]
+            if previous is not None:   # inline: this runs per key
+                self._current = previous[0]
+                result = handle(previous[2], iter(previous[3]), timer_values)
+                if result is not None:
+                    collect(result)
+            elif self._pending is not None:
+                pending = self._pending
+                if pending[0] == group:
+                    pending[2].extend(entry[3])   # the key's rows go on from the last batch
+                    pending[3] = True
+                    continue
                 self._call(*pending)
-            self._key_rows[group] = key_columns
-            self._pending = [group, key, items, False]
+            key_rows[group] = entry[1]
+            previous = entry
+        self._current = NO_KEY
+        if previous is not None:
+            self._pending = [previous[0], previous[2], previous[3], False]
 
     def initial_state(self, state: VersionedState, batch: pa.RecordBatch) -> None:
         """A batch of the initial state (the query's first batch, before any input rows):
@@ -395,7 +408,7 @@ class TransformWithState(FamilyBase):
                 if len(pdf) > 0:
                     self.io.outputs.append(pdf)
         else:
-            self._output_rows.extend(row.asDict(True) for row in result)
+            self._output_rows.extend(result)
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
@@ -489,4 +502,4 @@ class TransformWithState(FamilyBase):
         if self._output_schema is None:   # as pyspark's worker converts Rows
             self._output_schema = pa.schema(arrow_fields(self.io.output_schema, "UTC"))
         rows, self._output_rows = self._output_rows, []
-        return pa.RecordBatch.from_pylist(rows, schema=self._output_schema)
+        return rows_to_arrow(rows, self._output_schema)

@@ -62,7 +62,8 @@ class Variable:
 
     # -- what the processor calls, for the current grouping key -----------------------------
     def _key(self):
-        return self.family.current_key()
+        key = self.family._current
+        return self.family.current_key() if key is NO_KEY else key
 
     def _changed(self, key) -> list:
         """Marks the key's value as written in this batch; its operations (see logged).
@@ -233,15 +234,15 @@ def column_values(var, column: pa.Array) -> list:
 def variable_column(var, values: list) -> pa.Array:
     """The column of a variable's values (column_values' inverse)."""
     if var.kind == VALUE:
-        return var.store_codec.to_arrow(values)
+        return var.store_codec.stored_to_arrow(values)
     offsets = pa.array(list_offsets(values), pa.int32())
     if var.kind == TIMERS:
         return pa.ListArray.from_arrays(offsets, pa.array(
             [t for times in values for t in times], pa.int64()))
-    items = var.store_codec.to_arrow(
+    items = var.store_codec.stored_to_arrow(
         [v for lst in values for v in (lst if var.kind == LIST else lst.values())])
     if var.kind == MAP:
-        user_keys = var.key_codec.to_arrow([k for entries in values for k in entries])
+        user_keys = var.key_codec.stored_to_arrow([k for entries in values for k in entries])
         items = pa.StructArray.from_arrays([user_keys, items],
                                            fields=list(var.type.value_type))
     return pa.ListArray.from_arrays(offsets, items, type=var.type)
@@ -358,17 +359,20 @@ class ListClient:
 
     def append_value(self, _name: str, value) -> None:
         var = self.var
-        element = var.element(var.codec.stored(value))
+        element = var.codec.stored(value)
+        if var.ttl is not None:
+            element = var.element(element)
+            var.indexed(var._key())
         key = var._key()
         current = var.data.get(key)
         if current is None:
             var._set(key, [element])
         else:
             current.append(element)
-        var.logged(key, CHANGE_APPEND, element)
+        records = var._written if key is var._written_key else var._changed(key)
+        records.append(CHANGE_APPEND)   # logged, inline: this runs per row
+        records.append(element)
         var.family.metrics["numUpdatedStateRows"] += 1
-        if var.ttl is not None:
-            var.indexed(key)
 
     def append_list(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
@@ -409,7 +413,11 @@ class MapClient:
         return bool(self._map())
 
     def get_value(self, _name: str, key):
-        return self._map().get(self.var.key_codec.stored(key))
+        var = self.var
+        if var.ttl is None:   # the common case, inline: two dict reads
+            entries = var.data.get(var._key())
+            return None if entries is None else entries.get(var.key_codec.stored(key))
+        return self._map().get(var.key_codec.stored(key))
 
     def contains_key(self, _name: str, key) -> bool:
         return self.var.key_codec.stored(key) in self._map()
@@ -419,16 +427,21 @@ class MapClient:
         user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
         group = var._key()
         entries = var.data.get(group)
-        if var.ttl is not None and entries is not None and entries.get(user_key) == element:
-            return   # with a TTL Spark writes (and counts) a change only
-        var.family.metrics["numUpdatedStateRows"] += 1
-        var.logged_entry(group, CHANGE_UPDATE, user_key, element)
         if var.ttl is not None:
+            if entries is not None and entries.get(user_key) == element:
+                return   # with a TTL Spark writes (and counts) a change only
             var.indexed((group, user_key))
+        family = var.family
+        family.metrics["numUpdatedStateRows"] += 1
+        records = var._written if group is var._written_key else var._changed(group)
+        records.append(CHANGE_UPDATE)   # logged_entry, inline: this runs per row
+        records.append(user_key)
+        records.append(element)
         if entries is None:
             var._set(group, {user_key: element})
         else:
-            var.family.total += user_key not in entries
+            if user_key not in entries:
+                family.total += 1
             entries[user_key] = element
 
     def remove_key(self, _name: str, key) -> None:

@@ -27,8 +27,9 @@ case class FunctionEnvironment(pythonExec: String, envVars: Map[String, String])
  * same JVM gets a new pool (the old env's factory stopped the old workers). A dead worker is
  * never handed out. Every maintenance interval, as Spark's state store maintenance unloads
  * providers, state whose query run stopped or whose partition is now active elsewhere (asked
- * of Spark's StateStoreCoordinator) is dropped from the worker holding it, and workers idle
- * past the idle timeout that hold no state are stopped, so their memory goes back.
+ * of Spark's StateStoreCoordinator) is dropped from the worker holding it (a worker that ran
+ * a user's function and holds no state after that stops), and workers idle past the idle
+ * timeout that hold no state are stopped, so their memory goes back.
  */
 object PythonStateWorkers extends Logging {
   private val WorkerModule = "arrowstate.worker"
@@ -261,7 +262,14 @@ object PythonStateWorkers extends Logging {
       if (drop) {
         try {
           dropState(worker, keys)
-          giveBack(worker)
+          // a worker that ran a user's function serves that query run only: holding none of
+          // its state now, it stops at once rather than after the idle timeout
+          val empty = synchronized(!p.holderOf.values.exists(_ eq worker))
+          if (worker.owner.nonEmpty && empty) {
+            logInfo(s"arrowstate: stopping Python state worker ${worker.id}: its query " +
+              "run's state left this executor")
+            destroy(worker)
+          } else giveBack(worker)
         } catch {
           case e: Exception =>
             logWarning(s"arrowstate: Python state worker ${worker.id} failed to drop state", e)

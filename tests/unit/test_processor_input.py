@@ -1,0 +1,84 @@
+"""transformWithState's Row API conversions: each fast path gives what pyspark's worker's
+own conversion gives (Arrow's as_py per cell, Row(*names)(*values), asDict(True) then
+from_pylist)."""
+import datetime
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.sql import Row
+
+from arrowstate.families.transform_with_state.processor_input import (
+    key_bounds, python_column, row_class, rows_to_arrow)
+
+MICROS = [1_700_000_000_123_456, None, 0, -1, -62135000000000000, 253402000000000000,
+          1_710_054_000_000_000]   # 2024-03-10 07:00 UTC: New York's clocks go forward
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Etc/UTC", "+00:00", "America/New_York",
+                                  "Asia/Kolkata", "-03:30", None])
+def test_timestamps_as_arrow_makes_them(zone):
+    array = pa.array(MICROS, pa.timestamp("us", tz=zone))
+    fast, arrow = python_column(array), array.to_pylist()
+    assert fast == arrow
+    assert [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in fast] == \
+        [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in arrow]
+
+
+@pytest.mark.parametrize("micros,zone", [(-62135596800000001, "UTC"),
+                                         (-62135596800000000, "America/New_York")])
+def test_timestamps_past_datetime_fail_as_arrow_fails(micros, zone):
+    array = pa.array([micros], pa.timestamp("us", tz=zone))
+    with pytest.raises(Exception) as arrow:
+        array.to_pylist()
+    with pytest.raises(arrow.type, match=str(arrow.value)):
+        python_column(array)
+
+
+def test_other_columns_and_slices():
+    for array in (pa.array([1, None, 3]), pa.array(["a", None]), pa.array([1.5, float("nan")]),
+                  pa.array(MICROS, pa.timestamp("us", tz="UTC")).slice(2, 3),
+                  pa.array([], pa.timestamp("us", tz="UTC"))):
+        assert repr(python_column(array)) == repr(array.to_pylist())   # nan: by repr
+
+
+def test_rows_behave_as_pyspark_rows():
+    names = ["key", "ts", "value"]
+    values = (1, datetime.datetime(2024, 1, 1), 0.5)
+    fast, native = tuple.__new__(row_class(names, Row), values), Row(*names)(*values)
+    assert fast == native and isinstance(fast, Row)
+    assert (fast.key, fast["ts"], fast.value) == (native.key, native["ts"], native.value)
+    assert fast.asDict() == native.asDict() and repr(fast) == repr(native)
+    assert "key" in fast and "other" not in fast
+    assert pickle.loads(pickle.dumps(fast)).asDict() == native.asDict()
+    with pytest.raises(AttributeError):
+        fast.missing
+
+
+def test_output_rows_by_column_and_by_name():
+    schema = pa.schema([("key", pa.int64()), ("count", pa.int64())])
+    in_order = [Row(key=1, count=2), Row(key=3, count=None)]
+    swapped = [Row(key=1, count=2), Row(count=4, key=3)]
+    for rows in (in_order, swapped):
+        expected = pa.RecordBatch.from_pylist([r.asDict(True) for r in rows], schema=schema)
+        assert rows_to_arrow(rows, schema).equals(expected)
+    nested = pa.schema([("key", pa.int64()), ("inner", pa.struct([("a", pa.int64()),
+                                                                  ("b", pa.string())]))])
+    rows = [Row(key=1, inner=Row(b="x", a=2))]   # by name within the struct too
+    assert rows_to_arrow(rows, nested).to_pylist() == [{"key": 1, "inner": {"a": 2, "b": "x"}}]
+    with pytest.raises(AttributeError):   # as pyspark's worker fails on a plain tuple
+        rows_to_arrow([(1, 2)], schema)
+    with pytest.raises(pa.ArrowInvalid):
+        rows_to_arrow([Row(key="a", count=1)], schema)
+
+
+def test_key_bounds():
+    keys = np.array([1, 1, 2, 5, 5, 5, 7])
+    batch = pa.record_batch([pa.array(keys)], names=["k"])
+    groups = keys.tolist()
+    assert key_bounds(batch, groups) == [0, 2, 3, 6, 7]
+    strings = pa.record_batch([pa.array(["a", "a", "b"])], names=["k"])
+    assert key_bounds(strings, ["a", "a", "b"]) == [0, 2, 3]
+    with_null = pa.record_batch([pa.array([None, None, 1])], names=["k"])
+    assert key_bounds(with_null, [None, None, 1]) == [0, 2, 3]
