@@ -4,12 +4,18 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 
     python scripts/bench.py [--rows 1000000] [--batches 5] [--keys 50000] [--runs 3]
                             [--cases dedup,agg_update,...]
+    python scripts/bench.py --shapes [--shape-rows-per-key 1,4,100]
+                            [--shape-keys 10000,100000,1000000] [--cases ...]
     python scripts/bench.py --scaling [--state-keys 1000000,20000000] [--batch-rows 2000000]
                             [--pyspark-memory 1g] [--batches 3] [--shuffle-partitions 4]
                             [--scaling-case agg|agg_string_keys|tws_pandas_value_count]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
+
+The user-function cases (FLOORS) print their floor beside arrowstate and native: the same
+function in plain Python with its state in dicts (bench_floor.py), and --shapes runs them
+against it over shapes of input (bench_shapes.py).
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
 mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a

@@ -68,6 +68,10 @@ def _change_rows(kind: str, records: list) -> Iterator[tuple[int, Any]]:
         ops, payloads = records[0::3], zip(records[1::3], records[2::3])
     else:
         ops, payloads = records[0::2], records[1::2]
+    if (kind == MAP or (kind == LIST and ops[0] == CHANGE_APPEND)) and \
+            ops.count(ops[0]) == len(ops):   # one run (a map's writes, a list's appends)
+        yield ops[0], list(payloads)
+        return
     run_op, run = None, []
     for op, payload in zip(ops, payloads):
         merges = kind == MAP or (kind == LIST and op == CHANGE_APPEND)
@@ -103,6 +107,8 @@ def _change_column(var: Variable, payloads: list) -> pa.Array:
 
 def _with_nulls(var: Variable, elements: list) -> pa.Array:
     """Stored elements as Arrow, None as null."""
+    if None not in elements:
+        return var.store_codec.stored_to_arrow(elements)
     at = itertools.count()
     indices = pa.array([None if e is None else next(at) for e in elements], pa.int32())
     return var.store_codec.stored_to_arrow([e for e in elements if e is not None]).take(indices)

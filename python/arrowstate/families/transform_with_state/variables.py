@@ -415,7 +415,8 @@ class MapClient:
     def get_value(self, _name: str, key):
         var = self.var
         if var.ttl is None:   # the common case, inline: two dict reads
-            entries = var.data.get(var._key())
+            group = var.family._current
+            entries = var.data.get(var._key() if group is NO_KEY else group)
             return None if entries is None else entries.get(var.key_codec.stored(key))
         return self._map().get(var.key_codec.stored(key))
 
@@ -424,14 +425,17 @@ class MapClient:
 
     def update_value(self, _name: str, key, value) -> None:
         var = self.var
-        user_key, element = var.key_codec.stored(key), var.element(var.codec.stored(value))
-        group = var._key()
+        user_key, element = var.key_codec.stored(key), var.codec.stored(value)
+        family = var.family
+        group = family._current
+        if group is NO_KEY:
+            family.current_key()   # fails: no grouping key
         entries = var.data.get(group)
         if var.ttl is not None:
+            element = var.element(element)
             if entries is not None and entries.get(user_key) == element:
                 return   # with a TTL Spark writes (and counts) a change only
             var.indexed((group, user_key))
-        family = var.family
         family.metrics["numUpdatedStateRows"] += 1
         records = var._written if group is var._written_key else var._changed(group)
         records.append(CHANGE_UPDATE)   # logged_entry, inline: this runs per row
