@@ -4,6 +4,8 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 
     python scripts/bench.py [--rows 1000000] [--batches 5] [--keys 50000] [--runs 3]
                             [--cases dedup,agg_update,...]
+    python scripts/bench.py --release [--release-keys 2000000] [--batch-rows 2000000]
+                            [--conf spark.sql.streaming.stateStore.maintenanceInterval=10s]
     python scripts/bench.py --shapes [--shape-rows-per-key 1,4,100]
                             [--shape-keys 10000,100000,1000000] [--cases ...]
     python scripts/bench.py --scaling [--state-keys 1000000,20000000] [--batch-rows 2000000]
@@ -210,13 +212,17 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     from bench_floor import floor_python_seconds
     kind, function, event_time = FLOORS[name]
     shuffle = (lambda df: df.repartition(args.shuffle_partitions, "key"), "append", None)
-    pipeline = statistics.median(run_once(spark, source, shuffle, False)[0]
-                                 for _ in range(args.runs))
-    python = statistics.median(
-        floor_python_seconds(source, kind, function, args.shuffle_partitions,
-                             event_time)["python_s"] for _ in range(args.runs))
+    runs = [run_once(spark, source, shuffle, False) for _ in range(args.runs)]
+    pipeline = statistics.median(seconds for seconds, _ in runs)
+    steady = statistics.median(p["durationMs"]["triggerExecution"] for _, batches in runs
+                               for p in batches[1:])
+    floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
+                                   event_time) for _ in range(args.runs)]
+    python = statistics.median(f["python_s"] for f in floors)
+    per_batch = statistics.median(f["python_s"] / f["batches"] for f in floors)
     return {"floor_s": round(pipeline + python, 3), "floor_pipeline_s": round(pipeline, 3),
-            "floor_python_s": round(python, 3)}
+            "floor_python_s": round(python, 3),
+            "floor_steady_batch_ms": round(steady + per_batch * 1000)}
 
 
 def _timed_state_operations():
@@ -361,6 +367,10 @@ def main() -> None:
     parser.add_argument("--cases", default=None,
                         help="default: every case (--shapes: every user-function case)")
     parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--release", action="store_true",
+                        help="worker memory at start, peak, at a query's stop and one "
+                             "maintenance interval later (see bench_release.py)")
+    parser.add_argument("--release-keys", type=int, default=2_000_000)
     parser.add_argument("--shapes", action="store_true",
                         help="the user-function cases against their floor over shapes of "
                              "input (see bench_shapes.py)")
@@ -425,10 +435,15 @@ def main() -> None:
                 "python_workers_rss_mb":
                     round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
 
-    if args.scaling or args.shapes:
+    if args.scaling or args.shapes or args.release:
         try:
             if args.scaling:
                 scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
+            elif args.release:
+                from bench_release import release
+                from bench_scaling import write_scaling_batches
+                release(spark, args, SCALING_CASES["tws_pandas_value_count"],
+                        write_scaling_batches)
             else:
                 from bench_shapes import shapes
                 shapes(spark, args, CASES, run_once, write_batches, floor_figures)
@@ -451,17 +466,20 @@ def main() -> None:
             native = args.rows / statistics.median(times[False])
             ours = args.rows / statistics.median(times[True])
             floor = (floor_figures(spark, source, name, args) if name in FLOORS else {})
+            batches = batch_times(progress)
             print(json.dumps({
                 "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
                 "runs": args.runs,
                 "native_rows_per_s": round(native), "arrowstate_rows_per_s": round(ours),
                 "ratio": round(ours / native, 3),
                 **({"floor_rows_per_s": round(args.rows / floor["floor_s"]),
-                    "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3)}
-                   if floor else {}),
+                    "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3),
+                    "arrowstate_vs_floor_steady": round(
+                        floor["floor_steady_batch_ms"] / batches["arrowstate_steady_batch_ms"],
+                        3)} if floor else {}),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
-                **floor, **batch_times(progress),
+                **floor, **batches,
                 **memory()}), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)

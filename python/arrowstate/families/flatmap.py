@@ -191,14 +191,20 @@ class FlatMapGroupsWithState(FamilyBase):
         else:
             starts = [i for i in range(1, n) if hkeys[i] != hkeys[i - 1]]
         boundaries = [0] + starts + [n]
-        series = self.io.to_pandas(batch)
         # One conversion per batch; each group's rows are a slice of it, re-indexed from 0
         # as PySpark's own per-group frames are. PySpark converts each group's slice on its
         # own, so a column with nulls (whose pandas dtype depends on whether the group's own
-        # rows hold one: int64 or float64) is converted per group.
-        frame = pd.concat(series[: self.value_count], axis=1)
+        # rows hold one: int64 or float64) is converted with its nulls filled for the groups
+        # without one, and per group for the groups with one.
         with_nulls = [i for i in range(self.value_count) if batch.column(i).null_count]
         nullable = batch.select(with_nulls) if with_nulls else None
+        series = self.io.to_pandas(_nulls_filled(batch, with_nulls) if with_nulls else batch)
+        frame = pd.concat(series[: self.value_count], axis=1)
+        if with_nulls:   # per group, whether each such column holds a null in its rows
+            nulls = np.stack([np.concatenate([[0], np.cumsum(
+                nullable.column(j).is_null().to_numpy(zero_copy_only=False))])
+                for j in range(len(with_nulls))])
+            group_nulls = (nulls[:, boundaries[1:]] - nulls[:, boundaries[:-1]]) > 0
         key_arrays = [series[i].array for i in self.key_indices]
         ids = state.rows.lookup(state.rows.pick(hkeys, boundaries[:-1]))
         found = np.flatnonzero(ids >= 0)
@@ -208,10 +214,13 @@ class FlatMapGroupsWithState(FamilyBase):
         for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             chunk = frame.iloc[lo:hi]
             chunk.index = pd.RangeIndex(hi - lo)
-            if nullable is not None:
+            if nullable is not None and group_nulls[:, g].any():
                 chunk = chunk.copy()
-                for i, column in zip(with_nulls, self.io.to_pandas(nullable.slice(lo, hi - lo))):
-                    chunk.isetitem(i, column)
+                for i, column, held in zip(with_nulls,
+                                           self.io.to_pandas(nullable.slice(lo, hi - lo)),
+                                           group_nulls[:, g]):
+                    if held:
+                        chunk.isetitem(i, column)
             pending = self._pending
             if pending is not None and pending.hkey == hkeys[lo]:
                 pending.chunks.append(chunk)
@@ -272,3 +281,14 @@ class FlatMapGroupsWithState(FamilyBase):
         self._unchanged_timeouts = []
         self._write(state)
 
+
+def _nulls_filled(batch: pa.RecordBatch, columns: list[int]) -> pa.RecordBatch:
+    """The batch with each null of these columns replaced by the column's first valid
+    value: converted to pandas, its rows hold what a null-free slice's conversion holds."""
+    arrays = list(batch.columns)
+    for i in columns:
+        valid = arrays[i].is_valid().to_numpy(zero_copy_only=False)
+        first = int(valid.argmax())
+        if valid[first]:
+            arrays[i] = arrays[i].take(pa.array(np.where(valid, np.arange(len(valid)), first)))
+    return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)

@@ -279,15 +279,21 @@ class ValueClient:
 
     def exists(self, _name: str) -> bool:
         var = self.var
-        return var.visible(var.data.get(var._key())) is not None
+        key = var.family._current
+        value = var.data.get(var._key() if key is NO_KEY else key)
+        return (value if var.ttl is None else var.visible(value)) is not None
 
     def get(self, _name: str):
         var = self.var
-        return var.visible(var.data.get(var._key()))
+        key = var.family._current
+        value = var.data.get(var._key() if key is NO_KEY else key)
+        return value if var.ttl is None else var.visible(value)
 
     def update(self, _name: str, value) -> None:
         var = self.var
-        key = var._key()
+        key = var.family._current
+        if key is NO_KEY:
+            key = var._key()
         stored = var.codec.stored(value)
         family = var.family
         if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
@@ -342,8 +348,10 @@ class ListClient:
         if not values:
             raise state_error(f"the list state {self.var.name} cannot be set to an empty "
                               "list (clear() removes it)")
-        var = self.var
-        return [var.element(var.codec.stored(v)) for v in values]
+        var, stored = self.var, self.var.codec.stored
+        if var.ttl is None:
+            return [stored(v) for v in values]
+        return [var.element(stored(v)) for v in values]
 
     def put(self, _name: str, values) -> None:
         var, stored = self.var, self._checked(values)
