@@ -211,18 +211,32 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     --runs."""
     from bench_floor import floor_python_seconds
     kind, function, event_time = FLOORS[name]
-    shuffle = (lambda df: df.repartition(args.shuffle_partitions, "key"), "append", None)
-    runs = [run_once(spark, source, shuffle, False) for _ in range(args.runs)]
-    pipeline = statistics.median(seconds for seconds, _ in runs)
-    steady = statistics.median(p["durationMs"]["triggerExecution"] for _, batches in runs
-                               for p in batches[1:])
+    def pipeline_figures(build):
+        query = (lambda df: build(df.repartition(args.shuffle_partitions, "key")), "append",
+                 None)
+        runs = [run_once(spark, source, query, False) for _ in range(args.runs)]
+        return (statistics.median(seconds for seconds, _ in runs),
+                statistics.median(p["durationMs"]["triggerExecution"] for _, batches in runs
+                                  for p in batches[1:]))
+
+    pipeline, steady = pipeline_figures(lambda df: df)
+    # beside it: the same with Spark's own trip of the rows to a Python worker and back
+    # (mapInArrow of the batches as they are), which any engine of Python functions in
+    # Spark pays and the floor does not
+    trip, trip_steady = pipeline_figures(lambda df: df.mapInArrow(_as_they_are, df.schema))
     floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
                                    event_time) for _ in range(args.runs)]
     python = statistics.median(f["python_s"] for f in floors)
     per_batch = statistics.median(f["python_s"] / f["batches"] for f in floors)
     return {"floor_s": round(pipeline + python, 3), "floor_pipeline_s": round(pipeline, 3),
             "floor_python_s": round(python, 3),
-            "floor_steady_batch_ms": round(steady + per_batch * 1000)}
+            "floor_steady_batch_ms": round(steady + per_batch * 1000),
+            "floor_with_python_trip_s": round(trip + python, 3),
+            "floor_with_python_trip_steady_batch_ms": round(trip_steady + per_batch * 1000)}
+
+
+def _as_they_are(batches):
+    yield from batches
 
 
 def _timed_state_operations():
@@ -476,7 +490,10 @@ def main() -> None:
                     "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3),
                     "arrowstate_vs_floor_steady": round(
                         floor["floor_steady_batch_ms"] / batches["arrowstate_steady_batch_ms"],
-                        3)} if floor else {}),
+                        3),
+                    "arrowstate_vs_floor_with_python_trip": round(
+                        ours * floor["floor_with_python_trip_s"] / args.rows, 3)}
+                   if floor else {}),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
                 **floor, **batches,
