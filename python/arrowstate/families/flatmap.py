@@ -205,7 +205,10 @@ class FlatMapGroupsWithState(FamilyBase):
                 nullable.column(j).is_null().to_numpy(zero_copy_only=False))])
                 for j in range(len(with_nulls))])
             group_nulls = (nulls[:, boundaries[1:]] - nulls[:, boundaries[:-1]]) > 0
-        key_arrays = [series[i].array for i in self.key_indices]
+        if any(i in with_nulls for i in self.key_indices):   # the keys as they are
+            key_arrays = [c.array for c in self.io.to_pandas(batch.select(self.key_indices))]
+        else:
+            key_arrays = [series[i].array for i in self.key_indices]
         ids = state.rows.lookup(state.rows.pick(hkeys, boundaries[:-1]))
         found = np.flatnonzero(ids >= 0)
         stored: list = [None] * len(ids)
