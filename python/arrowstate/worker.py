@@ -115,6 +115,7 @@ class Worker:
             state = VersionedState(family.key_fields, family.value_fields,
                                    named_columns=family.named_columns,
                                    dropped_columns=family.dropped_columns,
+                                   evolve=family.evolve_column,
                                    tier=self.budget.place(key) if family.tiered else None,
                                    prefix_count=family.prefix_count)
             state.run_id = run_id

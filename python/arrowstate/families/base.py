@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Hashable, Iterable, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..store import VersionedState
+from ..store import VersionedState, evolution
 from .spark_layout import SparkLayout
 
 
@@ -103,6 +103,11 @@ class FamilyBase:
         them in `dropped_columns`, which the load then leaves out of the files it reads."""
 
     dropped_columns: tuple[str, ...] = ()
+    def evolve_column(self, name: bytes, column: pa.Array, to: pa.DataType) -> pa.Array:
+        """A named stored column written in an older schema, in this run's type `to` (or
+        ValueError, for a change Spark does not allow). Families with named columns whose
+        types may change say how; others read fields by position."""
+        return evolution.positional(name, column, to)
 
     # -- time index -------------------------------------------------------------------------
     def index_rows(self, state: VersionedState, keys: list[Hashable],

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from ..contract import FILES
 from ..errors import ArrowStateError
+from . import evolution
 
 FORMAT_VERSION = 2
 FORMAT_WITH_CHANGES = 3   # a delta holding change records
@@ -85,10 +86,12 @@ def _column_names(fields: list) -> list:
 
 
 def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
-             dropped: frozenset = frozenset()) -> list:
+             dropped: frozenset = frozenset(), evolve=evolution.positional) -> list:
     """For each wanted column, the stored column index that holds it, or its type (a column
-    added since: null); empty when the columns are not named. Keys must be as they were; a
-    stored column must keep its type, and none may be left over but the `dropped` ones."""
+    added since: null), or (index, type, evolve) for a column whose schema evolved since
+    (`evolve(name, column, type)` reads it in the new type, or raises ValueError for a
+    change Spark does not allow); empty when the columns are not named. Keys must be as
+    they were; none may be left over but the `dropped` ones."""
     stored_fields, wanted_fields = list(stored)[:-1], list(wanted)
     key_count = _column_names(wanted_fields).count(None)
     stored_names = _column_names(stored_fields[key_count:])
@@ -103,9 +106,13 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
         name = f.metadata[COLUMN_NAME]
         at = where.pop(name, None)
         if at is not None and stored_fields[at].type != f.type:
-            raise StateLayoutChanged(path, context, f"column {name.decode()} is "
-                                     f"{stored_fields[at].type} in the files but {f.type} "
-                                     "in this query")
+            try:
+                evolve(name, pa.array([], stored_fields[at].type), f.type)
+            except ValueError:
+                raise StateLayoutChanged(path, context, f"column {name.decode()} is "
+                                         f"{stored_fields[at].type} in the files but "
+                                         f"{f.type} in this query") from None
+            at = (at, f.type, lambda column, to, name=name: evolve(name, column, to))
         plan.append(f.type if at is None else at)
     left_over = set(where) - dropped
     if left_over:
@@ -115,7 +122,9 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
 
 
 def _project(batch: pa.RecordBatch, plan: list) -> pa.RecordBatch:
-    columns = [batch.column(p) if isinstance(p, int) else pa.nulls(batch.num_rows, p)
+    columns = [batch.column(p) if isinstance(p, int)
+               else p[2](batch.column(p[0]), p[1]) if isinstance(p, tuple)
+               else pa.nulls(batch.num_rows, p)
                for p in plan] + [batch.column(batch.num_columns - 1)]
     return pa.RecordBatch.from_arrays(columns, names=[f"c{i}" for i in range(len(columns))])
 
@@ -226,9 +235,12 @@ def unique_id(payload: bytes) -> bytes | None:
 
 
 def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
-           dropped: frozenset = frozenset()) -> tuple[list[pa.RecordBatch], bytes | None]:
+           dropped: frozenset = frozenset(), evolve=evolution.positional
+           ) -> tuple[list[pa.RecordBatch], bytes | None]:
     """Every batch of one file (state columns plus the op column), all verified, and the
-    file's unique id (None for format 1). Any damage is a CorruptStateFile naming `path`."""
+    file's unique id (None for format 1). Any damage is a CorruptStateFile naming `path`.
+    Named columns written in an older schema are read in `schema`'s, by `evolve(name,
+    column, type)` (`_by_name`)."""
     parsed = parse_name(path.rsplit("/", 1)[-1])
     if parsed is None:
         raise CorruptStateFile(path, context, "not an arrowstate state file name")
@@ -275,7 +287,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
         actual = [f.type for f in reader.schema]
         plan = None
         if actual != expected:   # named columns: the files may predate added columns
-            plan = _by_name(path, context, reader.schema, schema, dropped)
+            plan = _by_name(path, context, reader.schema, schema, dropped, evolve)
             if not plan:
                 raise bad(f"its columns {actual[:-1]} are not this operator's "
                           f"{expected[:-1]}")

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import keys as keycodec
-from . import files
+from . import evolution, files
 from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
@@ -30,7 +30,8 @@ class VersionedState:
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
                  named_columns: bool = False, dropped_columns: Sequence[str] = (),
-                 tier: "TierPlace | None" = None, prefix_count: int = 0):
+                 tier: "TierPlace | None" = None, prefix_count: int = 0,
+                 evolve=evolution.positional):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
         back null (a family whose set of value columns may grow between runs), and those
@@ -38,7 +39,9 @@ class VersionedState:
         with a memory budget) and keys of a fixed width, rows live in sorted runs that may
         move to local disk (`TieredRows`); else in memory (`KeyedRows`). `prefix_count`
         key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
-        `rows.scan_prefixes`)."""
+        `rows.scan_prefixes`). Named columns written in an older schema are read in this
+        one by `evolve(name, column, type)` (store.evolution)."""
+        self.evolve = evolve
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
         fields = [pa.field(f"k{i}", f.type) for i, f in enumerate(key_fields)]
@@ -161,7 +164,7 @@ class VersionedState:
 
         def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
             return files.decode(f"{source.where}/{name}", source.context, source.read(name),
-                                self.schema, self.dropped_columns)
+                                self.schema, self.dropped_columns, self.evolve)
 
         for chain, base in plans:
             try:

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ... import keys as keycodec
-from ...store import VersionedState
+from ...store import VersionedState, evolution
 from ...store import files as store_files
 from ..base import WATERMARK_METRICS, FamilyBase, gather_rows
 from ..group_state_values import arrow_fields
@@ -87,6 +87,8 @@ class TransformWithState(FamilyBase):
             pa.field(STATE_NAME, pa.string())]
         self.variables: dict[str, Variable] = {}
         self._parsed: dict = operator["variables"]
+        # Spark's Avro state encoding lets a variable's fields evolve by name
+        self.fields_by_name = operator.get("stateEncoding") == "avro"
         # (variable, grouping key) -> its state operations this batch (Variable.logged), in
         # the order keys were first written
         self.dirty: dict = {}
@@ -253,6 +255,14 @@ class TransformWithState(FamilyBase):
             self._drop_variable(state, var)
         if self.dropped:
             self._drop_rows(state, self.dropped)
+
+    def evolve_column(self, name: bytes, column: pa.Array, to: pa.DataType) -> pa.Array:
+        """A variable's column written in an older schema of it, as Spark reads it: values
+        by `fields_by_name`, a map's user keys by position (store.evolution)."""
+        var = self.variables.get(name.decode()[2:])
+        if var is not None and var.kind == MAP:
+            return evolution.map_entries_evolved(column, to, self.fields_by_name)
+        return evolution.evolved(column, to, self.fields_by_name)
 
     @property
     def dropped_columns(self) -> tuple[str, ...]:

@@ -121,6 +121,8 @@ case class ArrowTransformWithStateExec(
         ("outputSchema" -> DataTypeUtils.fromAttributes(spark.outputAttrs).json) ~
         ("variables" -> ArrowTransformWithState.variableSchemas(info)) ~
         ("timeMode" -> spark.timeMode.toString) ~
+        ("stateEncoding" -> conf.getConfString(
+          "spark.sql.streaming.stateStore.encodingFormat", "unsaferow").toLowerCase) ~
         ("batchTimestampMs" -> spark.batchTimestampMs) ~
         ("evictionWatermarkMs" -> spark.eventTimeWatermarkForEviction) ~
         // Spark drops late rows in EventTime mode only
