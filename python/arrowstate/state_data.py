@@ -18,7 +18,7 @@ from .families.transform_with_state.layout import TIMER_VARIABLE
 from .families.transform_with_state.spark_layout import (FEED_DELETE, FEED_MERGE,  # noqa: F401
                                                          FEED_PUT, TIMER_FAMILIES,
                                                          change_records)
-from .store import VersionedState
+from .store import VersionedState, evolution
 from .store import files as store_files
 from .store.lifecycle import FileSource, load_plans
 
@@ -49,10 +49,12 @@ def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
     return pa.schema(list(schema)[:-1])
 
 
-def stored_state(source: FileSource, version: int) -> VersionedState | None:
+def stored_state(source: FileSource, version: int, fields_by_name: bool = False
+                 ) -> VersionedState | None:
     """An empty state in the columns of the files that load `version` (None at version 0):
     the key columns (`k0..`), then the value columns (`v0..`), by name when the files name
-    them."""
+    them; older files of a transformWithState variable whose schema evolved read in the
+    newest one's, fields by name with `fields_by_name` (Spark's Avro state encoding)."""
     schema = stored_schema(source, version)
     if schema is None:
         return None
@@ -62,7 +64,10 @@ def stored_state(source: FileSource, version: int) -> VersionedState | None:
         key_count = names.index(next(n for n in names if n))
         values = [pa.field(n.decode(), f.type) for n, f in zip(names[key_count:],
                                                                 fields[key_count:])]
-        return VersionedState(fields[:key_count], values, named_columns=True)
+        return VersionedState(
+            fields[:key_count], values, named_columns=True,
+            evolve=lambda _name, column, to: evolution.variable_evolved(column, to,
+                                                                       fields_by_name))
     key_count = sum(1 for f in fields if f.name.startswith("k"))
     return VersionedState(fields[:key_count], fields[key_count:])
 
@@ -144,13 +149,14 @@ def _variable_column(source: FileSource, state: VersionedState, column_family: s
 
 def read_column_family(source: FileSource, version: int, column_family: str,
                        key_schema_json: str, value_schema_json: str,
-                       snapshot: int | None = None) -> Iterator[pa.RecordBatch]:
+                       snapshot: int | None = None, fields_by_name: bool = False
+                       ) -> Iterator[pa.RecordBatch]:
     """A transformWithState variable of `version` as Spark's column family of it holds it:
     one row per value (value state), per list element (rows of a key one after another),
     per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
     expiryTimestampMs>`, for the timer column families)."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, version)
+    state = stored_state(source, version, fields_by_name)
     if state is None:
         return
     _variable_column(source, state, column_family)   # fails naming the files
@@ -165,7 +171,8 @@ def read_column_family(source: FileSource, version: int, column_family: str,
 
 def read_column_family_changes(source: FileSource, start: int, end: int,
                                column_family: str, key_schema_json: str,
-                               value_schema_json: str) -> Iterator[pa.RecordBatch]:
+                               value_schema_json: str, fields_by_name: bool = False
+                               ) -> Iterator[pa.RecordBatch]:
     """Spark's change feed of a transformWithState variable over versions start..end: a
     record per state operation, from the change records of each delta (store.files); a key
     whose put or remove row has none changed by that one write (a value or list put, a
@@ -177,7 +184,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
                          f"{source.context}) is not readable; read registered timers at "
                          f"each batchId instead")
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, end)
+    state = stored_state(source, end, fields_by_name)
     if state is None:
         return
     key_count, column, variable = _variable_column(source, state, column_family)
@@ -189,7 +196,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
             raise _missing_delta(source, name, start)
         batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
                                         source.read(name), state.schema,
-                                        state.dropped_columns)
+                                        state.dropped_columns, state.evolve)
         # a key's change records and its rows are in batches of their own
         mine = [b.filter(pc.equal(b.column(key_count - 1), variable)) for b in batches]
         mine = [b for b in mine if b.num_rows]

@@ -191,17 +191,18 @@ class Worker:
         Spark's state readers, in the key and value schemas Spark records for the operator.
         Loaded apart from (and never kept beside) the state tasks use."""
         files = JvmFiles(f, request["where"], request["context"])
+        by_name = request.get("stateEncoding") == "avro"   # store.evolution
         if "changesFrom" in request and "columnFamily" in request:
             batches = state_data.read_column_family_changes(
                 files, request["changesFrom"], request["version"], request["columnFamily"],
-                request["keySchema"], request["valueSchema"])
+                request["keySchema"], request["valueSchema"], by_name)
         elif "changesFrom" in request:
             batches = state_data.read_changes(files, request["changesFrom"], request["version"],
                                               request["keySchema"], request["valueSchema"])
         elif "columnFamily" in request:   # a transformWithState variable
             batches = state_data.read_column_family(
                 files, request["version"], request["columnFamily"], request["keySchema"],
-                request["valueSchema"], request.get("snapshot"))
+                request["valueSchema"], request.get("snapshot"), by_name)
         else:
             batches = state_data.read_state(files, request["version"], request["keySchema"],
                                             request["valueSchema"], request.get("snapshot"))

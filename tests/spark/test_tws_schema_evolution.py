@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import _parse_datatype_string
 
 import tws_evolution_processors as procs
-from harness import assert_runs_same, run_query, spark_errors
+from harness import assert_runs_same, assert_state_reads_same, run_query, spark_errors
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -91,6 +91,8 @@ def test_fields_added_removed_reordered_and_widened(spark, spark_conf, tmp_path,
     native = staged_run(spark, tmp_path, stages, api, arrowstate=False)
     ours = staged_run(spark, tmp_path, stages, api, arrowstate=True)
     assert_runs_same(native, ours, NODE)
+    if api == "pandas":   # Spark's state readers: the same rows of every stage's state
+        assert_state_reads_same(spark, native, ours, [1, 2, 4], ["value", "list", "map"])
     # Spark's own expectations (test_schema_evolution_scenarios): added fields read as
     # null, removed ones are gone, fields match by name, an int reads as a long. Key "0"'s
     # run writes field i of its schema as 10 + i (EvolvingProcessor's _fill, seed 1).

@@ -84,6 +84,22 @@ def map_entries_evolved(array: pa.ListArray, to: pa.DataType, by_name: bool) -> 
         mask=array.is_null())
 
 
+def variable_evolved(array: pa.Array, to: pa.DataType, by_name: bool,
+                     is_map: bool | None = None) -> pa.Array:
+    """A transformWithState variable's stored column in type `to`: a map's with
+    `map_entries_evolved`, any other's with `evolved`. `is_map` None (a reader of the
+    files that does not know the variables' kinds) takes a column of lists of structs of
+    exactly a `key` struct and a `value` struct for a map's."""
+    if is_map is None:
+        entry = to.value_type if pa.types.is_list(to) else None
+        is_map = (entry is not None and pa.types.is_struct(entry)
+                  and [f.name for f in entry] == ["key", "value"]
+                  and all(pa.types.is_struct(f.type) for f in entry))
+    if is_map:
+        return map_entries_evolved(array, to, by_name)
+    return evolved(array, to, by_name)
+
+
 def positional(_column_name: bytes, array: pa.Array, to: pa.DataType) -> pa.Array:
     """A stored column in type `to`, fields by position: how state of Spark's default
     encoding reads, and the `evolve` of files.decode for families that name no rule."""

@@ -260,9 +260,8 @@ class TransformWithState(FamilyBase):
         """A variable's column written in an older schema of it, as Spark reads it: values
         by `fields_by_name`, a map's user keys by position (store.evolution)."""
         var = self.variables.get(name.decode()[2:])
-        if var is not None and var.kind == MAP:
-            return evolution.map_entries_evolved(column, to, self.fields_by_name)
-        return evolution.evolved(column, to, self.fields_by_name)
+        return evolution.variable_evolved(column, to, self.fields_by_name,
+                                          var is not None and var.kind == MAP)
 
     @property
     def dropped_columns(self) -> tuple[str, ...]:

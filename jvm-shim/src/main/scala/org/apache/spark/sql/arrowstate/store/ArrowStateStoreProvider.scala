@@ -103,7 +103,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     nativeFor(version) match {
       case Some(p) => p.getReadStore(version, uniqueId)
       case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
-        ArrowStateStoreProvider.workerSettings(storeConf), families)
+        ArrowStateStoreProvider.workerSettings(storeConf), families,
+        encoding = storeConf.stateStoreEncodingFormat)
     }
 
   override def upgradeReadStoreToWriteStore(
@@ -146,7 +147,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     case Some(p) => p.replayReadStateFromSnapshot(snapshotVersion, endVersion,
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
-      ArrowStateStoreProvider.workerSettings(storeConf), families, Some(snapshotVersion))
+      ArrowStateStoreProvider.workerSettings(storeConf), families, Some(snapshotVersion),
+      storeConf.stateStoreEncodingFormat)
   }
 
   override def getStateStoreChangeDataReader(
@@ -163,7 +165,9 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       val (keys, values) = family.flatMap(families.get)
         .map(f => (f.keySchema, f.valueSchema)).getOrElse((keySchema, valueSchema))
       val request = Seq[(String, JValue)]("version" -> endVersion,
-        "changesFrom" -> startVersion) ++ family.map(name => "columnFamily" -> JString(name))
+        "changesFrom" -> startVersion,
+        "stateEncoding" -> JString(storeConf.stateStoreEncodingFormat.toLowerCase)) ++
+        family.map(name => "columnFamily" -> JString(name))
       val changes = new WorkerReadStream(id, files,
         ArrowStateStoreProvider.workerSettings(storeConf), keys, values, request: _*)({
           (row, key, value) =>
@@ -219,7 +223,8 @@ class ArrowStateReadStore(
     files: StateFiles,
     settings: WorkerSettings,
     families: mutable.Map[String, ColumnFamily] = mutable.Map.empty,
-    snapshot: Option[Long] = None) extends ReadStateStore with Logging {
+    snapshot: Option[Long] = None,
+    encoding: String = "unsaferow") extends ReadStateStore with Logging {
 
   private lazy val byKey: mutable.HashMap[UnsafeRow, UnsafeRow] = {
     val m = mutable.HashMap[UnsafeRow, UnsafeRow]()
@@ -302,7 +307,8 @@ class ArrowStateReadStore(
   /** The version's rows from a worker, in these schemas (`more`: the request's extras). */
   private def pairs(keys: StructType, values: StructType, more: (String, JValue)*)
     : StateStoreIterator[UnsafeRowPair] = {
-    val request = (("version" -> version) ~ ("snapshot" -> snapshot)).obj ++ more
+    val request = (("version" -> version) ~ ("snapshot" -> snapshot) ~
+      ("stateEncoding" -> encoding.toLowerCase)).obj ++ more
     val rows = new WorkerReadStream(id, files, settings, keys, values, request: _*)(
       (_, key, value) => new UnsafeRowPair(key, value))
     new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())
