@@ -108,7 +108,7 @@ def check_reported(family: str, reported: dict[str, int]) -> None:
 
 
 def settings_table() -> str:
-    """The README's settings table, generated from the declaration."""
+    """docs/settings.md's table, generated from the declaration."""
     lines = ["| key | default | read | meaning |", "| --- | --- | --- | --- |"]
     for s in _SPEC["settings"]:
         read = "per session" if s["scope"] == "session" else "at startup"
@@ -117,7 +117,7 @@ def settings_table() -> str:
 
 
 def metrics_table() -> str:
-    """The README's metrics table, generated from the declaration."""
+    """docs/metrics.md's table, generated from the declaration."""
     lines = ["| metric | whose | unit | families | meaning |", "| --- | --- | --- | --- | --- |"]
     for m in _SPEC["metrics"]:
         families = ", ".join(m.get("families", ["all"]))
@@ -127,8 +127,8 @@ def metrics_table() -> str:
 
 
 def errors_table() -> str:
-    """The README's table of arrowstate's own error conditions, generated from the
-    declaration."""
+    """docs/troubleshooting.md's table of arrowstate's own error conditions, generated
+    from the declaration."""
     lines = ["| condition | SQLSTATE | when |", "| --- | --- | --- |"]
     for name, e in ERRORS.items():
         lines.append(f"| `{name}` | {e['sqlState']} | {e['doc']} |")

@@ -1,5 +1,5 @@
-"""contract.json is the one declaration both halves read: the Python half and the README
-must agree with it (tests/jvm/unit/ContractTests.scala checks the JVM half)."""
+"""contract.json is the one declaration both halves read: the Python half must agree with it
+(tests/jvm/unit/ContractTests.scala checks the JVM half; tests/unit/test_docs.py the docs)."""
 import contextlib
 import json
 import os
@@ -7,22 +7,6 @@ import os
 import pytest
 
 from arrowstate import contract, protocol
-
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-
-
-def test_readme_settings_and_metrics_tables_are_the_declared_ones():
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
-    assert contract.settings_table() in text, (
-        "README's settings table differs from contract.json; paste "
-        "`python -c 'import arrowstate.contract as c; print(c.settings_table())'`")
-    assert contract.metrics_table() in text, (
-        "README's metrics table differs from contract.json; paste "
-        "`python -c 'import arrowstate.contract as c; print(c.metrics_table())'`")
-    assert contract.errors_table() in text, (
-        "README's errors table differs from contract.json; paste "
-        "`python -c 'import arrowstate.contract as c; print(c.errors_table())'`")
 
 
 def test_nothing_points_outside_the_repository():
