@@ -71,7 +71,7 @@ def find_jar(spark: Spark) -> Path | None:
 def compile_scala(sources: list[Path], classes: Path, extra_classpath: list[str] = ()) -> None:
     """Compiles Scala sources into `classes` with the Scala compiler the Spark jars carry,
     against those jars (and `extra_classpath`)."""
-    jars = find_spark().jars
+    jars = spark_jars_dir()
     all_jars = sorted(str(p) for p in jars.glob("*.jar")) + list(extra_classpath)
     compiler = [str(p) for p in sorted(jars.glob("scala-compiler-*.jar"))
                 + sorted(jars.glob("scala-library-*.jar"))

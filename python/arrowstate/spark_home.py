@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ._version import SUPPORTED_PYSPARK, __version__
 
-_CORE_JAR = re.compile(r"spark-core_(?P<scala>[\d.]+)-(?P<version>[^/]+)\.jar$")
+_CORE_JAR = re.compile(r"spark-core_[\d.]+-(?P<version>.+)\.jar$")
 
 
 class SparkHomeError(ImportError):
@@ -110,8 +110,8 @@ def spark_home() -> Path:
     try:
         return Path(_find_spark_home())
     except SystemExit:   # it prints where it looked, then exits
-        raise SparkHomeError("arrowstate: pyspark cannot find its Spark home (set SPARK_HOME)"
-                          ) from None
+        raise SparkHomeError("arrowstate: pyspark cannot find its Spark home (set "
+                             "SPARK_HOME)") from None
 
 
 def jars_version(jars: Path) -> str:
@@ -119,9 +119,9 @@ def jars_version(jars: Path) -> str:
     found = sorted(p.name for p in jars.glob("spark-core_*.jar"))
     versions = {m["version"] for name in found if (m := _CORE_JAR.search(name))}
     if len(versions) != 1:
-        raise SparkHomeError(f"arrowstate: cannot tell the Spark version of {jars}: it should "
-                          f"hold one spark-core_2.13-<version>.jar, it holds "
-                          f"{', '.join(found) or 'none'}")
+        raise SparkHomeError(f"arrowstate: cannot tell the Spark version of {jars}: it "
+                             "should hold one spark-core_2.13-<version>.jar, it holds "
+                             f"{', '.join(found) or 'none'}")
     return versions.pop()
 
 
@@ -146,7 +146,7 @@ def find_spark() -> Spark:
         jars = home / "assembly" / "target" / "scala-2.13" / "jars"
     if not jars.is_dir():
         raise SparkHomeError(f"arrowstate: the Spark home {home} has no jars directory "
-                          f"({home / 'jars'})")
+                             f"({home / 'jars'})")
     version = jars_version(jars)
     if not _supported(version):
         raise _refuse(f"Spark {version} at {home} (its jars in {jars}; pyspark "
