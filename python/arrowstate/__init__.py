@@ -8,24 +8,22 @@ from __future__ import annotations
 import os
 import sys
 
-from ._version import SUPPORTED_PYSPARK, __version__
+from ._version import __version__
+from .spark_home import SparkHomeError, check_pyspark, make_pyspark_importable
 
-try:
-    import pyspark as _pyspark
-except ImportError as e:  # pragma: no cover - pyspark is a dependency
-    raise ImportError(f"arrowstate needs pyspark {SUPPORTED_PYSPARK}.x") from e
-
-if not _pyspark.__version__.startswith(SUPPORTED_PYSPARK + "."):
-    raise ImportError(
-        f"arrowstate {__version__} supports pyspark {SUPPORTED_PYSPARK}.x only; "
-        f"this environment has pyspark {_pyspark.__version__}")
+# pyspark from the pip wheel, else a distribution's (SPARK_HOME, through findspark), of the
+# supported version (else SparkHomeError, an ImportError). Spark's jars are checked where
+# the shim is built or handed to Spark (shim.find_spark), not in every Python worker.
+make_pyspark_importable()
+check_pyspark()
 
 from .shim import jar_path  # noqa: E402
 
 EXTENSION_CLASS = "org.apache.spark.sql.arrowstate.ArrowStateExtensions"
 EXPLAIN_CLASS = "org.apache.spark.sql.arrowstate.ArrowStateExplainGenerator"
 
-__all__ = ["configure", "jar_path", "EXTENSION_CLASS", "EXPLAIN_CLASS", "__version__"]
+__all__ = ["configure", "jar_path", "EXTENSION_CLASS", "EXPLAIN_CLASS", "SparkHomeError",
+           "__version__"]
 
 
 def _append(existing: str | None, item: str) -> str:

@@ -55,17 +55,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import __version__
     from .shim import build_jar, jar_path
+    from .spark_home import SparkHomeError
 
-    if args.command == "jar":
-        print(jar_path())
-    elif args.command == "build":
-        print(build_jar())
-    elif args.command == "version":
-        print(__version__)
-    elif args.command == "demo":
-        from .demo import run_demo
+    try:
+        if args.command == "jar":
+            print(jar_path())
+        elif args.command == "build":
+            print(build_jar())
+        elif args.command == "version":
+            print(__version__)
+        elif args.command == "demo":
+            from .demo import run_demo
 
-        run_demo()
+            run_demo()
+    except SparkHomeError as e:   # no usable Spark: the reason, not a traceback
+        print(e, file=sys.stderr)
+        return 2
     return 0
 
 

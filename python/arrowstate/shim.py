@@ -1,7 +1,8 @@
 """Builds and finds the JVM shim jar.
 
-The jar is compiled from the Scala sources with the Scala compiler that the pyspark wheel
-carries, against the very Spark jars it will run with, so installing needs no download.
+The jar is compiled from the Scala sources with the Scala compiler that Spark's jars carry
+(the pip wheel's or a distribution's), against the very Spark jars it will run with, so
+installing needs no download. One jar is kept per Spark (spark_home.Spark.key).
 """
 from __future__ import annotations
 
@@ -15,22 +16,21 @@ import zipfile
 from pathlib import Path
 
 from ._version import __version__
+from .spark_home import Spark, find_spark
 
 log = logging.getLogger("arrowstate")
 
-JAR_NAME = f"arrowstate-shim_2.13-{__version__}.jar"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 CONTRACT = _PACKAGE_DIR / "contract.json"
 
 
 def spark_jars_dir() -> Path:
     """The jars of the Spark that pyspark runs: SPARK_HOME's if set, else the wheel's."""
-    home = os.environ.get("SPARK_HOME")
-    if home and (Path(home) / "jars").is_dir():
-        return Path(home) / "jars"
-    import pyspark
+    return find_spark().jars
 
-    return Path(pyspark.__file__).resolve().parent / "jars"
+
+def jar_name(spark: Spark) -> str:
+    return f"arrowstate-shim_2.13-{__version__}-spark{spark.version}-{spark.key()}.jar"
 
 
 def scala_sources() -> list[Path]:
@@ -59,9 +59,10 @@ def jar_version(jar: Path) -> str | None:
     return None
 
 
-def find_jar() -> Path | None:
+def find_jar(spark: Spark) -> Path | None:
+    """This version's shim built against this Spark's jars, if built."""
     for d in _jar_dirs():
-        jar = d / JAR_NAME
+        jar = d / jar_name(spark)
         if jar.is_file() and jar_version(jar) == __version__:
             return jar
     return None
@@ -103,20 +104,23 @@ def write_jar(classes: Path, target: Path, extra: dict[str, Path | str] = {}) ->
 
 
 def build_jar(quiet: bool = False) -> Path:
-    """Compiles the shim into the package (or the user cache if the package is read-only)."""
+    """Compiles the shim against the Spark in use into the package (or the user cache if the
+    package is read-only)."""
+    spark = find_spark()
     with tempfile.TemporaryDirectory(prefix="arrowstate-build-") as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
         if not quiet:
-            print(f"arrowstate: compiling the JVM shim against {spark_jars_dir()}",
-                  file=sys.stderr)
+            print(f"arrowstate: compiling the JVM shim against Spark {spark.version}'s jars "
+                  f"in {spark.jars}", file=sys.stderr)
         compile_scala(scala_sources(), classes)
         last_error: Exception | None = None
         for d in _jar_dirs():
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                return write_jar(classes, d / JAR_NAME, {
-                    "arrowstate.properties": f"version={__version__}\n",
+                return write_jar(classes, d / jar_name(spark), {
+                    "arrowstate.properties": f"version={__version__}\nspark.version="
+                                             f"{spark.version}\nspark.jars={spark.jars}\n",
                     "arrowstate/contract.json": CONTRACT})
             except OSError as e:
                 last_error = e
@@ -124,13 +128,16 @@ def build_jar(quiet: bool = False) -> Path:
 
 
 def jar_path(build: bool = True) -> str:
-    """The shim jar matching this package's version, building it once if needed."""
-    jar = find_jar()
+    """The shim jar matching this package's version and the Spark in use, building it once
+    if needed."""
+    spark = find_spark()
+    jar = find_jar(spark)
     if jar is None:
         if not build:
             raise FileNotFoundError(
-                f"arrowstate: no shim jar for version {__version__}; "
-                "run `python -m arrowstate build`")
-        log.warning("arrowstate: building the JVM shim for version %s (once)", __version__)
+                f"arrowstate: no shim jar for version {__version__} and Spark {spark.version}"
+                f" ({spark.jars}); run `python -m arrowstate build`")
+        log.warning("arrowstate: building the JVM shim for version %s against Spark %s's "
+                    "jars in %s (once)", __version__, spark.version, spark.jars)
         jar = build_jar(quiet=True)
     return str(jar)
