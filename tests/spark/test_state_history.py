@@ -59,6 +59,27 @@ def test_history_of_deduplication_and_aggregation(spark, tmp_path):
     assert state_command("history", run.checkpoint, "--json", cli=True) == h
 
 
+def test_history_of_windowed_aggregation_with_eviction_and_of_spark_own_state(spark, tmp_path):
+    """Append mode evicts closed windows (removed rows, no-data batches); the same query on
+    Spark's own store: rows not available, said so, bytes read from its files."""
+    from pyspark.sql import functions as F
+
+    def build(df):
+        return (df.withWatermark("ts", "5 seconds")
+                .groupBy(F.window("ts", "10 seconds"), "user").count())
+
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True)
+    assert_history_is_progress(ours, operators=1)
+    assert any(o[0]["numRowsRemoved"] for o in ours.figures.values())
+    theirs = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False)
+    native = history(theirs.checkpoint)
+    assert [b["batchId"] for b in native["batches"]] == sorted(theirs.figures)
+    for b in native["batches"]:
+        [o] = b["operators"]
+        assert o["engine"] == "spark-hdfs" and o["numRowsTotal"] is None
+        assert "record no state figures" in o["note"] and o["bytesOnDisk"] > 0
+
+
 def test_history_of_apply_in_pandas_with_state(spark, tmp_path):
     def build(df):   # removes a key's state every third call: removed rows too
         return df.groupBy("user").applyInPandasWithState(

@@ -100,16 +100,39 @@ def test_snapshots_pruned_files_old_deltas_and_operators_added_later(tmp_path):
     later = tmp_path / "state" / "1" / "0"
     spark_snapshot = _write(str(later / "4.snapshot"), b"y" * 50)
     ops = [b["operators"] for b in history(str(tmp_path))["batches"]]
-    assert ops[0][0]["numRowsTotal"] is None and "no state files of version 1" in \
+    assert ops[0][0]["numRowsTotal"] is None and "no state files of this batch's version" in \
         ops[0][0]["note"]
     assert ops[1][0]["numRowsTotal"] is None and "records no figures" in ops[1][0]["note"]
-    assert ops[1][0]["bytesOnDisk"] is None and "retention pruned" in ops[1][0]["note"]
+    assert ops[1][0]["bytesOnDisk"] is None and "(pruned by retention)" in ops[1][0]["note"]
     assert ops[2][0]["numRowsTotal"] == 2 and ops[2][0]["bytesOnDisk"] == snapshot
     assert ops[3][0]["bytesOnDisk"] == snapshot + delta4 and delta3 > 0
     assert [o[1]["engine"] for o in ops] == [None, None, None, "spark-hdfs"]
     assert ops[3][1]["numRowsTotal"] is None and "record no state figures" in ops[3][1]["note"]
     assert ops[3][1]["bytesOnDisk"] == spark_snapshot
-    assert "no state files of version 1" in ops[0][1]["note"]
+    assert "no state files of this batch's version" in ops[0][1]["note"]
+
+
+def test_rocksdb_state_is_named_and_what_is_not_available_is_said(tmp_path):
+    _checkpoint(tmp_path, committed=2)
+    part = tmp_path / "state" / "0" / "0"
+    _write(str(part / "1_0a1b-2c.zip"), b"z")
+    _write(str(part / "2_0a1b-2d.changelog"), b"c")
+    ops = [b["operators"][0] for b in history(str(tmp_path))["batches"]]
+    assert [o["engine"] for o in ops] == ["spark-rocksdb"] * 2
+    assert all(o["numRowsTotal"] is None and o["bytesOnDisk"] is None for o in ops)
+    assert all("record no state figures" in o["note"] and "RocksDB" in o["note"] for o in ops)
+
+
+def test_files_moved_aside_by_export_still_give_their_figures(tmp_path):
+    _checkpoint(tmp_path, committed=2)
+    _write(str(tmp_path / "arrowstate-exported-2" / "state" / "0" / "0" / "1.arrowstate.delta"),
+           _delta(1, _figures(4, 4, 0)))
+    _write(str(tmp_path / "state" / "0" / "0" / "2.zip"), b"z")   # Spark's, since export
+    first, second = (b["operators"][0] for b in history(str(tmp_path))["batches"])
+    assert (first["engine"], first["numRowsTotal"], first["bytesOnDisk"]) == (
+        "arrowstate", 4, None)
+    assert "moved aside to arrowstate-exported-2/" in first["note"]
+    assert second["engine"] == "spark-rocksdb"
 
 
 def test_a_damaged_delta_is_named(tmp_path):

@@ -17,6 +17,9 @@ import struct
 from ..store import files as store_files
 
 ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
+# where `state export` and `import` move the old engine's files: `<prefix><version>/state/`
+EXPORTED, IMPORTED = "arrowstate-exported-", "spark-state-imported-"
+MOVED_ASIDE = (EXPORTED, IMPORTED)
 _ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
 
 

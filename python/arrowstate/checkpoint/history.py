@@ -10,7 +10,9 @@ Where each figure comes from:
   the operator's figure is their sum over partitions, as Spark sums its tasks'. Only the
   delta's trailer, checksum and Arrow schema are read, never its rows, and never a
   snapshot. Spark's own state store files (HDFS-backed, RocksDB) record no such figures:
-  their rows are reported as not available, with the reason.
+  their rows are reported as not available, with the reason. Batches whose files
+  `state export` or `import` moved aside (`arrowstate-exported-<v>/`,
+  `spark-state-imported-<v>/`) are read from there.
 - bytes on disk: the files a restart at that batch would load, summed over partitions: the
   newest snapshot at or below version N+1 and the deltas after it (arrowstate's files, or
   the HDFS-backed store's `.snapshot`/`.delta`). Not available once retention has pruned
@@ -28,8 +30,8 @@ import os
 import re
 
 from ..store import files as store_files
-from .files import (ARROWSTATE, HDFS, ROCKSDB, CheckpointError, last_committed_batch,
-                    operator_metadata, planned_batch)
+from .files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
+                    last_committed_batch, operator_metadata, planned_batch)
 from .inventory import FAMILIES
 
 # Spark's progress names of the figures a delta records (store_files.STATE_FIGURES)
@@ -117,38 +119,65 @@ class _Partition:
         return total
 
 
-def _operator_figures(partitions: list[_Partition], version: int) -> dict:
-    """One operator's figures at state `version`, summed over its partitions."""
+def _join(*notes) -> str | None:
+    return "; ".join(n for n in notes if n) or None
+
+
+def _operator_figures(partitions: list[_Partition], version: int,
+                      aside: list[tuple[str, list[_Partition]]]) -> dict:
+    """One operator's figures at state `version`, summed over its partitions; from files
+    `state export` or `import` moved aside (`aside`: directory name, partitions) when the
+    state directory has none of that version."""
+    out = _figures_of(partitions, version, count_bytes=True)
+    if out["engine"] is not None:
+        return out
+    for where, moved in aside:
+        if any(p.engine(version) for p in moved):
+            out = _figures_of(moved, version, count_bytes=False)
+            out["note"] = _join(out["note"], f"files moved aside to {where}/ by state export "
+                                "or import (bytes not counted: a restart does not load them)")
+            return out
+    out["note"] = ("no state files of this batch's version on disk (pruned by retention, or "
+                   "the operator did not run in this batch)")
+    return out
+
+
+def _figures_of(partitions: list[_Partition], version: int, count_bytes: bool) -> dict:
     engines = {p.engine(version) for p in partitions} - {None}
     out = {"engine": "+".join(sorted(engines)) or None, **dict.fromkeys(
         PROGRESS_NAMES.values()), "bytesOnDisk": None, "note": None}
     if not engines:
-        out["note"] = (f"no state files of version {version} on disk (pruned by retention, "
-                       "or the operator did not run in this batch)")
         return out
     if engines == {ARROWSTATE}:
         recorded = [p.figures(version) for p in partitions if p.engine(version)]
         if any(r is None for r in recorded):
-            out["note"] = (f"some partitions' state of version {version} records no figures "
-                           "(a snapshot written by `state import` or `repartition`, or "
-                           "deltas of an arrowstate before state history)")
+            out["note"] = ("some partitions' state of this version records no figures (a "
+                           "snapshot written by `state import` or `repartition`, or deltas "
+                           "of an arrowstate before state history)")
         else:
             for name, progress_name in PROGRESS_NAMES.items():
                 out[progress_name] = sum(int(r.get(name, 0)) for r in recorded)
     else:
         out["note"] = SPARK_STORE_NOTE
-    if len(engines) == 1 and ROCKSDB not in engines:
-        sizes = [p.chain_bytes(version, next(iter(engines))) for p in partitions]
-        if all(s is not None for s in sizes):
-            out["bytesOnDisk"] = sum(sizes)
-        else:
-            out["note"] = "; ".join(filter(None, [
-                out["note"], "bytes not available: retention pruned files this version "
-                             "loads from"]))
+    if not count_bytes:
+        return out
+    if engines == {ROCKSDB} or len(engines) > 1:
+        out["note"] = _join(out["note"], "bytes not available for RocksDB (its versions "
+                                         "share SST files)")
+        return out
+    sizes = [p.chain_bytes(version, next(iter(engines))) for p in partitions]
+    if all(s is not None for s in sizes):
+        out["bytesOnDisk"] = sum(sizes)
     else:
-        out["note"] = "; ".join(filter(None, [
-            out["note"], "bytes not available for RocksDB (its versions share SST files)"]))
+        out["note"] = _join(out["note"], "bytes not available: files this version loads "
+                                         "from are not on disk (pruned by retention)")
     return out
+
+
+def _partitions(op_dir: str) -> list[_Partition]:
+    names = os.listdir(op_dir) if os.path.isdir(op_dir) else []
+    return [_Partition(os.path.join(op_dir, n)) for n in sorted(names, key=lambda n: (len(n), n))
+            if n.isdigit()]
 
 
 def history(checkpoint: str) -> dict:
@@ -168,16 +197,17 @@ def history(checkpoint: str) -> dict:
         raise CheckpointError(f"{checkpoint}: no committed batch (commits/ is empty)"
                               f"{planned_text}: there is no history to show")
     state_root = os.path.join(checkpoint, "state")
-    operators, partitions = [], {}
+    operators, partitions, aside = [], {}, {}
+    moved_aside = sorted(n for n in os.listdir(checkpoint) if n.startswith(MOVED_ASIDE))
     for op in sorted(int(n) for n in os.listdir(state_root) if n.isdigit()) \
             if os.path.isdir(state_root) else []:
         op_dir = os.path.join(state_root, str(op))
         info = operator_metadata(op_dir)
         name = info["operatorInfo"]["operatorName"] if info is not None else "unknown"
         operators.append({"operatorId": op, "name": name, "family": FAMILIES.get(name)})
-        partitions[op] = [_Partition(os.path.join(op_dir, n))
-                          for n in sorted(os.listdir(op_dir), key=lambda n: (len(n), n))
-                          if n.isdigit()]
+        partitions[op] = _partitions(op_dir)
+        aside[op] = [(name, _partitions(os.path.join(checkpoint, name, "state", str(op))))
+                     for name in moved_aside]
     batches = []
     for batch in committed:
         started = _batch_timestamp(checkpoint, batch)
@@ -188,7 +218,8 @@ def history(checkpoint: str) -> dict:
             "batchId": batch, "batchTimestampMs": started, "committedAtMs": ended,
             "durationMs": duration,
             "operators": [{"operatorId": o["operatorId"],
-                           **_operator_figures(partitions[o["operatorId"]], batch + 1)}
+                           **_operator_figures(partitions[o["operatorId"]], batch + 1,
+                                               aside[o["operatorId"]])}
                           for o in operators]})
     return {"checkpoint": os.path.abspath(checkpoint), "lastCommittedBatch": last,
             "uncommittedBatches": uncommitted, "operators": operators, "batches": batches}
