@@ -1,5 +1,5 @@
-"""A streaming checkpoint's state, offline (`python -m arrowstate state describe|export|
-import|repartition`), in modules by concern: files (the checkpoint's files and logs),
+"""A streaming checkpoint's state, offline (`python -m arrowstate state describe|history|
+export|import|repartition`), in modules by concern: files (the checkpoint's files and logs),
 inventory (describe), history, conversion (export, import) and repartitioning.
 """
 from __future__ import annotations
