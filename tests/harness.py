@@ -33,6 +33,7 @@ class Run:
     history: list[tuple[int, list]] = field(default_factory=list)   # every call, in order
     figures: dict[int, list[dict]] = field(default_factory=dict)
     custom: dict[int, list[dict]] = field(default_factory=dict)
+    durations: dict[int, dict] = field(default_factory=dict)   # progress durationMs
     plans: list[str] = field(default_factory=list)
     checkpoint: str = ""
 
@@ -87,6 +88,7 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
             if not ops:
                 continue
             bid = progress["batchId"]
+            result.durations[bid] = progress["durationMs"]
             result.figures[bid] = [{k: op[k] for k in STATE_FIGURES} for op in ops]
             result.custom[bid] = [{k: op["customMetrics"].get(k) for k in custom_metrics}
                                   for op in ops]

@@ -1,4 +1,4 @@
-"""Command line: `python -m arrowstate {jar,build,demo,version,state describe}`."""
+"""Command line: `python -m arrowstate {jar,build,demo,version,state ...}`."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,14 @@ def main(argv: list[str] | None = None) -> int:
                          "rows, bytes on disk, key and value schema")
     describe.add_argument("checkpoint")
     describe.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    hist = state_sub.add_parser(
+        "history", help="per committed batch and stateful operator: state rows (total, "
+                        "updated, removed), bytes on disk and the batch's duration")
+    hist.add_argument("checkpoint")
+    hist.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    hist.add_argument("--plot", metavar="FILE.png",
+                      help="also draw rows, bytes and duration over the batches into a PNG "
+                           "(needs the plot extra: pip install 'arrowstate[plot]')")
     export = state_sub.add_parser(
         "export", help="convert the state of a stopped query's checkpoint to Spark's own "
                        "(HDFS-backed) state store format, to continue without arrowstate")
@@ -42,15 +50,23 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         from . import checkpoint
+        plot = getattr(args, "plot", None)
         try:
+            if plot is not None:   # before any work: without the extra, nothing is done
+                checkpoint.require_plotting()
             result = checkpoint.state_command(args.state_command, args.checkpoint,
                                               getattr(args, "partitions", None),
                                               getattr(args, "time_zone", None))
+            if plot is not None:
+                checkpoint.plot_history(result, plot)
         except checkpoint.CheckpointError as e:
             print(f"arrowstate: {e}", file=sys.stderr)
             return 2
-        text = args.state_command == "describe" and not args.json
-        print(checkpoint.format_text(result) if text else json.dumps(result, indent=2))
+        formats = {"describe": checkpoint.format_text, "history": checkpoint.format_history}
+        text = args.state_command in formats and not args.json
+        print(formats[args.state_command](result) if text else json.dumps(result, indent=2))
+        if plot is not None:
+            print(f"plot written to {plot}", file=sys.stderr)
         return 0
 
     from . import __version__

@@ -37,6 +37,51 @@ def operator_properties(op_dir: str, batch: int) -> dict:
     return json.loads(json.loads(lines[1])["operatorPropertiesJson"])
 
 
+KINDS = {"ValueState": "value", "ListState": "list", "MapState": "map"}
+
+
+def describe_variables(op_dir: str, info: dict) -> tuple[list[dict], dict | None]:
+    """What `state describe` says of a transformWithState operator, from its newest
+    operator metadata (`info`) and the state schema (v3) file it names: each state variable
+    (name, kind, schema of its values, a map's key schema, whether it has a TTL) and the
+    timers (the time mode and what a timer is; None in NoTime mode). Schemas are None when
+    the schema file is not there (simpleString otherwise)."""
+    from pyspark.sql.types import StructType
+
+    from .checkpoint.files import read_column_family_schemas
+
+    def simple(schema: dict | None) -> str | None:
+        return None if schema is None else StructType.fromJson(schema).simpleString()
+
+    props = json.loads(info.get("operatorPropertiesJson", "{}"))
+    families: dict = {}
+    for store in info.get("stateStoreInfo", []):
+        for path in store.get("stateSchemaFilePaths", [])[-1:]:   # newest: by the checkpoint
+            local = os.path.join(op_dir, "_stateSchema", store["storeName"],
+                                 os.path.basename(path))
+            if os.path.exists(local):
+                families.update(read_column_family_schemas(local))
+    variables = []
+    for var in _user_variables(props):
+        key, value = families.get(var["stateName"], (None, None))
+        fields = {f["name"]: f["type"] for f in (value or {}).get("fields", [])}
+        if var["ttlEnabled"] and "ttlExpirationMs" in fields:   # Spark's TTL wrapper
+            value = fields["value"]
+        kind = KINDS.get(var["stateVariableType"], var["stateVariableType"])
+        entry = {"name": var["stateName"], "kind": kind, "schema": simple(value),
+                 "ttl": bool(var["ttlEnabled"])}
+        if kind == "map":
+            user_key = {f["name"]: f["type"] for f in (key or {}).get("fields", [])}
+            entry["key_schema"] = simple(user_key.get("userKey"))
+        variables.append(entry)
+    mode = props.get("timeMode", "NoTime")
+    timers = None if mode == "NoTime" else {
+        "time_mode": mode, "schema": "expiryTimestampMs bigint per grouping key, "
+        + ("fired at the batch's processing time" if mode == "ProcessingTime"
+           else "fired at the event-time watermark")}
+    return variables, timers
+
+
 def _user_variables(props: dict) -> list[dict]:
     """The processor's state variables (the timers are listed among them too)."""
     return [v for v in props["stateVariables"] if v["stateVariableType"] != "TimerState"]

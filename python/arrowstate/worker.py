@@ -141,9 +141,12 @@ class Worker:
         p.send(f, "END")
 
         self.check_cap(state, int(conf.get("maxStateBytes", 0)), header)
+        # rows as Spark counts them: stored rows, unless the family counts otherwise
+        family.metrics.setdefault("numTotalStateRows", len(state))
         start = time.perf_counter()
         delta, snapshots, prune_below = state.commit_files(
-            version + 1, int(conf["minVersionsToRetain"]))
+            version + 1, int(conf["minVersionsToRetain"]),
+            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES})
         commit_ms = int((time.perf_counter() - start) * 1000)
         p.send(f, "COMMIT", delta, snapshots, prune_below)
         f.flush()
@@ -155,8 +158,6 @@ class Worker:
         self.budget.check_peak(header)
 
         metrics.update(family.metrics)
-        # rows as Spark counts them: stored rows, unless the family counts otherwise
-        metrics.setdefault("numTotalStateRows", len(state))
         metrics["stateMemory"] = state.memory_bytes()
         metrics["stateDiskBytes"] = state.disk_bytes()
         metrics["commitTimeMs"] = commit_ms

@@ -13,8 +13,8 @@ from ..families.layouts import LAYOUTS, layout_of_schema
 from ..families.spark_layout import (HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER,
                                      OperatorJob, SparkLayout)
 from ..store import files as store_files
-from .files import (ARROWSTATE, CheckpointError, LocalFiles, offset_conf, offsets_with_conf,
-                    planned_batch, read_schema_file, write_log_entry)
+from .files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, LocalFiles, offset_conf,
+                    offsets_with_conf, planned_batch, read_schema_file, write_log_entry)
 from .inventory import describe
 
 
@@ -174,7 +174,7 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
         write_log_entry(os.path.join(offsets, str(last)), text)
         message = "; offsets/{} now records {}".format(
             last, ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
-    backup = os.path.join(checkpoint, f"{backup_prefix}-{version}")
+    backup = os.path.join(checkpoint, f"{backup_prefix}{version}")
     _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
     return {"checkpoint": described["checkpoint"], direction: converted,
             "message": f"the old engine's files were moved to {backup}{message}"}
@@ -229,7 +229,7 @@ def export_to_spark(checkpoint: str) -> dict:
 
     return _convert(checkpoint, "exported", lambda o: ARROWSTATE in o["engine"].split("+"),
                     check, lambda layout, job: layout.export_operator(job),
-                    "arrowstate-exported", lambda name: store_files.parse_name(name) is not None)
+                    EXPORTED, lambda name: store_files.parse_name(name) is not None)
 
 
 def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
@@ -250,7 +250,7 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
         return True
 
     return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
-                    lambda layout, job: layout.import_operator(job), "spark-state-imported",
+                    lambda layout, job: layout.import_operator(job), IMPORTED,
                     # RocksDB's SST files too: left behind, they read as Spark's state
                     lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])),
                     time_zone)

@@ -2,7 +2,9 @@
 local filesystem: `commits/<batch>`, `offsets/<batch>` (with the SQL settings a restart
 keeps), `state/<op>/_metadata/metadata` (operator metadata v1: name, stores, partitions;
 transformWithState writes v2 entries, `_metadata/v2/<batch>`), `state/<op>/<partition>/
-_metadata/schema` (state schema v1 or v2: the key and value schemas as JSON) and the
+_metadata/schema` (state schema v1 or v2: the key and value schemas as JSON),
+`state/<op>/_stateSchema/<store>/<batch>_<uuid>` (state schema v3, transformWithState's:
+per column family its key and value schemas) and the
 partition directories with the engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`,
 Spark's HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`.
 """
@@ -15,6 +17,9 @@ import struct
 from ..store import files as store_files
 
 ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
+# where `state export` and `import` move the old engine's files: `<prefix><version>/state/`
+EXPORTED, IMPORTED = "arrowstate-exported-", "spark-state-imported-"
+MOVED_ASIDE = (EXPORTED, IMPORTED)
 _ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
 
 
@@ -65,6 +70,43 @@ def read_schema_file(path: str) -> tuple[dict, dict]:
                 text += part
         schemas.append(json.loads(text))
     return schemas[0], schemas[1]
+
+
+def _read_chunked(b: bytes, i: int) -> tuple[str, int]:
+    chunks = struct.unpack(">i", b[i:i + 4])[0]
+    i += 4
+    text = ""
+    for _ in range(chunks):
+        part, i = _read_utf(b, i)
+        text += part
+    return text, i
+
+
+def read_column_family_schemas(path: str) -> dict[str, tuple[dict, dict]]:
+    """Per column family, its key and value schemas (Spark's JSON), from a state schema v3
+    file: the count of column families, then each one's name, key schema and value schema
+    (each after a 2-byte schema id), key encoder spec and user key encoder schema."""
+    with open(path, "rb") as f:
+        b = f.read()
+    try:
+        version, i = _read_utf(b, 0)
+        if version != "v3":
+            raise CheckpointError(f"{path}: state schema file format {version}, not v3")
+        count = struct.unpack(">i", b[i:i + 4])[0]
+        i += 4
+        found = {}
+        for _ in range(count):
+            name, i = _read_utf(b, i)
+            key, i = _read_chunked(b, i + 2)
+            value, i = _read_chunked(b, i + 2)
+            _, i = _read_chunked(b, i)   # the key encoder spec
+            _, i = _read_chunked(b, i)   # the user key encoder schema
+            found[name] = (json.loads(key), json.loads(value))
+        return found
+    except (struct.error, UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: cannot read the state schema (v3) file: {e}") from e
 
 
 def last_committed_batch(checkpoint: str) -> int | None:

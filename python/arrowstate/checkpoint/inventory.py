@@ -1,6 +1,7 @@
 """`python -m arrowstate state describe`: a streaming checkpoint's state, read offline (no
-Spark, local filesystem): per stateful operator, its family, partitions, newest version,
-rows, bytes on disk, key and value schemas and the engine whose files hold it.
+Spark, local filesystem): per stateful operator, its family and what its state holds,
+partitions, newest version, rows, bytes on disk, key and value schemas and the engine whose
+files hold it; for transformWithState each state variable (kind, schema, TTL) and the timers.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from .. import contract
+from .. import contract, tws_state
+from ..families.layouts import LAYOUTS
 from ..store import files as store_files
 from .files import (ARROWSTATE, CheckpointError, LocalFiles, dir_size, last_committed_batch,
                     offset_conf, operator_metadata, partition_engine, read_schema_file)
@@ -32,6 +34,9 @@ class Operator:
     value_schema: str | None
     stores: list[str] = field(default_factory=list)
     note: str | None = None
+    holds: str | None = None               # what the family's state holds, in a sentence
+    state_variables: list[dict] | None = None   # transformWithState's (tws_state)
+    timers: dict | None = None             # transformWithState's, unless NoTime
 
 
 def _simple(schema: dict) -> str:
@@ -107,8 +112,13 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
     elif engine not in ("none", ARROWSTATE):
         note = ("rows are counted for arrowstate state only; for Spark's own state, "
                 "spark.read.format('statestore') counts them")
-    return Operator(op, name, FAMILIES.get(name), engine, declared or len(parts),
-                    newest, rows, dir_size(op_dir), key_schema, value_schema, stores, note)
+    family = FAMILIES.get(name)
+    variables = timers = None
+    if family is not None and LAYOUTS[family].column_families and info is not None:
+        variables, timers = tws_state.describe_variables(op_dir, info)
+    return Operator(op, name, family, engine, declared or len(parts), newest, rows,
+                    dir_size(op_dir), key_schema, value_schema, stores, note,
+                    None if family is None else LAYOUTS[family].holds, variables, timers)
 
 
 def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
@@ -131,8 +141,21 @@ def format_text(described: dict) -> str:
         rows = "n/a" if o["rows"] is None else o["rows"]
         lines += [f"operator {o['operator_id']}: {o['name']}{family}",
                   f"  engine: {o['engine']} | partitions: {o['partitions']} | newest version: "
-                  f"{o['newest_version']} | rows: {rows} | bytes on disk: {o['bytes_on_disk']}",
-                  f"  key:   {o['key_schema']}", f"  value: {o['value_schema']}"]
+                  f"{o['newest_version']} | rows: {rows} | bytes on disk: {o['bytes_on_disk']}"]
+        if o["holds"]:
+            lines.append(f"  holds: {o['holds']}")
+        if o["state_variables"] is None:
+            lines += [f"  key:   {o['key_schema']}", f"  value: {o['value_schema']}"]
+        else:
+            lines.append("  state variables:" if o["state_variables"] else
+                         "  state variables: none")
+            for v in o["state_variables"]:
+                key = f"key {v['key_schema']} -> " if v["kind"] == "map" else ""
+                ttl = ", with a TTL" if v["ttl"] else ""
+                lines.append(f"    {v['name']}: {v['kind']} of {key}{v['schema']}{ttl}")
+            timers = o["timers"]
+            lines.append("  timers: none (NoTime)" if timers is None else
+                         f"  timers: {timers['time_mode']}: {timers['schema']}")
         if o["note"]:
             lines.append(f"  note: {o['note']}")
     return "\n".join(lines)

@@ -7,6 +7,8 @@ from .spark_layout import KeyValueLayout
 
 class AggregateLayout(KeyValueLayout):
     family = "aggregate"
+    holds = ("one row per group: the grouping keys, and as value the group's aggregation "
+             "buffers (Spark's merge aggregate's)")
 
 
 LAYOUT = AggregateLayout()

@@ -17,6 +17,8 @@ def is_dummy(value_schema: dict) -> bool:
 
 class DeduplicateLayout(KeyValueLayout):
     family = "deduplicate"
+    holds = ("one row per distinct key (the dropDuplicates columns); no value, or with "
+             "dropDuplicatesWithinWatermark the time until which the key is kept")
 
     def spark_value(self, values: list[pa.Array], n: int, value_schema: dict
                     ) -> pa.StructArray:

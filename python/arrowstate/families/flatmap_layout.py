@@ -23,6 +23,8 @@ def is_group_state(value_schema: dict) -> bool:
 
 class FlatMapGroupsWithStateLayout(KeyValueLayout):
     family = "flatMapGroupsWithState"
+    holds = ("one row per group with state: the grouping key, and as value the state the "
+             "function keeps (GroupState), with its timeout timestamp when it has a timeout")
 
     def spark_value(self, values: list[pa.Array], n: int, value_schema: dict
                     ) -> pa.StructArray:

@@ -10,6 +10,8 @@ from .spark_layout import KeyValueLayout
 
 class SessionWindowLayout(KeyValueLayout):
     family = "sessionWindow"
+    holds = ("one row per open session: the grouping keys and the session's start as key, "
+             "the whole aggregated row (keys, session window, buffers) as value")
 
 
 LAYOUT = SessionWindowLayout()

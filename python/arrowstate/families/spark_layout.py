@@ -53,6 +53,8 @@ class SparkLayout(abc.ABC):
     per family (`families.layouts.LAYOUTS`); every operation below is the family's own."""
 
     family: ClassVar[str]
+    # what the family's state holds, in a sentence (`state describe` prints it)
+    holds: ClassVar[str]
     # Spark keeps the family's state in column families of its own (one per state variable),
     # not in one default store of key and value rows
     column_families: ClassVar[bool] = False

@@ -14,6 +14,11 @@ arrowstate 0.2, and format 3, the same with change records in deltas:
                row count (i64), payload length (i64), unique id (16 bytes), then CRC-32
                (zlib's) of the payload and every trailer byte before it (u32)
 
+A delta's schema metadata also records the partition's state figures of its version as the
+task reported them to Spark (`arrowstate.figures`, JSON: numTotalStateRows,
+numUpdatedStateRows, numRemovedStateRows), so `state history` reads them without replaying
+any rows; a reader that does not know the key passes over it.
+
 Nothing in a file is used before all of it is verified: trailer, length, checksum, then
 every record batch in full (Arrow's `validate(full=True)` on a view with strings as bytes:
 every offset and length, without rejecting the non-UTF-8 strings Spark allows), its
@@ -26,6 +31,7 @@ batches.
 from __future__ import annotations
 
 import io
+import json
 import re
 import struct
 import uuid
@@ -79,6 +85,8 @@ class StateLayoutChanged(ArrowStateError):
 
 
 COLUMN_NAME = b"arrowstate.column"   # value field metadata: the family's name of the column
+FIGURES = b"arrowstate.figures"       # a delta's schema metadata: its version's state figures
+STATE_FIGURES = ("numTotalStateRows", "numUpdatedStateRows", "numRemovedStateRows")
 
 
 def _column_names(fields: list) -> list:
@@ -164,10 +172,12 @@ def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
 
 
 def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
-                   batches: Iterable[pa.RecordBatch]) -> int:
+                   batches: Iterable[pa.RecordBatch], figures: dict | None = None) -> int:
     """Writes the Arrow IPC stream of a file to `sink`; the rows it holds."""
-    file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
-        {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()})
+    meta = {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()}
+    if figures is not None:
+        meta[FIGURES] = json.dumps(figures, sort_keys=True).encode()
+    file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(meta)
     rows = 0
     with pa.ipc.new_stream(sink, file_schema) as writer:
         for b in batches:
@@ -188,11 +198,13 @@ def _trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
-           batches: Iterable[pa.RecordBatch], changes: bool = False) -> tuple[bytes, bytes]:
+           batches: Iterable[pa.RecordBatch], changes: bool = False,
+           figures: dict | None = None) -> tuple[bytes, bytes]:
     """One file's bytes and its unique id; `batches` carry the state columns plus the op
-    column (`changes`: change records among them, a format 3 delta)."""
+    column (`changes`: change records among them, a format 3 delta; `figures`: the state
+    figures a delta records)."""
     sink = pa.BufferOutputStream()
-    rows = _write_payload(sink, schema, kind, version, batches)
+    rows = _write_payload(sink, schema, kind, version, batches, figures)
     payload = sink.getvalue()
     trailer, uid = _trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
     return b"".join((memoryview(payload), trailer)), uid
@@ -232,6 +244,31 @@ def unique_id(payload: bytes) -> bytes | None:
     if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
         return None
     return TRAILER.unpack(payload[-TRAILER.size:])[8]
+
+
+def recorded_figures(path: str, payload: bytes) -> dict | None:
+    """The state figures a delta records (None when it records none: a file of an older
+    arrowstate, or a snapshot), after checking its trailer and checksum; its rows are not
+    decoded. Damage is a CorruptStateFile naming `path`."""
+    def bad(what: str) -> CorruptStateFile:
+        return CorruptStateFile(path, "state history", what)
+
+    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
+        return None   # format 1: no figures
+    fields = TRAILER.unpack(payload[-TRAILER.size:])
+    length, crc = fields[7], fields[9]
+    if length != len(payload) - TRAILER.size:
+        raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
+                  f"says {length} (truncated or appended to)")
+    if zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
+                  zlib.crc32(memoryview(payload)[:length])) != crc:
+        raise bad("checksum mismatch: the file is damaged")
+    try:   # the stream's schema message only: no record batch is read
+        meta = pa.ipc.open_stream(pa.py_buffer(memoryview(payload)[:length])).schema.metadata
+        recorded = (meta or {}).get(FIGURES)
+        return None if recorded is None else json.loads(recorded)
+    except (pa.ArrowException, ValueError) as e:
+        raise bad(f"its Arrow schema or figures cannot be read: {e}") from e
 
 
 def decode(path: str, context: str, payload: bytes, schema: pa.Schema,

@@ -131,12 +131,15 @@ class VersionedState:
             self._has_change_records = True
 
     # -- versions ---------------------------------------------------------------------------
-    def commit_files(self, new_version: int, min_versions_to_retain: int
+    def commit_files(self, new_version: int, min_versions_to_retain: int,
+                     figures: dict | None = None
                      ) -> tuple[bytes, list[tuple[int, bytes]], int]:
-        """The delta for new_version, the snapshots (of earlier versions) made meanwhile, and
-        the version below which files may be pruned (-1 for none)."""
+        """The delta for new_version (recording the state `figures`, if given), the snapshots
+        (of earlier versions) made meanwhile, and the version below which files may be pruned
+        (-1 for none)."""
         delta, self._pending_uid = files.encode(self.schema, files.DELTA, new_version,
-                                                self._changes, self._has_change_records)
+                                                self._changes, self._has_change_records,
+                                                figures)
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
         return delta, snapshots, prune_below
 

@@ -120,6 +120,9 @@ def variable_column(schema: pa.Schema, column_family: str) -> tuple[int, int, st
 
 class TransformWithStateLayout(SparkLayout):
     family = "transformWithState"
+    holds = ("the processor's state variables per grouping key (values, lists, maps, each "
+             "value's TTL expiry beside it) and its timers; arrowstate keeps one row per "
+             "grouping key and variable, Spark one column family per variable")
     column_families = True
 
     def spark_rows(self, batch: pa.RecordBatch, key_schema: dict, value_schema: dict,
