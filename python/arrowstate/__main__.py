@@ -28,12 +28,18 @@ def main(argv: list[str] | None = None) -> int:
                       help="also draw rows, bytes and duration over the batches into a PNG "
                            "(needs the plot extra: pip install 'arrowstate[plot]')")
     export = state_sub.add_parser(
-        "export", help="convert the state of a stopped query's checkpoint to Spark's own "
-                       "(HDFS-backed) state store format, to continue without arrowstate")
+        "export", help="convert the state of a stopped query's checkpoint to the format of "
+                       "the Spark state store it records (HDFS-backed or RocksDB), to "
+                       "continue without arrowstate")
     export.add_argument("checkpoint")
+    export.add_argument("--operator", type=int, help="convert this operator's state only")
+    export.add_argument("--planning-batch", type=int, metavar="N",
+                        help="the query is planning batch N (its offsets written, not its "
+                             "commit): how the shim converts when a query leaves arrowstate")
     imp = state_sub.add_parser(
-        "import", help="convert the Spark state store (HDFS-backed) state of a stopped "
-                       "query's checkpoint to arrowstate's format, to continue on arrowstate")
+        "import", help="convert the Spark state store (HDFS-backed or RocksDB) state of a "
+                       "stopped query's checkpoint to arrowstate's format, to continue on "
+                       "arrowstate")
     imp.add_argument("checkpoint")
     imp.add_argument("--time-zone", help="the session time zone the query runs with "
                                          "(default: this machine's)")
@@ -56,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint.require_plotting()
             result = checkpoint.state_command(args.state_command, args.checkpoint,
                                               getattr(args, "partitions", None),
-                                              getattr(args, "time_zone", None))
+                                              getattr(args, "time_zone", None),
+                                              getattr(args, "operator", None),
+                                              getattr(args, "planning_batch", None))
             if plot is not None:
                 checkpoint.plot_history(result, plot)
         except checkpoint.CheckpointError as e:

@@ -161,25 +161,34 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
 
 
 
-@pytest.mark.parametrize("first, then, expected", [
-    (True, False, ["runs on Spark's own state store (spark.arrowstate.enabled=false)",
-                   "was written by arrowstate", "spark.arrowstate.enabled=true",
-                   "python -m arrowstate state export"]),
-])
-def test_a_checkpoint_of_the_other_engine_is_refused_naming_both(spark, tmp_path, first, then,
-                                                                 expected):
-    """Restarting an arrowstate checkpoint with arrowstate off: no silent empty state, and an
-    error that says which engine wrote the state and what to do. (The other way round,
-    arrowstate adopts Spark's state: see the adoption test.)"""
-    def switch(i, checkpoint):
-        spark.conf.set("spark.arrowstate.enabled", str(then).lower())
+@pytest.mark.parametrize("name, switch, provider", [
+    ("dedup", "spark.arrowstate.enabled", "HDFSBackedStateStoreProvider"),
+    ("aggregation_update", "spark.arrowstate.aggregate.enabled", "RocksDBStateStoreProvider")])
+def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_conf, tmp_path,
+                                                                 name, switch, provider):
+    """Restarting an arrowstate checkpoint with arrowstate switched off (at all, or for the
+    family) and the jar loaded: the state is converted to Spark's store when the query
+    plans its next batch (no manual step), and the query gives, batch for batch, what an
+    uninterrupted native run gives. (The other way round, arrowstate adopts Spark's state:
+    see the adoption test.)"""
+    _provider(spark_conf, provider)
+    build, mode = CASES[name]
+    native = native_run(spark, tmp_path, EVENTS, BATCHES, build, output_mode=mode,
+                        restart_after=[1])
+
+    def switch_off(i, checkpoint):
+        spark.conf.set(switch, "false")
         return False
 
-    with pytest.raises(StreamingQueryException) as failure:
-        run_query(spark, str(tmp_path), EVENTS, BATCHES, CASES["dedup"][0], arrowstate=first,
-                  restart_after=[1], on_restart=switch)
-    for text in expected:
-        assert text in str(failure.value)
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
+                     output_mode=mode, restart_after=[1], on_restart=switch_off)
+    assert ours.outputs == native.outputs
+    assert ours.figures == native.figures
+    assert "runs in arrowstate" in ours.plans[0], ours.plans[0]
+    assert "runs in arrowstate" not in ours.plans[-1], ours.plans[-1]
+    [moved] = [n for n in os.listdir(ours.checkpoint) if n.startswith("arrowstate-exported-")]
+    assert moved == "arrowstate-exported-2"   # the state after the two batches before
+    assert describe(ours.checkpoint)["operators"][0]["engine"].startswith("spark")
 
 
 HDFS, ROCKSDB = "HDFSBackedStateStoreProvider", "RocksDBStateStoreProvider"

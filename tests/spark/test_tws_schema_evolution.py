@@ -104,7 +104,8 @@ def test_fields_added_removed_reordered_and_widened(spark, spark_conf, tmp_path,
     assert seen(native, 4)["0"]["map"] == [[["k-10"], [10]], [["key-10"], [10]]]
 
 
-@pytest.mark.parametrize("api", ["pandas", "rows"])
+# what Spark refuses is refused when the driver plans the run, the same for both APIs
+@pytest.mark.parametrize("api", ["pandas"])
 def test_a_narrowed_type_is_refused_as_spark_refuses_it(spark, spark_conf, tmp_path, api):
     spark_conf(**{"spark.sql.streaming.stateStore.encodingFormat": "avro"})
     errors = []
@@ -116,7 +117,7 @@ def test_a_narrowed_type_is_refused_as_spark_refuses_it(spark, spark_conf, tmp_p
     assert set(errors[1]) == set(errors[0])
 
 
-@pytest.mark.parametrize("api", ["pandas", "rows"])
+@pytest.mark.parametrize("api", ["rows"])
 def test_a_not_nullable_field_is_refused_as_spark_refuses_it(spark, spark_conf, tmp_path,
                                                             api):
     spark_conf(**{"spark.sql.streaming.stateStore.encodingFormat": "avro"})

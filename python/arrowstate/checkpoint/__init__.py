@@ -19,10 +19,16 @@ __all__ = ["ARROWSTATE", "HDFS", "ROCKSDB", "FAMILIES", "CheckpointError", "Loca
 
 
 def state_command(command: str, checkpoint: str, partitions: int | None = None,
-                  time_zone: str | None = None) -> dict:
-    """What `python -m arrowstate state <command>` prints as JSON (describe's --json)."""
+                  time_zone: str | None = None, operator: int | None = None,
+                  planning: int | None = None) -> dict:
+    """What `python -m arrowstate state <command>` prints as JSON (describe's --json);
+    export's `operator` and `planning` are its --operator and --planning-batch. The
+    checkpoint is a local path, or a `file:` URI as Spark names it."""
+    if checkpoint.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+        checkpoint = unquote(urlparse(checkpoint).path)
     return {"describe": lambda: describe(checkpoint),
             "history": lambda: history(checkpoint),
-            "export": lambda: export_to_spark(checkpoint),
+            "export": lambda: export_to_spark(checkpoint, operator, planning),
             "import": lambda: import_from_spark(checkpoint, time_zone),
             "repartition": lambda: repartition(checkpoint, partitions, time_zone)}[command]()

@@ -33,8 +33,13 @@ def in_column_families(o: dict) -> bool:
     return o["family"] is not None and LAYOUTS[o["family"]].column_families
 
 
-def refuse_running(checkpoint: str, last: int | None) -> None:
+def refuse_running(checkpoint: str, last: int | None, planning: int | None = None) -> None:
+    """Refuses a checkpoint with a batch planned but not committed, but for `planning`: the
+    batch whose planning asks for the conversion (the shim's, when a query leaves
+    arrowstate), which then follows the last committed one."""
     planned = planned_batch(checkpoint)
+    if planning is not None and planned == planning == (-1 if last is None else last) + 1:
+        return
     if planned is not None and (last is None or planned > last):
         raise CheckpointError(
             f"{checkpoint}: batch {planned} is planned (offsets/{planned}) but not committed: "
@@ -128,7 +133,7 @@ def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) ->
 
 
 def _convert(checkpoint: str, direction: str, choose, check, operate, backup_prefix: str,
-             is_moved, time_zone: str | None = None) -> dict:
+             is_moved, time_zone: str | None = None, planning: int | None = None) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check(conf, last, chosen, operators)`, given the offset log's
     settings; it returns the settings the conversion changes there, if any), write the other
@@ -144,7 +149,7 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
         return {"checkpoint": described["checkpoint"], direction: [],
                 "message": f"no state to {direction.removesuffix('ed')} in this checkpoint: "
                            "nothing to do"}
-    refuse_running(checkpoint, last)
+    refuse_running(checkpoint, last, planning)
     conf = offset_conf(checkpoint, last)
     changed = check(conf, last, chosen, described["operators"])
     conf = {**conf, **changed}
@@ -186,14 +191,17 @@ def _store_settings(conf: dict) -> dict:
     return {k: v for k, v in conf.items() if k.startswith("spark.sql.streaming.")}
 
 
-def export_to_spark(checkpoint: str) -> dict:
+def export_to_spark(checkpoint: str, operator: int | None = None,
+                    planning: int | None = None) -> dict:
     """Converts every arrowstate operator's state to the format of the Spark state store
     the checkpoint records (the newest committed version: HDFS-backed, `<v>.snapshot` per
     partition; RocksDB, a snapshot of that version written through its provider, and for
     transformWithState through Spark's own state variable implementations), so that the
     query continues on Spark's own operators. arrowstate's files are moved, once every
     partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
-    nothing."""
+    nothing. `operator` converts that operator only; `planning` is the batch a query is
+    planning when the shim converts its state because it leaves arrowstate (that batch's
+    offsets are written, its commit not yet)."""
     def check(conf, last, chosen, operators):
         provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
         if provider not in (HDFS_PROVIDER, ROCKSDB_PROVIDER):
@@ -215,6 +223,13 @@ def export_to_spark(checkpoint: str) -> dict:
                 "unsaferow only; nothing was changed")
         if provider == ROCKSDB_PROVIDER or not tws:
             return {}
+        if planning is not None:   # the running query's provider is already the recorded one
+            raise CheckpointError(
+                f"{checkpoint}: operator {tws[0]['operator_id']} ({tws[0]['name']}) leaves "
+                f"arrowstate while batch {planning} is planned on {HDFS_PROVIDER} "
+                f"(offsets/{planning}); Spark runs transformWithState on {ROCKSDB_PROVIDER} "
+                "only. Stop the query and run `python -m arrowstate state export` on the "
+                "checkpoint (it records RocksDB), then restart; nothing was changed")
         # Spark runs transformWithState on RocksDB only: arrowstate ran it on the recorded
         # HDFS-backed provider, so every operator's state is written for RocksDB and the
         # offset log records it, which needs all the query's state to be arrowstate's
@@ -227,9 +242,13 @@ def export_to_spark(checkpoint: str) -> dict:
                 "arrowstate's state to it; nothing was changed")
         return {PROVIDER_SETTING: ROCKSDB_PROVIDER}
 
-    return _convert(checkpoint, "exported", lambda o: ARROWSTATE in o["engine"].split("+"),
-                    check, lambda layout, job: layout.export_operator(job),
-                    EXPORTED, lambda name: store_files.parse_name(name) is not None)
+    def choose(o):
+        return (ARROWSTATE in o["engine"].split("+")
+                and (operator is None or o["operator_id"] == operator))
+
+    return _convert(checkpoint, "exported", choose, check,
+                    lambda layout, job: layout.export_operator(job), EXPORTED,
+                    lambda name: store_files.parse_name(name) is not None, planning=planning)
 
 
 def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:

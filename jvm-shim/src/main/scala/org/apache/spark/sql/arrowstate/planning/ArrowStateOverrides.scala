@@ -16,9 +16,9 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.transformwith
 import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
-import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.families.{AggregateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
 import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.tools.LeaveArrowState
 
 case class ArrowStateColumnarRule(session: SparkSession) extends ColumnarRule {
   override def preColumnarTransitions: Rule[SparkPlan] = ArrowStateOverrides
@@ -129,7 +129,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
 /**
  * A stateful operator that stays Spark's must not meet arrowstate's state: Spark's store
  * would fail on the missing files with an error that names neither engine. Checked once per
- * query run and operator (a listing of its state directory).
+ * query run and operator (a listing of its state directory); state arrowstate wrote is
+ * converted to Spark's store there (LeaveArrowState).
  */
 private object StateEngineCheck {
   private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
@@ -142,16 +143,11 @@ private object StateEngineCheck {
         val dir = new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString)
         val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
         if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
-          checked.remove((info.queryRunId.toString, info.operatorId))
-          throw new ArrowStateException(ArrowStateException.NeedsExport,
-            Map("operatorId" -> info.operatorId.toString, "node" -> node.nodeName,
-              "reasons" -> reasons.mkString("; "), "stateDir" -> dir.toString),
-            s"arrowstate: operator ${info.operatorId} (${node.nodeName}) runs on Spark's own " +
-              s"state store (${reasons.mkString("; ")}), but its state in $dir was written by " +
-              "arrowstate, which Spark's state stores cannot read. Run it on arrowstate " +
-              s"(${ArrowStateConf.Enabled}=true, with the reasons above resolved), or convert " +
-              "the checkpoint's state to Spark's format first, with the query stopped: " +
-              s"`python -m arrowstate state export ${info.checkpointLocation.stripSuffix("/state")}`.")
+          try LeaveArrowState(info, node.nodeName, reasons, dir) catch {
+            case e: Throwable =>
+              checked.remove((info.queryRunId.toString, info.operatorId))
+              throw e
+          }
         }
       }
     case _ =>

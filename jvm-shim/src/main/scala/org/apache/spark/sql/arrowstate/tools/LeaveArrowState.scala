@@ -1,0 +1,95 @@
+package org.apache.spark.sql.arrowstate.tools
+
+import java.io.InputStream
+import java.nio.charset.StandardCharsets
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.fs.Path
+
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
+
+/**
+ * A query leaving arrowstate: an operator that now runs on Spark's own state store (arrowstate
+ * switched off, for the family or at all, or the operator no longer one it runs) whose state
+ * arrowstate wrote. At planning, as a query adopting arrowstate converts Spark's state on its
+ * first load, the state is converted to Spark's store: by the project's one export
+ * (`python -m arrowstate state export --operator N --planning-batch B`, with its checks and
+ * its move of arrowstate's files aside), run on the driver in a process of its own (it starts
+ * a local Spark of its own: the conversion is Python's as much as the JVM's, and this JVM
+ * may serve no Python driver, as under Spark Connect). The planning batch then loads the
+ * converted version; the conversion is logged. A checkpoint that is not on the local
+ * filesystem, or a conversion that fails, fails the query with ARROWSTATE_STATE_NEEDS_EXPORT
+ * naming why and the command.
+ */
+object LeaveArrowState extends Logging {
+  // what pyspark hands the JVM it launched: a child pyspark must start a Spark of its own
+  private val GatewayEnv = Seq("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET",
+    "_PYSPARK_DRIVER_CONN_INFO_PATH")
+
+  def apply(info: StatefulOperatorStateInfo, nodeName: String, reasons: Seq[String],
+      stateDir: Path): Unit = {
+    val checkpoint = new Path(info.checkpointLocation).getParent
+    val uri = checkpoint.toUri
+    val command = Seq(pythonExec(), "-m", "arrowstate", "state", "export", uri.getPath,
+      "--operator", info.operatorId.toString, "--planning-batch", info.storeVersion.toString)
+
+    def fail(why: String): Nothing = throw new ArrowStateException(
+      ArrowStateException.NeedsExport,
+      Map("operatorId" -> info.operatorId.toString, "node" -> nodeName,
+        "reasons" -> reasons.mkString("; "), "stateDir" -> stateDir.toString),
+      s"arrowstate: operator ${info.operatorId} ($nodeName) runs on Spark's own state store " +
+        s"(${reasons.mkString("; ")}), but its state in $stateDir was written by arrowstate, " +
+        s"and $why. Run it on arrowstate, or convert the checkpoint's state to Spark's " +
+        s"format with the query stopped: `python -m arrowstate state export ${uri.getPath}`.")
+
+    if (uri.getScheme != null && uri.getScheme != "file") {
+      fail(s"converting it at planning needs the checkpoint on the local filesystem " +
+        s"(it is on ${uri.getScheme})")
+    }
+    logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) leaves arrowstate " +
+      s"(${reasons.mkString("; ")}): converting its state at batch ${info.storeVersion} to " +
+      s"Spark's state store: ${command.mkString(" ")}")
+    val builder = new ProcessBuilder(command.asJava)
+    GatewayEnv.foreach(builder.environment().remove(_))
+    val process = builder.start()
+    process.getOutputStream.close()
+    val stderr = drained(process.getErrorStream)
+    val stdout = new String(process.getInputStream.readAllBytes(), StandardCharsets.UTF_8)
+    val exit = process.waitFor()
+    stderr.join()
+    if (exit != 0) {
+      val said = stderr.text.linesIterator.filter(_.startsWith("arrowstate:")).toSeq
+      fail(s"converting it at planning (`${command.mkString(" ")}`) failed with exit code " +
+        s"$exit: ${if (said.nonEmpty) said.mkString(" ") else stderr.text.takeRight(2000)}")
+    }
+    logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) now runs on Spark's " +
+      s"state store; its state was converted: ${stdout.replaceAll("\\s+", " ").trim}")
+  }
+
+  /** The driver's Python, as Spark picks it for the driver. */
+  private def pythonExec(): String = {
+    val conf = SparkSession.active.sparkContext.getConf
+    Seq("spark.arrowstate.pythonExec", "spark.pyspark.driver.python", "spark.pyspark.python")
+      .flatMap(conf.getOption).headOption
+      .orElse(sys.env.get("PYSPARK_DRIVER_PYTHON")).orElse(sys.env.get("PYSPARK_PYTHON"))
+      .getOrElse("python3")
+  }
+
+  /** A stream read whole on a thread of its own (so that neither pipe fills and blocks). */
+  private class Drained(in: InputStream) extends Thread("arrowstate-export-stderr") {
+    @volatile var text: String = ""
+    override def run(): Unit = text = new String(in.readAllBytes(), StandardCharsets.UTF_8)
+  }
+
+  private def drained(in: InputStream): Drained = {
+    val t = new Drained(in)
+    t.setDaemon(true)
+    t.start()
+    t
+  }
+}
