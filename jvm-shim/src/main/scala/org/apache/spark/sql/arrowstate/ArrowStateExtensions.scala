@@ -15,7 +15,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.Streamin
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
 import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateOverrides}
+import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides}
 import org.apache.spark.sql.arrowstate.tools.StateReaderRule
 
 /** Entry point named in `spark.sql.extensions`. */
@@ -42,7 +42,9 @@ class ArrowStateExplainGenerator extends ExtendedExplainGenerator {
       case _ => ""
     }
     plan.collect {
-      case p: SparkPlan if p.getTagValue(ArrowStateOverrides.KeptReasons).isDefined =>
+      // the fallback wrapper takes its child's tags when it replaces it: the child says it
+      case p: SparkPlan if p.getTagValue(ArrowStateOverrides.KeptReasons).isDefined &&
+          !p.isInstanceOf[ArrowStateFallbackExec] =>
         s"${p.nodeName}${operatorOf(p)} stays Spark's:" +
           p.getTagValue(ArrowStateOverrides.KeptReasons).get.map(r => s"\n  - $r").mkString
       case p: SparkPlan if p.nodeName.startsWith("Arrow") && p.isInstanceOf[StatefulOperator] =>
