@@ -6,15 +6,18 @@ Spark's own run of the same query, repartitioned by Spark's own offline repartit
 batches after give the same rows and state figures, and Spark's `statestore` reader reads
 the same state from both checkpoints."""
 import datetime as dt
+import glob
 import os
 
 import pyarrow as pa
+import pytest
 from pyspark import cloudpickle
+from pyspark.errors import StreamingQueryException
 
 import tws_processors as procs
 from arrowstate.checkpoint import describe
-from harness import (assert_state_reads_same, read_state, run_query, state_command,
-                     ttl_masked)
+from harness import (assert_state_reads_same, read_state, run_query, spark_errors,
+                     state_command, ttl_masked)
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -120,6 +123,31 @@ def test_export_of_state_arrowstate_kept_with_the_hdfs_provider(spark, spark_con
     assert run.outputs == native.outputs
     assert run.figures == native.figures
     assert "Arrow" in run.plans[0] and "Arrow" not in run.plans[-1], run.plans
+
+
+def test_leaving_is_refused_at_planning_where_spark_could_not_run_it(spark, tmp_path):
+    """transformWithState state arrowstate kept with the HDFS-backed provider, restarted with
+    arrowstate off: Spark runs transformWithState on RocksDB only and this run's provider is
+    already the recorded one, so the conversion at planning refuses, the query fails with
+    ARROWSTATE_STATE_NEEDS_EXPORT saying why and what to do, and nothing is changed."""
+    def query(df):
+        return df.groupBy("user").transformWithStateInPandas(
+            procs.RunningCount(), "user string, count long", "Update", "None")
+
+    def switch_off(i, checkpoint):
+        spark.conf.set("spark.arrowstate.enabled", "false")
+        return False
+
+    with pytest.raises(StreamingQueryException) as failed:
+        run_query(spark, str(tmp_path), EVENTS, BATCHES[:3], query, arrowstate=True,
+                  output_mode="update", restart_after=[1], on_restart=switch_off)
+    error = spark_errors(failed.value)["ARROWSTATE_STATE_NEEDS_EXPORT"]
+    assert error["parameters"]["operatorId"] == "0"
+    assert "RocksDBStateStoreProvider only" in str(failed.value)
+    assert "python -m arrowstate state export" in str(failed.value)
+    [checkpoint] = glob.glob(os.path.join(str(tmp_path), "run*-on", "ck"))
+    assert not glob.glob(os.path.join(checkpoint, "arrowstate-exported-*"))
+    assert describe(checkpoint)["operators"][0]["engine"] == "arrowstate"
 
 
 def test_export_of_event_time_timers_continues_as_spark(spark, spark_conf, tmp_path):

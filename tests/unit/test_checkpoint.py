@@ -3,6 +3,8 @@ input."""
 import subprocess
 import sys
 
+import pytest
+
 from arrowstate.checkpoint import partition_engine
 
 
@@ -22,3 +24,26 @@ def test_state_describe_refuses_what_is_not_a_checkpoint(tmp_path):
                            str(tmp_path / "missing")], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "no such directory" in done.stderr
+
+
+def _logs(tmp_path, offsets, commits):
+    for log, ids in (("offsets", offsets), ("commits", commits)):
+        (tmp_path / log).mkdir()
+        for i in ids:
+            (tmp_path / log / str(i)).write_text("v1\n{}\n")
+
+
+def test_a_conversion_refuses_a_running_query_but_the_one_planning_it(tmp_path):
+    """export's --planning-batch: the shim converts while its query plans batch N (offsets/N
+    written, no commit), and only then; a batch planned further on, or another query
+    planning, is refused as ever."""
+    from arrowstate.checkpoint.conversion import CheckpointError, refuse_running
+    _logs(tmp_path, offsets=[0, 1, 2], commits=[0, 1])
+    refuse_running(str(tmp_path), 1, planning=2)
+    for planning in (None, 1, 3):
+        with pytest.raises(CheckpointError, match="batch 2 is planned"):
+            refuse_running(str(tmp_path), 1, planning)
+    first = tmp_path / "first"
+    first.mkdir()
+    _logs(first, offsets=[0], commits=[])
+    refuse_running(str(first), None, planning=0)   # batch 0: nothing committed before it
