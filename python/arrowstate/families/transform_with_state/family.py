@@ -13,8 +13,8 @@ Timers (time modes ProcessingTime and EventTime) as pyspark's worker runs them: 
 In EventTime mode rows at or before the late-events watermark are dropped and counted, as
 Spark drops them. State variables with a TTL: see variables.Variable. An initial state
 arrives before the first batch's rows (`initial_state`): handleInitialState per key.
-deleteIfExists in init() removes a variable it declared, or one only an earlier run declared
-(its column goes from the files, as Spark removes its column family).
+Variables across runs (kept, deleted with deleteIfExists, their schemas evolved): see
+across_runs.
 
 State layout: see layout. Change feed: see changelog. State on the tier (a worker with a
 memory budget): see working_set.
@@ -26,26 +26,24 @@ import time
 from typing import Any, Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ... import keys as keycodec
-from ...store import VersionedState, evolution
-from ...store import files as store_files
+from ...store import VersionedState
 from ..base import WATERMARK_METRICS, FamilyBase, gather_rows
 from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
+from .across_runs import AcrossRuns
 from .changelog import write_changes
 from .codec import state_error, struct_schema
-from .layout import (COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, VALUE,
-                     is_map_type)
+from .layout import COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, VALUE
 from .processor_input import ProcessorInput, rows_to_arrow
 from .spark_layout import LAYOUT
 from .timers import Timers
-from .variables import DELETED_CLIENTS, NO_KEY, Variable, column_values, variable_column
-from .working_set import WorkingSet, entries_in
+from .variables import NO_KEY, Variable, column_values, variable_column
+from .working_set import WorkingSet
 
 
-class TransformWithState(FamilyBase):
+class TransformWithState(AcrossRuns, FamilyBase):
     name = "transformWithState"
     layout = LAYOUT
     named_columns = True   # a processor may add state variables between runs, as in Spark
@@ -130,54 +128,6 @@ class TransformWithState(FamilyBase):
         self.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
         return var
 
-    def delete_variable(self, name: str) -> None:
-        """deleteIfExists in init(): the variable's state goes at the batch's start, and
-        any later use of it fails. Spark counts a deleted variable when its column family
-        exists, which a getXState call earlier in init() creates."""
-        if self._initialized:
-            raise state_error(f"deleteIfExists({name!r}) can only be called in init() "
-                              "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
-                              "INVALID_HANDLE_STATE)")
-        var = self.variables.get(name)
-        if var is None:   # a variable of an earlier run, if the files hold it: keep_columns
-            self.deleted_undeclared.append(name)
-            return
-        self.deleted.append(var)
-        self.metrics["numDeletedStateVars"] += 1
-
-    def keep_columns(self, stored: pa.Schema) -> None:
-        """A variable the files hold and this run's init() no longer declares stays, as in
-        Spark (its column family stays): its rows are kept as they are and counted in
-        numTotalStateRows, and its column comes after the declared ones. Unless init()
-        deleted it (deleteIfExists): then its column goes, as Spark removes its column
-        family, and its rows with it once loaded (`_attach`)."""
-        have = {f.name for f in self.value_fields}
-        for f in stored:
-            name = (f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
-            if not name or name in have:
-                continue
-            have.add(name)
-            if name[2:] in self.deleted_undeclared:
-                self.dropped.append(name[2:])
-                self.metrics["numDeletedStateVars"] += 1
-            else:
-                self.value_fields.append(pa.field(name, f.type))
-                self.orphans.append(name[2:])
-
-    def _orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
-        """Rows Spark counts of the variables kept without a declaration: a value or a list
-        one, a map its entries (the column's type tells a map: a list of key/value structs),
-        timers none."""
-        nk, total = len(self.key_fields) - 1, 0
-        for j, name in enumerate(self.orphans, start=len(self.order)):
-            picked = [i for i, n in enumerate(names) if n == name]
-            if not picked or name == TIMER_VARIABLE:
-                continue
-            column = rows.column(nk + 1 + j).take(pa.array(picked))
-            total += (pc.sum(pc.list_value_length(column)).as_py() or 0
-                      if is_map_type(column.type) else len(picked))
-        return total
-
     def current_key(self):
         if self._current is NO_KEY:
             raise state_error("state is only available while a grouping key is processed "
@@ -255,39 +205,6 @@ class TransformWithState(FamilyBase):
             self._drop_variable(state, var)
         if self.dropped:
             self._drop_rows(state, self.dropped)
-
-    def evolve_column(self, name: bytes, column: pa.Array, to: pa.DataType) -> pa.Array:
-        """A variable's column written in an older schema of it, as Spark reads it: values
-        by `fields_by_name`, a map's user keys by position (store.evolution)."""
-        var = self.variables.get(name.decode()[2:])
-        return evolution.variable_evolved(column, to, self.fields_by_name,
-                                          var is not None and var.kind == MAP)
-
-    @property
-    def dropped_columns(self) -> tuple[str, ...]:
-        return tuple(f"s_{n}" for n in self.dropped)
-
-    def _drop_rows(self, state: VersionedState, names: list[str]) -> int:
-        """Removes the stored rows of variables whose columns went (a scan, once); the
-        state rows Spark counts in them."""
-        nk = len(self.key_fields) - 1
-        columns = [nk + 1 + self.order.index(n) for n in names if n in self.order]
-        counted = 0
-        for rows in state.rows.all_rows(1 << 20):   # a view: removals do not disturb it
-            mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
-            if mine.num_rows:
-                state.pop_present(state.keys(mine.columns[:nk + 1], mine.num_rows))
-                counted += sum(entries_in(mine.column(c).drop_null()) for c in columns)
-        return counted
-
-    def _drop_variable(self, state: VersionedState, var: Variable) -> None:
-        """Removes every stored row of a deleted variable (a scan, once: after it there are
-        none) and makes later uses of it fail."""
-        if var.data or self.working is not None:
-            self.total -= self._drop_rows(state, [var.name])
-            var.data.clear()
-        for client in var.clients:
-            client.__class__ = DELETED_CLIENTS[type(client)]
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
