@@ -8,6 +8,7 @@ batches included, which Spark runs when the watermark moves).
 """
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 import os
@@ -24,6 +25,14 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",
                  "numRowsDroppedByWatermark")
+# the tests' usual input: a user's event at a time, with a value
+EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                    ("v", pa.int64())])
+
+
+def ev(user, second, v=1) -> dict:
+    """An EVENTS row: `user`'s event at `second` (UTC) with value `v`."""
+    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
 _run_ids = itertools.count()
 
 

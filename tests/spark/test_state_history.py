@@ -3,26 +3,16 @@ the checkpoint alone (total, updated, removed) are those the query's progress re
 (`stateOperators`), for deduplication and aggregation in one query, applyInPandasWithState
 and transformWithState (values, lists, maps, TTLs, timers); `state describe` names each
 transformWithState variable."""
-import datetime as dt
 
-import pyarrow as pa
 from pyspark import cloudpickle
 
 import fmgws_functions as fns
 import tws_processors as procs
 from arrowstate.checkpoint import history
-from harness import run_query, state_command
+from harness import EVENTS, ev, run_query, state_command
 
 cloudpickle.register_pickle_by_value(fns)
 cloudpickle.register_pickle_by_value(procs)
-
-EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
-                    ("v", pa.int64())])
-
-
-def ev(user, second, v=1):
-    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
-
 
 BATCHES = [[ev("a", 10, 1), ev("b", 12, 2), ev("a", 13, 1)], [ev("a", 20, 3), ev("c", 30)],
            [ev("b", 40, 2), ev("a", 41)], [ev("a", 42), ev("b", 43), ev("d", 44, 2)],

@@ -5,29 +5,19 @@ it converted back to Spark's at planning (`state export` does the same offline);
 Spark's own run of the same query, repartitioned by Spark's own offline repartition, the
 batches after give the same rows and state figures, and Spark's `statestore` reader reads
 the same state from both checkpoints."""
-import datetime as dt
 import glob
 import os
 
-import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
 
 import tws_processors as procs
 from arrowstate.checkpoint import describe
-from harness import (assert_state_reads_same, read_state, run_query, spark_errors,
-                     state_command, ttl_masked)
+from harness import (EVENTS, assert_state_reads_same, ev, read_state, run_query,
+                     spark_errors, state_command, ttl_masked)
 
 cloudpickle.register_pickle_by_value(procs)
-
-EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
-                    ("v", pa.int64())])
-
-
-def ev(user, second, v=1):
-    return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
-
 
 BATCHES = [[ev("a", 10, 1), ev("b", 12, 2), ev("a", 13, 1)], [ev("a", 20, 3), ev("c", 30)],
            [ev("b", 40, 2), ev("a", 41)], [ev("a", 42), ev("b", 43), ev(None, 44, 2)],

@@ -59,15 +59,7 @@ def read_schema_file(path: str) -> tuple[dict, dict]:
                               "arrowstate reads (v1, v2)")
     schemas = []
     for _ in range(2):
-        if version == "v1":
-            text, i = _read_utf(b, i)
-        else:
-            chunks = struct.unpack(">i", b[i:i + 4])[0]
-            i += 4
-            text = ""
-            for _ in range(chunks):
-                part, i = _read_utf(b, i)
-                text += part
+        text, i = _read_utf(b, i) if version == "v1" else _read_chunked(b, i)
         schemas.append(json.loads(text))
     return schemas[0], schemas[1]
 
