@@ -11,6 +11,8 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
     python scripts/bench.py --scaling [--state-keys 1000000,20000000] [--batch-rows 2000000]
                             [--pyspark-memory 1g] [--batches 3] [--shuffle-partitions 4]
                             [--scaling-case agg|agg_string_keys|tws_pandas_value_count]
+    python scripts/bench.py --small-batches [--small-batch-rows 1000] [--small-batch-count 20]
+                            [--small-batch-partitions 200] [--cases agg_update,dedup,...]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
@@ -18,6 +20,10 @@ memory (JVM heap used after GC, RSS of the arrowstate Python workers).
 The user-function cases (FLOORS) print their floor beside arrowstate and native: the same
 function in plain Python with its state in dicts (bench_floor.py), and --shapes runs them
 against it over shapes of input (bench_shapes.py).
+
+The SQL cases (deduplication, aggregation, session windows) print beside them the same work
+with no state (each micro-batch alone) and each engine's state cost per input row against it;
+--small-batches runs many small micro-batches at 200 shuffle partitions (bench_sql.py).
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
 mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a
@@ -333,6 +339,12 @@ def main() -> None:
     parser.add_argument("--shape-rows-per-key", default="1,4,100")
     parser.add_argument("--shape-keys", default="10000,100000,1000000")
     parser.add_argument("--shape-max-batch-rows", type=int, default=1_000_000)
+    parser.add_argument("--small-batches", action="store_true",
+                        help="per-trigger time of small micro-batches at many shuffle "
+                             "partitions (see bench_sql.py)")
+    parser.add_argument("--small-batch-rows", type=int, default=1000)
+    parser.add_argument("--small-batch-count", type=int, default=20)
+    parser.add_argument("--small-batch-partitions", type=int, default=200)
     parser.add_argument("--state-load", action="store_true",
                         help="time state loads and the part spent verifying files (no Spark)")
     parser.add_argument("--tier-ops", action="store_true",
@@ -354,7 +366,9 @@ def main() -> None:
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
-    args.cases = args.cases or ",".join(FLOORS if args.shapes else CASES)
+    from bench_sql import SMALL_BATCH_CASES, is_sql_case, no_state_figures, small_batches
+    args.cases = args.cases or ",".join(FLOORS if args.shapes else SMALL_BATCH_CASES
+                                        if args.small_batches else CASES)
     if args.state_load:
         from bench_state_load import state_load
         state_load(args)
@@ -392,9 +406,11 @@ def main() -> None:
                 "python_workers_rss_mb":
                     round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
 
-    if args.scaling or args.shapes or args.release:
+    if args.scaling or args.shapes or args.release or args.small_batches:
         try:
-            if args.scaling:
+            if args.small_batches:
+                small_batches(spark, args, CASES, run_once, write_batches)
+            elif args.scaling:
                 scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
             elif args.release:
                 from bench_release import release
@@ -423,6 +439,10 @@ def main() -> None:
             native = args.rows / statistics.median(times[False])
             ours = args.rows / statistics.median(times[True])
             floor = (floor_figures(spark, source, name, args) if name in FLOORS else {})
+            no_state = (no_state_figures(spark, source, case, args.rows, args.runs,
+                                         statistics.median(times[False]),
+                                         statistics.median(times[True]))
+                        if is_sql_case(case) else {})
             batches = batch_times(progress)
             print(json.dumps({
                 "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
@@ -439,7 +459,7 @@ def main() -> None:
                    if floor else {}),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
-                **floor, **batches,
+                **floor, **no_state, **batches,
                 **memory()}), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)

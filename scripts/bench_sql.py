@@ -1,0 +1,103 @@
+"""Spark's SQL stateful operators against the most any state operator could reach.
+
+`no_state_figures`: beside a case's native and arrowstate runs, the same work per
+micro-batch with no state at all: each micro-batch deduplicated or aggregated alone, as a
+batch query, through foreachBatch into a no-op sink (read, shuffle and the batch plan's own
+work, nothing carried between batches). Its time is what a state operator that cost nothing
+would take; the state operator's own cost per input row is each engine's time less it.
+
+`small_batches`: many micro-batches of few rows at Spark's default 200 shuffle partitions,
+where per-task costs (a worker hand-off per partition, commit, file writes, metrics)
+dominate: per-trigger time of each engine (medians over the batches with input, after the
+first), and commitTimeMs summed over the state operators' tasks.
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+
+SMALL_BATCH_CASES = ("agg_update", "dedup", "apply_in_pandas_with_state")
+
+
+def _each_batch_alone(spark, source: str, build) -> float:
+    """Seconds to run `build` over every file of `source`, each micro-batch as a batch
+    query of its own (foreachBatch into the noop sink)."""
+    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
+
+    def alone(df, _batch_id):
+        build(df).write.format("noop").mode("overwrite").save()
+
+    try:
+        stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")
+                  .option("maxFilesPerTrigger", 1).parquet(source))
+        t0 = time.perf_counter()
+        q = (stream.writeStream.foreachBatch(alone).trigger(availableNow=True)
+             .option("checkpointLocation", checkpoint).start())
+        q.awaitTermination()
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def no_state_figures(spark, source: str, case, rows: int, runs: int,
+                     native_s: float, arrowstate_s: float) -> dict:
+    """The case's work with no state (medians of `runs`), and each engine's state cost in
+    microseconds per input row against it."""
+    spark.conf.set("spark.arrowstate.enabled", "false")
+    _each_batch_alone(spark, source, case[0])   # warm-up, as the engines' runs have
+    seconds = statistics.median(_each_batch_alone(spark, source, case[0])
+                                for _ in range(runs))
+    return {"no_state_rows_per_s": round(rows / seconds),
+            "no_state_s": round(seconds, 3),
+            "native_state_us_per_row": round((native_s - seconds) / rows * 1e6, 3),
+            "arrowstate_state_us_per_row": round((arrowstate_s - seconds) / rows * 1e6, 3)}
+
+
+def small_batches(spark, args, cases: dict, run_once, write_batches) -> list[dict]:
+    """Per case, the per-trigger time and summed commit time of each engine over
+    --small-batch-count micro-batches of --small-batch-rows rows at
+    --small-batch-partitions shuffle partitions (medians of --runs runs)."""
+    import json
+    source = tempfile.mkdtemp(prefix="bench-small-")
+    write_batches(source, args.small_batch_rows * args.small_batch_count,
+                  args.small_batch_count, args.keys)
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.small_batch_partitions))
+    results = []
+    try:
+        for name in args.cases.split(","):
+            figures = {"case": name, "partitions": args.small_batch_partitions,
+                       "rows_per_batch": args.small_batch_rows,
+                       "batches": args.small_batch_count, "runs": args.runs}
+            for on in (False, True):
+                engine = "arrowstate" if on else "native"
+                run_once(spark, source, cases[name], on)   # warm-up
+                triggers, commits = [], []
+                for _ in range(args.runs):
+                    _, progress = run_once(spark, source, cases[name], on)
+                    steady = [p for p in progress[1:] if p["numInputRows"]]
+                    triggers.append(statistics.median(
+                        p["durationMs"]["triggerExecution"] for p in steady))
+                    commits.append(statistics.median(
+                        sum(op["commitTimeMs"] for op in p["stateOperators"])
+                        for p in steady))
+                figures[f"{engine}_trigger_ms"] = round(statistics.median(triggers))
+                figures[f"{engine}_commit_ms_summed_over_tasks"] = round(
+                    statistics.median(commits))
+            figures["arrowstate_vs_native_trigger"] = round(
+                figures["arrowstate_trigger_ms"] / figures["native_trigger_ms"], 3)
+            print(json.dumps(figures), flush=True)
+            results.append(figures)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+        shutil.rmtree(source, ignore_errors=True)
+    return results
+
+
+def is_sql_case(case) -> bool:
+    """A case of Spark's SQL stateful operators (deduplication, aggregation, session
+    windows): no user function."""
+    return case[2] in ("ArrowStreamingDeduplicate", "ArrowStateStoreSave",
+                       "ArrowSessionWindowStateStoreSave")
