@@ -60,7 +60,8 @@ case class ArrowFlatMapGroupsWithStateExec(
   override protected def inapplicableMetrics: Set[String] =
     if (dropsLateRows) Set.empty else ArrowStateWriter.LateRows
   private def dropsLateRows: Boolean =
-    timeoutConf == EventTimeTimeout && watermarkPredicateForDataForLateEvents.isDefined
+    // (the expression, not the predicate: that one is made where it runs, not serializable)
+    timeoutConf == EventTimeTimeout && watermarkExpressionForLateEvents.isDefined
 
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
