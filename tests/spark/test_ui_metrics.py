@@ -27,7 +27,8 @@ from arrowstate import contract
 
 TESTS = os.path.join(os.path.dirname(__file__), "..")
 WRITERS = {"ArrowStreamingDeduplicate", "ArrowStateStoreSave", "ArrowFlatMapGroupsWithState"}
-TWINS = {"ArrowStreamingDeduplicate": "StreamingDeduplicate", "ArrowStateStoreSave": "StateStoreSave"}
+TWINS = {"ArrowStreamingDeduplicate": "StreamingDeduplicate",
+         "ArrowStateStoreSave": "StateStoreSave"}
 
 # arrowstate's figures that Spark's Python operators show under names of their own
 SPARK_PYTHON_LABELS = {"time to run Python workers", "data sent to Python workers",
@@ -254,8 +255,9 @@ def test_a_screenshot_of_the_sql_tab_shows_spark_names(app, history, tmp_path):
     from headless import Chromium
 
     # the last micro-batch whose aggregation sent rows to Python
-    execution = max(e for e, m in by_query(app["live"], queries(app))[
-        ("windowed", "ArrowStateStoreSave")] if total(m.get("data sent to Python workers", "0")) > 0)
+    saves = by_query(app["live"], queries(app))[("windowed", "ArrowStateStoreSave")]
+    execution = max(e for e, m in saves
+                    if total(m.get("data sent to Python workers", "0")) > 0)
     shot = str(tmp_path / "sql-tab.png")
     page = Chromium(browser, width=2400, height=1400)
     try:

@@ -18,7 +18,7 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowStateWriter, ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
