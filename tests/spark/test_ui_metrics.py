@@ -247,12 +247,13 @@ def chromium() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(chromium() is None, reason="no Chromium binary (chromium, "
+                    "chromium-browser or google-chrome) on PATH: .ci/run installs Debian's "
+                    "chromium package")
 def test_a_screenshot_of_the_sql_tab_shows_spark_names(app, history, tmp_path):
-    browser = chromium()
-    if browser is None:
-        pytest.skip("no Chromium binary (chromium, chromium-browser or google-chrome) on "
-                    "PATH: .ci/run installs Debian's chromium package")
     from headless import Chromium
+
+    browser = chromium()
 
     # the last micro-batch whose aggregation sent rows to Python
     saves = by_query(app["live"], queries(app))[("windowed", "ArrowStateStoreSave")]
