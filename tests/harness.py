@@ -45,6 +45,7 @@ class Run:
     durations: dict[int, dict] = field(default_factory=dict)   # progress durationMs
     plans: list[str] = field(default_factory=list)
     checkpoint: str = ""
+    run_ids: list[str] = field(default_factory=list)   # each start's, in order
 
 
 def _sortable(row) -> str:
@@ -93,6 +94,8 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
 
     def harvest(query) -> None:
         for progress in query.recentProgress:
+            if progress["runId"] not in result.run_ids:
+                result.run_ids.append(progress["runId"])
             ops = progress["stateOperators"]
             if not ops:
                 continue

@@ -109,7 +109,7 @@ object ContractTests extends UnitTests {
         (m \ "name").extract[String], (m \ "owner").extract[String],
         (m \ "reportedBy").extract[String], (m \ "kind").extract[String],
         (m \ "unit").extract[String], (m \ "description").extract[String],
-        families(m)))
+        families(m), (m \ "sparkMetric").extractOpt[String]))
     }
     assertEqual(Contract.MetricsByName.keySet, Contract.Metrics.map(_.name).toSet)
   }

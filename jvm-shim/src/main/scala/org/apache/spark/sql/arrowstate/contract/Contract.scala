@@ -7,6 +7,7 @@ import org.json4s.jackson.JsonMethods
 
 import org.apache.spark.SparkContext
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
+import org.apache.spark.sql.execution.python.PythonSQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorCustomMetric
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
@@ -99,12 +100,17 @@ object Contract {
   def family(name: String): Family = Families.getOrElse(name,
     throw new IllegalStateException(s"arrowstate: contract.json declares no family $name"))
 
+  /** A metric; `sparkMetric`: the SQL metric of Spark's Python operators that shows the same
+   * figure in the SQL tab (it shows there under Spark's name and label, not under `name`). */
   case class Metric(
       name: String, owner: String, reportedBy: String, kind: String, unit: String,
-      description: String, families: Option[List[String]]) {
+      description: String, families: Option[List[String]],
+      sparkMetric: Option[String] = None) {
     def appliesTo(family: String): Boolean = families.forall(_.contains(family))
     /** Not among StateStoreWriter's own metrics: the operator declares it itself. */
     def custom: Boolean = owner == "arrowstate" || families.isDefined
+    /** Its key in an operator's SQL metrics. */
+    def sqlName: String = sparkMetric.getOrElse(name)
   }
   val Metrics: Seq[Metric] = (spec \ "metrics").extract[List[Metric]]
   val MetricsByName: Map[String, Metric] = Metrics.map(m => m.name -> m).toMap
@@ -140,10 +146,16 @@ object Contract {
       "settings" -> JArray(Settings.keys.toList.sorted.map(JString(_))))))
 }
 
-/** A custom metric declared in the contract. */
+/** A custom metric declared in the contract, under its SQL metric name and label (Spark's, for
+ * a figure Spark's Python operators show). */
 case class ContractMetric(metric: Contract.Metric) extends StatefulOperatorCustomMetric {
-  override def name: String = metric.name
-  override def desc: String = metric.description
+  override def name: String = metric.sqlName
+  override def desc: String = metric.sparkMetric.map { spark =>
+    (PythonSQLMetrics.pythonSizeMetricsDesc ++ PythonSQLMetrics.pythonTimingMetricsDesc)
+      .getOrElse(spark, throw new IllegalStateException(
+        s"arrowstate: contract.json's metric ${metric.name} names sparkMetric $spark, which " +
+          "is not among Spark's Python metrics"))
+  }.getOrElse(metric.description)
   override def createSQLMetric(sc: SparkContext): SQLMetric = metric.kind match {
     case "timing" => SQLMetrics.createTimingMetric(sc, desc)
     case "size" => SQLMetrics.createSizeMetric(sc, desc)

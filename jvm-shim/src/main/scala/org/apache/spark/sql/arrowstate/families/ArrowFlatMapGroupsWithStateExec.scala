@@ -23,8 +23,7 @@ import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, StatePartitionOpener, StateTasks, TaskEnvironment}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -47,7 +46,7 @@ case class ArrowFlatMapGroupsWithStateExec(
     skipEmittingInitialStateKeys: Boolean,
     output: Seq[Attribute],
     child: SparkPlan)
-  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def nodeName: String = "ArrowFlatMapGroupsWithState"
   override def simpleString(maxFields: Int): String =
@@ -56,8 +55,13 @@ case class ArrowFlatMapGroupsWithStateExec(
   override def keyExpressions: Seq[Attribute] = groupingAttributes
   override def shortName: String =
     StatefulOperatorsUtils.FLAT_MAP_GROUPS_IN_PANDAS_WITH_STATE_EXEC_OP_NAME
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    Contract.customMetrics(FlatMapGroupsWithStateFamily.name)
+  override def family: String = FlatMapGroupsWithStateFamily.name
+  // as Spark's: late rows are dropped with event-time timeouts only
+  override protected def inapplicableMetrics: Set[String] =
+    if (dropsLateRows) Set.empty else ArrowStateWriter.LateRows
+  private def dropsLateRows: Boolean =
+    // (the expression, not the predicate: that one is made where it runs, not serializable)
+    timeoutConf == EventTimeTimeout && watermarkExpressionForLateEvents.isDefined
 
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
@@ -117,7 +121,7 @@ case class ArrowFlatMapGroupsWithStateExec(
         Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
-    val dropLate = timeoutConf == EventTimeTimeout
+    val dropLate = dropsLateRows
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val input = watermarkPredicateForDataForLateEvents match {

@@ -20,8 +20,7 @@ import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, St
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -164,7 +163,7 @@ case class ArrowSessionWindowStateStoreRestoreExec(spec: SessionWindowStateSpec,
  * eviction watermark closes (removed), in complete mode every stored session.
  */
 case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, child: SparkPlan)
-  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def keyExpressions: Seq[Attribute] = spec.keyWithoutSessionExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -180,8 +179,12 @@ case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, ch
   override def output: Seq[Attribute] = child.output
   override def outputPartitioning: Partitioning = child.outputPartitioning
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    Contract.customMetrics(SessionWindowFamily.name)
+  override def family: String = SessionWindowFamily.name
+  // without a watermark nothing is late; in complete mode, as Spark's save, no instances count
+  override protected def inapplicableMetrics: Set[String] =
+    (if (eventTimeWatermarkForLateEvents.isDefined) Set.empty[String]
+     else ArrowStateWriter.LateRows) ++
+      (if (spec.outputMode == Complete) Set("numStateStoreInstances") else Set.empty[String])
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     (spec.outputMode == Append || spec.outputMode == Update) &&

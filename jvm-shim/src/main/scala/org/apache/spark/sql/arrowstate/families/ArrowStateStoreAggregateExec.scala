@@ -18,8 +18,7 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -152,7 +151,7 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
  * append and complete mode it sends the rows to emit after the input ends.
  */
 case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
-  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def keyExpressions: Seq[Attribute] = spec.keyExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -167,8 +166,15 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
   override def output: Seq[Attribute] = child.output
   override def outputPartitioning: Partitioning = child.outputPartitioning
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    Contract.customMetrics(AggregateFamily.name)
+  override def family: String = AggregateFamily.name
+  // as Spark's: without an event-time key (or in complete mode) nothing is late or evicted
+  override protected def inapplicableMetrics: Set[String] = {
+    val indexed = spec.eventTimeKeyIndex >= 0 && spec.outputMode != Complete
+    (if (indexed && eventTimeWatermarkForLateEvents.isDefined) Set.empty[String]
+     else ArrowStateWriter.LateRows) ++
+      (if (indexed && eventTimeWatermarkForEviction.isDefined) Set.empty[String]
+       else ArrowStateWriter.Removals)
+  }
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     spec.outputMode != Complete && eventTimeWatermarkForEviction.exists(newInputWatermark > _)

@@ -13,8 +13,7 @@ import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -29,7 +28,7 @@ case class ArrowStreamingDeduplicateExec(
     eventTimeWatermarkForLateEvents: Option[Long],
     eventTimeWatermarkForEviction: Option[Long],
     withinWatermark: Boolean)
-  extends UnaryExecNode with StateStoreWriter with WatermarkSupport {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def nodeName: String = "ArrowStreamingDeduplicate"
 
@@ -43,8 +42,21 @@ case class ArrowStreamingDeduplicateExec(
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(keyExpressions, getStateInfo, conf) :: Nil
 
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    Contract.customMetrics(DeduplicateFamily.name)
+  override def family: String = DeduplicateFamily.name
+
+  private def eventTime: Option[Attribute] = WatermarkSupport.findEventTimeColumn(child.output,
+    allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
+  private def eventTimeKeyIndex: Int =
+    eventTime.map(et => keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
+
+  // as Spark's: rows are late only by an event-time column, and state expires only when
+  // it carries one (a key, or the time withinWatermark keeps)
+  override protected def inapplicableMetrics: Set[String] =
+    (if (eventTime.isDefined && eventTimeWatermarkForLateEvents.isDefined) Set.empty[String]
+     else ArrowStateWriter.LateRows) ++
+      (if ((withinWatermark || eventTimeKeyIndex >= 0) &&
+           eventTimeWatermarkForEviction.isDefined) Set.empty[String]
+       else ArrowStateWriter.Removals)
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     eventTimeWatermarkForEviction.exists(newInputWatermark > _)
@@ -73,10 +85,8 @@ case class ArrowStreamingDeduplicateExec(
 
   override protected def doExecute(): RDD[InternalRow] = {
     val info = getStateInfo
-    val eventTime = WatermarkSupport.findEventTimeColumn(child.output,
-      allowMultipleEventTimeColumns = !allowMultipleStatefulOperators)
-    val eventTimeKeyIndex =
-      eventTime.map(et => keyExpressions.indexWhere(_.exprId == et.exprId)).getOrElse(-1)
+    val eventTime = this.eventTime
+    val eventTimeKeyIndex = this.eventTimeKeyIndex
     val sent: Seq[Attribute] =
       keyExpressions ++ eventTime.filter(_ => eventTimeKeyIndex < 0).toSeq
     val sentSchema = ArrowBatches.schemaOf(sent)

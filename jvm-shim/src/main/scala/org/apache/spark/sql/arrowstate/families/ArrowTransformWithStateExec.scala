@@ -26,8 +26,7 @@ import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, St
 import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, StatePartitionOpener, StateTasks, TaskEnvironment}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
@@ -49,7 +48,7 @@ case class ArrowTransformWithStateExec(
     spark: TransformWithStateInPySparkExec,
     child: SparkPlan,
     initialState: Option[SparkPlan])
-  extends SparkPlan with StateStoreWriter with WatermarkSupport {
+  extends SparkPlan with ArrowStateWriter with WatermarkSupport {
 
   // built once per node: Spark's node makes its encoders when constructed
   @transient private lazy val native: TransformWithStateInPySparkExec =
@@ -68,8 +67,13 @@ case class ArrowTransformWithStateExec(
     spark.eventTimeWatermarkForLateEvents
   override def eventTimeWatermarkForEviction: Option[Long] = spark.eventTimeWatermarkForEviction
   override def shortName: String = spark.shortName
-  override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
-    Contract.customMetrics(TransformWithStateFamily.name)
+  override def family: String = TransformWithStateFamily.name
+  // as Spark's: late rows are dropped in EventTime mode only, by an event-time column
+  override protected def inapplicableMetrics: Set[String] =
+    if (spark.timeMode == TimeMode.EventTime() && eventTimeWatermarkForLateEvents.isDefined &&
+        WatermarkSupport.findEventTimeColumn(child.output,
+          allowMultipleEventTimeColumns = !allowMultipleStatefulOperators).isDefined) Set.empty
+    else ArrowStateWriter.LateRows
 
   override def requiredChildDistribution: Seq[Distribution] =
     native.requiredChildDistribution.take(children.size)

@@ -141,10 +141,18 @@ class StateExchange(
     PythonStateWorkers.giveBack(worker)
 
     val reported = WorkerMetrics.parse(reportedJson, family)
-    def add(name: String, v: Long): Unit = metrics.get(name) match {
-      case Some(m) => m += v
-      case None => throw SparkException.internalError(
-        s"arrowstate: the $family operator has no SQL metric $name (contract.json declares it)")
+    // a figure goes to its SQL metric (Spark's name for one Spark's Python operators show);
+    // an operator leaves out what cannot be other than zero for it (ArrowStateWriter)
+    def add(name: String, v: Long): Unit = {
+      val sqlName = Contract.MetricsByName.get(name).map(_.sqlName).getOrElse(name)
+      metrics.get(sqlName) match {
+        case Some(m) => m += v
+        case None if v == 0 =>
+        // not worth failing the task over, but not dropped unseen either
+        case None => logWarning(s"arrowstate: the $family operator's task reports $v for " +
+          s"metric $name, which the operator left out of its SQL metrics as one that cannot " +
+          "be other than zero for it")
+      }
     }
     reported.foreach { case (k, v) => add(k, v) }
     add("commitTimeMs", commitMs)
