@@ -60,3 +60,15 @@ def parent_command(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def stop(process, timeout: float = 30) -> None:
+    """Stops a process a test started (a subprocess.Popen): asked to end, then killed if it
+    does not within `timeout` seconds."""
+    import subprocess
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -10,6 +10,7 @@ import pytest
 
 from arrowstate import EXTENSION_CLASS
 from arrowstate.shim import jar_path
+from procinfo import stop
 from test_cluster import free_port, wait_for_port
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
@@ -48,8 +49,4 @@ def test_two_connect_sessions_never_see_each_others_state(tmp_path):
             # ... and never another session's
             assert all(foreign == 0 for _, _, foreign in rows), seen
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)

@@ -24,6 +24,7 @@ from collections import defaultdict
 import pytest
 
 from arrowstate import contract
+from procinfo import stop
 
 TESTS = os.path.join(os.path.dirname(__file__), "..")
 WRITERS = {"ArrowStreamingDeduplicate", "ArrowStateStoreSave", "ArrowFlatMapGroupsWithState"}
@@ -192,12 +193,7 @@ def history(app, tmp_path_factory):
             time.sleep(1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 
