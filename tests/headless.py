@@ -4,6 +4,7 @@ click in a page and screenshot it with the standard library alone."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -81,10 +82,9 @@ class Chromium:
             f.write(base64.b64decode(data))
 
     def close(self) -> None:
-        try:
+        # a browser that does not answer the close is ended below all the same
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.send("Browser.close", timeout=10)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

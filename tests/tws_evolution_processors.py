@@ -79,4 +79,4 @@ class EvolvingProcessor(StatefulProcessor):
             yield Row(id=key[0], seen=text)
 
     def close(self):
-        pass
+        """Nothing to release: the state is the engine's."""

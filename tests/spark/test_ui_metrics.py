@@ -9,6 +9,7 @@ not fill, rows dropped by watermark without a watermark...). The application (te
 runs in a process of its own, with its UI on a free port and an event log in a temporary
 directory.
 """
+import contextlib
 import json
 import os
 import re
@@ -182,12 +183,10 @@ def history(app, tmp_path_factory):
     try:
         deadline = time.monotonic() + 120
         while True:
-            try:
+            with contextlib.suppress(OSError):   # the server is not listening yet
                 apps = get_json(f"{url}/api/v1/applications")
                 if any(a["id"] == app["appId"] and a["attempts"][0]["completed"] for a in apps):
                     break
-            except OSError:
-                pass
             assert time.monotonic() < deadline and proc.poll() is None, (
                 "the History Server did not list the app: " + open(log.name).read()[-5000:])
             time.sleep(1)

@@ -115,10 +115,6 @@ object Contract {
   val Metrics: Seq[Metric] = (spec \ "metrics").extract[List[Metric]]
   val MetricsByName: Map[String, Metric] = Metrics.map(m => m.name -> m).toMap
 
-  /** The custom metrics an operator of `family` declares to Spark. */
-  def customMetrics(family: String): Seq[StatefulOperatorCustomMetric] =
-    Metrics.filter(m => m.custom && m.appliesTo(family)).map(ContractMetric)
-
   /** The metric names the worker may report for operators of `family` (checked per task). */
   private val pythonMetricsByFamily: Map[String, Set[String]] = Families.keys.map { family =>
     family -> Metrics.filter(m => Set("python", "both")(m.reportedBy) && m.appliesTo(family))
