@@ -14,7 +14,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from procinfo import parent_command, parent_pid, state_worker_pids  # noqa: E402
+from procinfo import jvm_pid, parent_command, parent_pid, state_worker_pids  # noqa: E402
 from harness import _as_text, run_query  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
     # machine (the test session's own) are left out.
     app_id = spark.sparkContext.applicationId
     ours = [p for p in state_worker_pids()
-            if app_id in parent_command(p) or parent_pid(parent_pid(p)) == os.getpid()]
+            if app_id in parent_command(p) or parent_pid(jvm_pid(p)) == os.getpid()]
     print(json.dumps({
         "same_outputs": _as_text(on.outputs) == _as_text(off.outputs),
         "same_figures": on.figures == off.figures,

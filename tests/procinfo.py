@@ -7,22 +7,40 @@ import os
 import signal
 
 
+WORKER = b"arrowstate.worker"
+DAEMON = b"arrowstate.worker_daemon"   # users' functions' workers are forked from it
+
+
+def _args(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def state_worker_pids() -> list[int]:
+    """Every state worker: started alone (`-m arrowstate.worker`) or forked by a worker
+    daemon (a child with the daemon's command line)."""
     pids = []
     for path in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(path, "rb") as f:
-                if b"arrowstate.worker" in f.read().split(b"\0"):
-                    pids.append(int(path.split("/")[2]))
-        except OSError:
-            continue
+        pid = int(path.split("/")[2])
+        args = _args(pid)
+        if WORKER in args or (DAEMON in args and DAEMON in _args(parent_pid(pid))):
+            pids.append(pid)
     return pids
+
+
+def jvm_pid(worker: int) -> int:
+    """The JVM a state worker serves: its parent, or its daemon's."""
+    parent = parent_pid(worker)
+    return parent_pid(parent) if DAEMON in _args(parent) else parent
 
 
 def own_state_worker_pids() -> list[int]:
     """The state workers started by this process's own Spark (its JVM is our child)."""
     me = os.getpid()
-    return [p for p in state_worker_pids() if parent_pid(parent_pid(p)) == me]
+    return [p for p in state_worker_pids() if parent_pid(jvm_pid(p)) == me]
 
 
 def kill_own_state_workers() -> int:
@@ -55,8 +73,9 @@ def parent_pid(pid: int) -> int:
 
 
 def parent_command(pid: int) -> str:
+    """The command line of the JVM a state worker serves."""
     try:
-        with open(f"/proc/{parent_pid(pid)}/cmdline", "rb") as f:
+        with open(f"/proc/{jvm_pid(pid)}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""

@@ -36,10 +36,27 @@ def set_spark_files(root: str, includes: list[str]) -> None:
 
 
 def limit_memory() -> None:
-    """`spark.executor.pyspark.memory`, passed as Spark passes it to its own workers."""
+    """`spark.executor.pyspark.memory`, passed as Spark passes it to its own workers (an
+    address-space limit). A worker forked from a daemon that has imported what functions
+    need already holds that much address space: below it, nothing would work, so it says
+    so (MemoryError)."""
     from pyspark.worker_util import setup_memory_limits
 
-    setup_memory_limits(int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "-1")))
+    mb = int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "-1"))
+    held = address_space_bytes()
+    if mb > 0 and held > mb << 20:   # checked first: under the limit even the error fails
+        raise MemoryError(
+            f"spark.executor.pyspark.memory gives each Python worker {mb} MB of address "
+            f"space, below the {held >> 20} MB this worker holds once it has imported pandas "
+            "and pyspark")
+    setup_memory_limits(mb)
+
+
+def address_space_bytes() -> int:
+    """This process's virtual memory size (what an address-space limit counts)."""
+    with open("/proc/self/status") as f:
+        return next((int(line.split()[1]) << 10 for line in f
+                     if line.startswith("VmSize:")), 0)
 
 
 def enable_fault_log() -> TextIO | None:

@@ -311,6 +311,8 @@ def import_what_functions_need() -> None:
 
 
 def main() -> None:
+    """A worker Spark's factory started by itself (`python -m arrowstate.worker`): it
+    connects back to the factory, then serves."""
     # Spark's own post-mortem: a crash's traceback goes to PYTHON_FAULTHANDLER_DIR/<pid>,
     # which the JVM reads (PythonWorkerHandle.terminationDiagnostics) when we exit unasked
     fault_log = environment.enable_fault_log()
@@ -325,6 +327,11 @@ def main() -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
+    sys.exit(run(sock_file, fault_log))
+
+
+def run(sock_file: BinaryIO, fault_log: Any) -> int:
+    """Serves the JVM on a connected worker socket until it closes; the exit code."""
     exit_with_parent()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
@@ -334,13 +341,14 @@ def main() -> None:
     except BaseException:
         # the task waiting for this worker is told why it cannot start, in its own error
         failed_to_start(sock_file, fault_log)
-        return
+        return 0
     try:
         Worker().serve(sock_file)
     except BaseException:
         environment.record_fault(fault_log, traceback.format_exc())
-        sys.exit(1)
+        return 1
     environment.close_fault_log(fault_log)
+    return 0
 
 
 def failed_to_start(f: BinaryIO, fault_log: Any) -> None:

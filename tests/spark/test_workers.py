@@ -98,7 +98,8 @@ def test_workers_start_under_spark_testing_and_say_why_they_cannot():
     # the task's error carries the worker's own reason, not only that it exited
     error = seen["cannot_start_error"] or ""
     assert "the Python state worker could not start" in error, error
-    assert "import pandas" in error and "failed to map segment" in error, error
+    # (forked from a daemon that has imported pandas: the limit is below what it holds)
+    assert "spark.executor.pyspark.memory gives each Python worker 64 MB" in error, error
     failed = seen["cannot_start_conditions"]["ARROWSTATE_WORKER_FAILED_TO_START"]
-    assert failed["sqlState"] == "39000" and "failed to map segment" in failed["parameters"][
-        "error"], failed
+    assert failed["sqlState"] == "39000" and "64 MB of address space, below the" in failed[
+        "parameters"]["error"], failed

@@ -4,9 +4,9 @@ import scala.collection.mutable
 
 import org.apache.spark.sql.execution.streaming.state.{StateStoreId, StateStoreProviderId}
 
-import org.apache.spark.sql.arrowstate.worker.{FunctionEnvironment, PooledWorker, WorkerBook}
+import org.apache.spark.sql.arrowstate.worker.{PooledWorker, WorkerBook}
 
-/** The worker pool's decisions: affinity, owners, take-overs, dead and idle workers, spares. */
+/** The worker pool's decisions: affinity, owners, take-overs, dead and idle workers. */
 object WorkerBookTests extends UnitTests {
   private class Fake(val id: Int, var owner: Option[String] = None) extends PooledWorker {
     var isAlive = true
@@ -77,32 +77,13 @@ object WorkerBookTests extends UnitTests {
     assertEqual(w2.staleStateKeys.toSet, Set("p1"))
   }
 
-  test("idle workers holding no state and old spares expire; holders do not") {
+  test("idle workers holding no state expire; holders and recently used ones do not") {
     val (holder, empty, fresh) = (new Fake(1), new Fake(2), new Fake(3))
     fresh.idleSince = 900L
     val b = book(holder, empty, fresh)
     b.assign("p0", provider, holder)
-    val env = FunctionEnvironment("python3", Map.empty)
-    val spare = new Fake(4)
-    b.all += spare
-    b.spares(env) = List(spare)
-    assertEqual(b.expired(now = 1000L, timeoutMs = 500L).toSet, Set(empty, spare))
-    assertTrue(b.idle(holder) && b.idle(fresh) && !b.all(spare), "holder and fresh stay")
+    assertEqual(b.expired(now = 1000L, timeoutMs = 500L).toSet, Set(empty))
+    assertTrue(b.idle(holder) && b.idle(fresh), "holder and fresh stay")
   }
 
-  test("spares: at most the maximum start, a live one is taken for a run, dead ones go") {
-    val env = FunctionEnvironment("python3", Map("A" -> "1"))
-    val b = book()
-    assertTrue(b.startingSpare(env, max = 2) && b.startingSpare(env, max = 2))
-    assertTrue(!b.startingSpare(env, max = 2), "two starting already")
-    val (dead, live) = (new Fake(1), new Fake(2))
-    dead.isAlive = false
-    b.spareStarted(env, Some(dead))
-    b.spareStarted(env, Some(live))
-    assertEqual(b.sparesStarting(env), 0)
-    assertEqual(b.takeSpare(env, Some("run")), Some(live))
-    assertEqual(live.owner, Some("run"))
-    assertEqual(b.spares(env), Nil)
-    assertEqual(b.takeSpare(env, Some("run")), None)
-  }
 }

@@ -33,7 +33,12 @@ case class FunctionEnvironment(pythonExec: String, envVars: Map[String, String])
  */
 object PythonStateWorkers extends Logging {
   private val WorkerModule = "arrowstate.worker"
-  private val DaemonModule = "pyspark.daemon"
+  // Workers that run no user function start alone (the factory's simple workers: few, and
+  // kept for the executor's life). A user function's workers serve one query run each, so a
+  // run needs new ones: they are forked, ready in milliseconds, from a daemon per
+  // interpreter and environment that has imported what functions need.
+  private val NoDaemon = "pyspark.daemon"
+  private val FunctionDaemon = "arrowstate.worker_daemon"
 
   /** One SparkEnv's workers: the bookkeeping (WorkerBook) and what runs it. */
   private class Pool(val env: SparkEnv) extends WorkerBook[PythonStateWorker] {
@@ -47,16 +52,6 @@ object PythonStateWorkers extends Logging {
   private val scheduler = java.util.concurrent.Executors.newSingleThreadScheduledExecutor(
     (r: Runnable) => {
       val t = new Thread(r, "arrowstate-worker-maintenance")
-      t.setDaemon(true)
-      t
-    })
-
-  /** Spare function workers per environment: one query run's concurrent tasks on a
-   * small executor. */
-  private val MaxSpares = 2
-  private val spareStarter = java.util.concurrent.Executors.newSingleThreadExecutor(
-    (r: Runnable) => {
-      val t = new Thread(r, "arrowstate-spare-worker-starter")
       t.setDaemon(true)
       t
     })
@@ -116,14 +111,7 @@ object PythonStateWorkers extends Logging {
       discardDead(p)
       p.lend(stateKey, settings.owner)
     }
-    // a user function's worker new to its query run (a spare, else started now): another
-    // starts ahead for the next run with this environment, so that a restart does not wait
-    // for Python's imports
-    val worker = chosen.getOrElse {
-      val spare = settings.function.flatMap(f => synchronized(takeSpare(pool, f, settings.owner)))
-      settings.function.foreach(startSpare)
-      spare.getOrElse(create(settings.owner, settings.function))
-    }
+    val worker = chosen.getOrElse(create(settings.owner, settings.function))
     synchronized((worker, pool.assign(stateKey, provider, worker)))
   }
 
@@ -137,42 +125,6 @@ object PythonStateWorkers extends Logging {
       p.lendAny(None)
     }
     chosen.getOrElse(create(None, None))
-  }
-
-  /** A live spare for this environment, now the owner's only. Callers hold the lock. */
-  private def takeSpare(p: Pool, function: FunctionEnvironment, owner: Option[String])
-    : Option[PythonStateWorker] =
-    p.takeSpare(function, owner).map { w =>
-      logInfo(s"arrowstate: Python state worker ${w.id} (started ahead) now serves query run " +
-        owner.getOrElse(""))
-      w
-    }
-
-  /** Starts one spare worker for `function` in the background, up to `MaxSpares` of them. */
-  private def startSpare(function: FunctionEnvironment): Unit = {
-    val p = synchronized(Some(pool).filter(_.startingSpare(function, MaxSpares)))
-    p.foreach { p =>
-      spareStarter.execute { () =>
-        var kept: Option[PythonStateWorker] = None
-        try {
-          if (SparkEnv.get eq p.env) {
-            val w = create(None, Some(function), spare = true)
-            kept = synchronized {
-              val live = current.exists(_ eq p) && !p.env.isStopped
-              if (!live) p.all -= w
-              Some(w).filter(_ => live)
-            }
-            // its SparkEnv stopped while it started, perhaps after the env's worker factory
-            // stopped the workers it knew: it must not outlive the env
-            if (kept.isEmpty) w.kill()
-          }
-        } catch {
-          case e: Exception => logWarning("arrowstate: could not start a spare Python worker", e)
-        } finally {
-          synchronized(p.spareStarted(function, kept))
-        }
-      }
-    }
   }
 
   private def discardDead(p: Pool): Unit =
@@ -199,8 +151,8 @@ object PythonStateWorkers extends Logging {
     }
     env.foreach { e =>
       try {
-        e.destroyPythonWorker(worker.pythonExec, WorkerModule, DaemonModule, worker.envVars,
-          worker.handle)
+        e.destroyPythonWorker(worker.pythonExec, WorkerModule, worker.daemonModule,
+          worker.envVars, worker.handle)
         worker.forgetFaultLog()
       } catch {
         case ex: Exception =>
@@ -209,27 +161,28 @@ object PythonStateWorkers extends Logging {
     }
   }
 
-  private def create(owner: Option[String], function: Option[FunctionEnvironment],
-      spare: Boolean = false): PythonStateWorker = {
+  private def create(owner: Option[String], function: Option[FunctionEnvironment])
+    : PythonStateWorker = {
     val env = SparkEnv.get
     // a user function's worker starts as Spark would start its own: its interpreter and
-    // environment (spark.executorEnv.*, the memory limit); ours as Spark's default. It
-    // imports what functions need before its first request.
+    // environment (spark.executorEnv.*, the memory limit), forked from its daemon; ours as
+    // Spark's default.
     val exec = function.map(_.pythonExec).getOrElse(defaultPythonExec(env))
     val envVars = function.map(_.envVars).getOrElse(Map.empty) ++ OwnEnvVars ++
       function.map(_ => "ARROWSTATE_FUNCTION_WORKER" -> "1")
-    val (handle, process) = env.createPythonWorker(exec, WorkerModule, DaemonModule, envVars,
-      false)
+    val daemonModule = if (function.isDefined) FunctionDaemon else NoDaemon
+    val (handle, process) = env.createPythonWorker(exec, WorkerModule, daemonModule, envVars,
+      function.isDefined)
     val worker = synchronized {
       val p = pool
       p.nextId += 1
-      val w = new PythonStateWorker(handle, process, p.nextId, owner, exec, envVars)
+      val w = new PythonStateWorker(handle, process, p.nextId, owner, exec, envVars,
+        daemonModule)
       p.all += w
       w
     }
     logInfo(s"arrowstate: started Python state worker ${worker.id} ($exec)" +
-      owner.map(o => s" for query run $o only").getOrElse("") +
-      (if (spare) " ahead, for a query run's function" else ""))
+      owner.map(o => s" for query run $o only").getOrElse(""))
     worker
   }
 

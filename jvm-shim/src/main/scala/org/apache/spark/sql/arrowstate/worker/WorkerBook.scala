@@ -19,7 +19,7 @@ trait PooledWorker {
 
 /**
  * The pool's bookkeeping, with no process and no Spark in it: which workers are idle, which
- * holds each partition's state, and the spares started ahead per environment. The decisions
+ * holds each partition's state. The decisions
  * live here (unit-tested in tests/jvm/unit/WorkerBookTests.scala); PythonStateWorkers starts,
  * stops and talks to the processes. Callers hold the pool's lock.
  */
@@ -28,9 +28,6 @@ class WorkerBook[W <: PooledWorker] {
   val all = mutable.LinkedHashSet[W]()
   val holderOf = mutable.HashMap[String, W]()
   val providerOf = mutable.HashMap[String, StateStoreProviderId]()
-  /** Function workers started ahead (their imports done), owned by no query run yet. */
-  val spares = mutable.HashMap[FunctionEnvironment, List[W]]()
-  val sparesStarting = mutable.HashMap[FunctionEnvironment, Int]()
 
   /** Whether the worker holding `stateKey` is lent out to another task. */
   def holderBusy(stateKey: String): Boolean = holderOf.get(stateKey).exists(w => !idle(w))
@@ -68,34 +65,6 @@ class WorkerBook[W <: PooledWorker] {
     dead
   }
 
-  /** A live spare for `function`, now `owner`'s only (dead spares are forgotten). */
-  def takeSpare(function: FunctionEnvironment, owner: Option[String]): Option[W] = {
-    val (alive, dead) = spares.getOrElse(function, Nil).partition(_.isAlive)
-    dead.foreach(forget)
-    spares(function) = alive.drop(1)
-    alive.headOption.map { w =>
-      w.owner = owner
-      w
-    }
-  }
-
-  /** Whether another spare for `function` may start (`max` started or starting at most);
-   * if so, it counts as starting until `spareStarted`. */
-  def startingSpare(function: FunctionEnvironment, max: Int): Boolean = {
-    val have = spares.getOrElse(function, Nil).size + sparesStarting.getOrElse(function, 0)
-    if (have >= max) false
-    else {
-      sparesStarting(function) = sparesStarting.getOrElse(function, 0) + 1
-      true
-    }
-  }
-
-  /** A spare finished starting (`started`: the worker, None if it failed or is not kept). */
-  def spareStarted(function: FunctionEnvironment, started: Option[W]): Unit = {
-    started.foreach(w => spares(function) = spares.getOrElse(function, Nil) :+ w)
-    sparesStarting(function) = sparesStarting.getOrElse(function, 1) - 1
-  }
-
   /** These partitions are no longer this executor's: `worker` stops holding them. Returns
    * whether it is idle and now lent to the caller to drop them; a busy one drops them with
    * its next task instead. */
@@ -108,19 +77,16 @@ class WorkerBook[W <: PooledWorker] {
     else { worker.staleStateKeys ++= keys; false }
   }
 
-  /** Idle workers holding no state and spares, idle `timeoutMs` or longer at `now`: taken
-   * out of the pool, to be stopped. */
+  /** Idle workers holding no state, idle `timeoutMs` or longer at `now`: taken out of the
+   * pool, to be stopped. */
   def expired(now: Long, timeoutMs: Long): Seq[W] = {
     val holding = holderOf.values.toSet
     val gone = idle.filter(w => !holding(w) && now - w.idleSince >= timeoutMs).toSeq
     gone.foreach(idle -= _)
-    val oldSpares = spares.values.flatten.filter(now - _.idleSince >= timeoutMs).toSeq
-    oldSpares.foreach(forget)
-    gone ++ oldSpares
+    gone
   }
 
   def forget(worker: W): Unit = {
-    spares.mapValuesInPlace((_, ws) => ws.filterNot(_ eq worker))
     idle -= worker
     all -= worker
     holderOf.filterInPlace((_, w) => w ne worker)
