@@ -14,6 +14,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.{CompletionIterator, SerializableConfiguration}
 
@@ -71,9 +72,13 @@ case class StatePartitionOpener(
     StateExchange.forTask(dir.toString, files,
         ArrowStateRDD.providerId(info, partitionId), workerSettings) { exchange =>
       // a checkpoint written by Spark's own operators continues here: its state becomes
-      // arrowstate's on this first load
-      exchange.adoptedRows = StateConversion.adoptIfSparkState(family, info, partitionId, files,
-        hadoopConf.value.value, workerSettings.copy(owner = None, function = None), timeZone)
+      // arrowstate's on this first load (a partition this executor has committed in this
+      // query run is arrowstate's: its directory need not be listed again to ask)
+      if (!CommittedPartitions.contains(ArrowStateRDD.providerId(info, partitionId))) {
+        exchange.adoptedRows = StateConversion.adoptIfSparkState(family, info, partitionId,
+          files, hadoopConf.value.value, workerSettings.copy(owner = None, function = None),
+          timeZone)
+      }
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(
@@ -149,6 +154,21 @@ object TaskEnvironment {
   }
 }
 
+/**
+ * The partitions (of a query run: Spark's provider ids) whose state this executor has
+ * committed. For the rest of that run no engine of Spark's writes their files, so a task
+ * skips the directory listing that asks whether Spark's own store wrote them (one listing
+ * per task and micro-batch: on an object store, a request each). Entries go when the
+ * worker pool drops the partition's state (PythonStateWorkers' maintenance).
+ */
+object CommittedPartitions {
+  private val committed = java.util.concurrent.ConcurrentHashMap.newKeySet[StateStoreProviderId]()
+
+  def contains(id: StateStoreProviderId): Boolean = committed.contains(id)
+  def add(id: StateStoreProviderId): Unit = committed.add(id)
+  def remove(id: StateStoreProviderId): Unit = committed.remove(id)
+}
+
 /** What one task of an arrowstate writer works with. */
 class StateTask(
     val exchange: StateExchange,
@@ -186,6 +206,7 @@ object StateTasks {
         CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
           if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
           exchange.commit(info.storeVersion + 1, opMetrics, opener.family, countsInstances)
+          CommittedPartitions.add(ArrowStateRDD.providerId(info, partitionId))
           reporter.committed(info.storeVersion + 1)
         })
       })

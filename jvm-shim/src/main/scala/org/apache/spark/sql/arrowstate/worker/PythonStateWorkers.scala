@@ -4,7 +4,7 @@ import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 
-import org.apache.spark.sql.arrowstate.exec.ExecutorCoordinator
+import org.apache.spark.sql.arrowstate.exec.{CommittedPartitions, ExecutorCoordinator}
 
 /**
  * What a task tells the pool about the session it runs for. `owner` is set for families that
@@ -209,6 +209,7 @@ object PythonStateWorkers extends Logging {
     val inactive = held.filterNot { case (_, _, provider) =>
       coordinator.verifyIfInstanceActive(provider, p.env.executorId)
     }
+    inactive.foreach { case (_, _, provider) => CommittedPartitions.remove(provider) }
     inactive.groupBy(_._2).foreach { case (worker, entries) =>
       val keys = entries.map(_._1)
       val drop = synchronized(p.release(worker, keys))
