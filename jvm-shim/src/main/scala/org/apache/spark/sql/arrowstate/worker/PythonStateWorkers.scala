@@ -232,7 +232,7 @@ object PythonStateWorkers extends Logging {
       }
     }
     val now = System.currentTimeMillis()
-    // under the lock: no run takes a spare being stopped
+    // under the lock: no task borrows a worker being stopped
     val expired = synchronized(p.expired(now, p.settings.idleTimeoutMs))
     expired.foreach { w =>
       logInfo(s"arrowstate: stopping Python state worker ${w.id}: idle and holding no state")
