@@ -74,11 +74,7 @@ def parent_pid(pid: int) -> int:
 
 def parent_command(pid: int) -> str:
     """The command line of the JVM a state worker serves."""
-    try:
-        with open(f"/proc/{jvm_pid(pid)}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    return b" ".join(_args(jvm_pid(pid))).decode(errors="replace")
 
 
 def stop(process, timeout: float = 30) -> None:

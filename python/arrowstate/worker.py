@@ -323,11 +323,16 @@ def main() -> None:
     sock_file, sock = local_connect_and_auth(conn_info,
                                              os.environ.get("PYTHON_WORKER_FACTORY_SECRET"))
     sock.settimeout(None)
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    no_delay(sock)
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
     sys.exit(run(sock_file, fault_log))
+
+
+def no_delay(sock: socket.socket) -> None:
+    """Small frames (answers, COMMITTED) go at once on a TCP connection."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def run(sock_file: BinaryIO, fault_log: Any) -> int:

@@ -35,8 +35,7 @@ def serve_forked(sock: socket.socket, authenticated: bool) -> int:
         signal.signal(sig, signal.SIG_DFL)   # the daemon's handlers are not the worker's
     signal.signal(signal.SIGINT, signal.default_int_handler)
     fault_log = environment.enable_fault_log()
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    worker.no_delay(sock)
     sock_file = sock.makefile("rwb", int(os.environ.get("SPARK_BUFFER_SIZE", 65536)))
     if not authenticated:
         ok = UTF8Deserializer().loads(sock_file) == os.environ["PYTHON_WORKER_FACTORY_SECRET"]
@@ -44,8 +43,7 @@ def serve_forked(sock: socket.socket, authenticated: bool) -> int:
         sock_file.flush()
         if not ok:
             os._exit(1)
-    code = worker.run(sock_file, fault_log)
-    sock_file.flush()
+    code = worker.run(sock_file, fault_log)   # every answer it sends is flushed
     # exits here: pyspark's manager would serve the closed connection again when
     # SPARK_REUSE_WORKER is set
     os._exit(code)

@@ -8,7 +8,7 @@ import org.apache.spark.sql.arrowstate.worker.{PooledWorker, WorkerBook}
 
 /** The worker pool's decisions: affinity, owners, take-overs, dead and idle workers. */
 object WorkerBookTests extends UnitTests {
-  private class Fake(val id: Int, var owner: Option[String] = None) extends PooledWorker {
+  private class Fake(val id: Int, val owner: Option[String] = None) extends PooledWorker {
     var isAlive = true
     var idleSince = 0L
     val staleStateKeys: mutable.Set[String] = mutable.Set.empty

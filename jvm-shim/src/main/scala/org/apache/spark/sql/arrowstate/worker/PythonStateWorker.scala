@@ -21,7 +21,7 @@ import org.apache.spark.sql.arrowstate.store.StateFiles
  */
 class PythonStateWorker(
     val handle: PythonWorker, process: Option[PythonWorkerHandle], val id: Int,
-    @volatile var owner: Option[String], val pythonExec: String,
+    val owner: Option[String], val pythonExec: String,
     val envVars: Map[String, String], val daemonModule: String) extends PooledWorker {
   private val channel = handle.channel
   if (!channel.isBlocking) {

@@ -10,7 +10,6 @@ trait PooledWorker {
   def isAlive: Boolean
   /** The query run it serves only (a user function's worker), or None. */
   def owner: Option[String]
-  def owner_=(run: Option[String]): Unit
   /** State keys whose copy in this worker went stale: another worker took them over. */
   def staleStateKeys: mutable.Set[String]
   /** When it was last given back (for the idle timeout). */
