@@ -1,12 +1,15 @@
 package org.apache.spark.sql.arrowstate.store
 
-import java.io.{DataOutputStream, FileNotFoundException}
+import java.io.{DataOutputStream, FileNotFoundException, OutputStream}
+import java.nio.file.{Files, StandardCopyOption, Path => LocalPath}
+import java.util.UUID
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{Path, PathFilter}
+import org.apache.hadoop.fs.{LocalFileSystem, Path, PathFilter}
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.Contract
 
@@ -15,12 +18,29 @@ import org.apache.spark.sql.arrowstate.contract.Contract
  * `<checkpoint>/state/<operatorId>/<partitionId>/`. Which files exist, load, are written or
  * pruned is decided by the Python store (its `lifecycle` module); this class only moves
  * bytes through Hadoop's filesystem layer (atomic write then rename), so any checkpoint
- * filesystem works.
+ * filesystem works. On Hadoop's local filesystem, with Spark's own checkpoint file manager,
+ * files are written in the JVM instead (`localDir`).
  */
 class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   import StateFiles._
 
   private lazy val fm = CheckpointFileManager.create(dir, hadoopConf)
+
+  /**
+   * The directory as a local path when writes may skip Hadoop: its filesystem is Hadoop's
+   * local one and no checkpoint file manager of the user's (or a test's) is set. Without
+   * Hadoop's native library, which pyspark does not ship, that filesystem forks a child
+   * process three times per file written (`chmod` for the new file, `readlink` twice for
+   * the rename): at 200 shuffle partitions, most of a small micro-batch's time. The same
+   * write here is a temporary file renamed into place, as Hadoop's, with no checksum file
+   * beside it (arrowstate's files verify themselves).
+   */
+  private lazy val localDir: Option[LocalPath] =
+    if (hadoopConf.get(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key) != null) None
+    else dir.getFileSystem(hadoopConf) match {
+      case local: LocalFileSystem => Some(local.pathToFile(dir).toPath)
+      case _ => None
+    }
 
   /** Whether any arrowstate file is here (the partition's state is arrowstate's). */
   def holdsArrowState: Boolean = ourNames().nonEmpty
@@ -83,7 +103,29 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try writeWith(name)(out => in.transferTo(out)) finally in.close()
   }
 
-  private def writeWith(name: String)(body: java.io.OutputStream => Unit): Unit = {
+  private def writeWith(name: String)(body: OutputStream => Unit): Unit = localDir match {
+    case Some(local) => writeLocal(local, name)(body)
+    case None => writeThroughHadoop(name)(body)
+  }
+
+  private def writeLocal(local: LocalPath, name: String)(body: OutputStream => Unit): Unit = {
+    Files.createDirectories(local)
+    val target = local.resolve(name)
+    val temp = local.resolve(s".$name.${UUID.randomUUID()}.tmp")
+    try {
+      val out = Files.newOutputStream(temp)
+      try body(out) finally out.close()
+      // a checksum Hadoop wrote beside an earlier file of this name would not match this one
+      Files.deleteIfExists(local.resolve(s".$name.crc"))
+      Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE)
+    } catch {
+      case e: Throwable =>
+        Files.deleteIfExists(temp)
+        throw e
+    }
+  }
+
+  private def writeThroughHadoop(name: String)(body: OutputStream => Unit): Unit = {
     val path = new Path(dir, name)
     val out = try fm.createAtomic(path, true) catch {
       case _: FileNotFoundException =>   // the directory's first file, or it was deleted
