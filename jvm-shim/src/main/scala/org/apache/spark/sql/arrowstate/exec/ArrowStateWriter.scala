@@ -2,6 +2,7 @@ package org.apache.spark.sql.arrowstate.exec
 
 import scala.jdk.CollectionConverters._
 
+import org.apache.spark.SparkContext
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorCustomMetric, StateStoreWriter}
@@ -38,11 +39,11 @@ trait ArrowStateWriter extends StateStoreWriter { self: SparkPlan =>
   override def customStatefulOperatorMetrics: Seq[StatefulOperatorCustomMetric] =
     shown.filter(_.custom).map(ContractMetric)
 
+  /** SQL metrics the node shares with another (by their SQL names): made with that one. */
+  protected def sharedMetrics: Map[String, SQLMetric] = Map.empty
+
   override lazy val metrics: Map[String, SQLMetric] = shown.map { m =>
-    val metric = if (m.custom) m else m.copy(description = ArrowStateWriter.SparkLabels
-      .getOrElse(m.name, throw new IllegalStateException(
-        s"arrowstate: contract.json's metric ${m.name} is not one of StateStoreWriter's")))
-    m.sqlName -> ContractMetric(metric).createSQLMetric(sparkContext)
+    m.sqlName -> sharedMetrics.getOrElse(m.sqlName, ArrowStateWriter.sqlMetric(m, sparkContext))
   }.toMap
 
   /** Spark's progress of a state operator; its custom metrics are the ones the node shows,
@@ -69,6 +70,14 @@ trait ArrowStateWriter extends StateStoreWriter { self: SparkPlan =>
 }
 
 object ArrowStateWriter {
+  /** The SQL metric of a contract metric, labelled as Spark labels its own figures. */
+  def sqlMetric(m: Contract.Metric, sc: SparkContext): SQLMetric = {
+    val metric = if (m.custom) m else m.copy(description = SparkLabels
+      .getOrElse(m.name, throw new IllegalStateException(
+        s"arrowstate: contract.json's metric ${m.name} is not one of StateStoreWriter's")))
+    ContractMetric(metric).createSQLMetric(sc)
+  }
+
   /** StateStoreWriter's labels of its own figures (Spark's statefulOperators.scala). */
   val SparkLabels: Map[String, String] = Map(
     "numOutputRows" -> "number of output rows",

@@ -10,10 +10,13 @@ import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec
+import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
 import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.contract.Contract
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -27,8 +30,14 @@ case class ArrowStreamingDeduplicateExec(
     stateInfo: Option[StatefulOperatorStateInfo],
     eventTimeWatermarkForLateEvents: Option[Long],
     eventTimeWatermarkForEviction: Option[Long],
-    withinWatermark: Boolean)
+    withinWatermark: Boolean,
+    droppedBeforeShuffle: Option[SQLMetric] = None)
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
+
+  // duplicates dropped below the shuffle (ArrowFirstRowPerKeyExec) count with the worker's
+  override protected def sharedMetrics: Map[String, SQLMetric] =
+    droppedBeforeShuffle.map(Contract.MetricsByName(DeduplicateFamily.DroppedDuplicates).sqlName -> _)
+      .toMap
 
   override def nodeName: String = "ArrowStreamingDeduplicate"
 
@@ -141,14 +150,39 @@ object DeduplicateFamily extends ArrowStateFamily {
     }
   }
 
+  val DroppedDuplicates = "numDroppedDuplicateRows"
+
   override def replace(plan: SparkPlan): SparkPlan = plan match {
     case d: StreamingDeduplicateExec =>
-      ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
+      val ours = ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
         withinWatermark = false)
+      firstRowsBeforeShuffle(ours).getOrElse(ours)
     case d: StreamingDeduplicateWithinWatermarkExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
         withinWatermark = true)
+  }
+
+  /**
+   * The deduplication with a map-side pass below its shuffle that drops each map partition's
+   * repeated keys (ArrowFirstRowPerKeyExec), where that keeps Spark's answers: a row's
+   * lateness must follow from its key (no event-time column, or one among the keys), since a
+   * late first row would otherwise hide a later one that is not late.
+   */
+  private def firstRowsBeforeShuffle(
+      dedup: ArrowStreamingDeduplicateExec): Option[ArrowStreamingDeduplicateExec] = {
+    val eventTime = WatermarkSupport.findEventTimeColumn(dedup.child.output,
+      allowMultipleEventTimeColumns = true)
+    val lateByKey = eventTime.forall(et => dedup.keyExpressions.exists(_.exprId == et.exprId))
+    dedup.child match {
+      case shuffle: ShuffleExchangeExec if lateByKey && dedup.keyExpressions.nonEmpty =>
+        val dropped = ArrowStateWriter.sqlMetric(Contract.MetricsByName(DroppedDuplicates),
+          dedup.session.sparkContext)
+        val firstRows = ArrowFirstRowPerKeyExec(dedup.keyExpressions, shuffle.child, dropped)
+        Some(dedup.copy(child = shuffle.withNewChildren(Seq(firstRows)),
+          droppedBeforeShuffle = Some(dropped)))
+      case _ => None
+    }
   }
 }
