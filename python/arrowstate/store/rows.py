@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import sys
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -62,8 +63,7 @@ class KeyedRows:
         ids = self.lookup(keys)
         found = ids >= 0
         ids, first = np.unique(ids[found], return_index=True)
-        found_keys = list(itertools.compress(keys, found.tolist()))
-        gone = [found_keys[i] for i in first.tolist()]
+        gone = self.pick(list(itertools.compress(keys, found.tolist())), first)
         collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
         self._dead += len(ids)
         return self.take(ids)
@@ -94,7 +94,10 @@ class KeyedRows:
     # -- keys -------------------------------------------------------------------------------
     @staticmethod
     def pick(keys: Sequence[Hashable], positions) -> list:
-        return [keys[i] for i in np.asarray(positions).tolist()]
+        positions = np.asarray(positions).tolist()
+        if len(positions) < 2:
+            return [keys[i] for i in positions]
+        return list(operator.itemgetter(*positions)(keys))   # gathered in C
 
     def first_absent(self, keys: Sequence[Hashable], candidates: np.ndarray) -> np.ndarray:
         """Of the candidate positions, those holding the first occurrence of a key that is
