@@ -59,8 +59,9 @@ case class ArrowFirstRowPerKeyExec(keys: Seq[Attribute], child: SparkPlan, dropp
 
 object ArrowFirstRowPerKeyExec {
   /** Rows read before deciding whether the pass pays: it goes on only if at least one in
-   * `MinRepeatShare` of them repeated a key. */
-  val SampleRows = 100000L
+   * `MinRepeatShare` of them repeated a key. Few, since each costs a key copy and a hash
+   * insert where keys hardly repeat (a deduplication by event time and user, say). */
+  val SampleRows = 16384L
   val MinRepeatShare = 10L
   /** Keys held at most (copies of their key columns) per map partition. */
   val MaxKeys = 1000000
