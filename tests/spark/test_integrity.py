@@ -225,3 +225,30 @@ def test_newest_offsets_and_commits_deleted_and_the_batch_run_again(spark, tmp_p
 
     assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
                 restart_after=[2, 4], on_restart=rewind)
+
+
+def test_state_files_written_whole_without_checksum_files(spark, tmp_path):
+    """On the local filesystem the JVM writes state files itself (no child process per
+    file): each renamed into place whole, no temporary file and no Hadoop checksum file left
+    beside them. A checksum Hadoop wrote for an earlier file of the same name (here, before
+    a batch runs again) goes when the file is rewritten: the next query run loads every
+    delta through Hadoop's checksummed filesystem, which would otherwise fail on it."""
+    def rewind_with_stale_checksums(i, checkpoint):
+        newest = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits"))
+                     if n.isdigit())
+        for sub in ("offsets", "commits"):
+            for name in (str(newest), f".{newest}.crc"):
+                if os.path.exists(os.path.join(checkpoint, sub, name)):
+                    os.remove(os.path.join(checkpoint, sub, name))
+        if i == 2:   # the batch run again rewrites this delta in each partition
+            for part in glob.glob(os.path.join(checkpoint, "state", "0", "[0-9]*")):
+                with open(os.path.join(part, f".{newest + 1}.arrowstate.delta.crc"), "wb") as f:
+                    f.write(b"crc\x00\x00\x02\x00\x00\x00\x00")   # a checksum of other bytes
+
+    assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                restart_after=[2, 4], on_restart=rewind_with_stale_checksums)
+    [ours] = glob.glob(str(tmp_path / "run*-on" / "ck"))
+    parts = glob.glob(os.path.join(ours, "state", "0", "[0-9]*"))   # not Spark's _metadata
+    assert parts and all(not name.startswith(".") for part in parts
+                         for name in os.listdir(part))
+    assert_every_file_verifies(ours)
