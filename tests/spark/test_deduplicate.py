@@ -75,19 +75,22 @@ def test_repeated_keys_dropped_before_the_shuffle(spark, tmp_path):
     batches = [
         [ev(users[(i * 7) % 6], i, i) for i in range(60)],
         [ev(users[(i * 5) % 4 + 2], 100 + i, 100 + i) for i in range(30)] + [ev("f", 200, 7)],
-        [ev("f", 300, 8), ev("g", 301, 9), ev("g", 302, 10)],
+        # a late key twice (with a watermark): Spark counts both rows as dropped by it
+        [ev("f", 300, 8), ev("g", 301, 9), ev("g", 302, 10), ev("a", 5, 11), ev("a", 5, 12)],
     ]
     native, ours = assert_same(spark, tmp_path, EVENTS, batches,
                                lambda df: df.dropDuplicates(["user"]), expect_node=FIRST_ROWS,
                                custom_metrics=["numDroppedDuplicateRows"])
     assert ours.custom == native.custom
-    # 94 rows, 8 keys (None is one)
-    assert sum(c[0]["numDroppedDuplicateRows"] for c in ours.custom.values()) == 94 - 8
+    # 96 rows, 8 keys (None is one)
+    assert sum(c[0]["numDroppedDuplicateRows"] for c in ours.custom.values()) == 96 - 8
     # with event time among the keys, lateness follows the key: the pass applies
-    assert_same(
+    _, windowed = assert_same(
         spark, tmp_path, EVENTS, batches,
         lambda df: df.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"]),
         expect_node=FIRST_ROWS, custom_metrics=["numDroppedDuplicateRows"])
+    # late: the first batch's row at second 0 (watermark 0) and the last batch's two
+    assert sum(f[0]["numRowsDroppedByWatermark"] for f in windowed.figures.values()) == 3
 
 
 def test_restart_mid_stream_from_checkpoint(spark, tmp_path):

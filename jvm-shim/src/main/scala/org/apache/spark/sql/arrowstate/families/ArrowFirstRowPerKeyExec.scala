@@ -2,7 +2,7 @@ package org.apache.spark.sql.arrowstate.families
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, SortOrder, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, Predicate, SortOrder, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetric
@@ -12,11 +12,14 @@ import org.apache.spark.sql.execution.metric.SQLMetric
  * partition and drops the later ones, which the deduplication would drop as duplicates
  * anyway (a shuffle keeps the order of one map partition's rows, so the first row of a key
  * that reaches the state is the one Spark's operator keeps). Rows dropped here count in the
- * operator's `numDroppedDuplicateRows` (`dropped`, the operator's own metric). It gives up
+ * operator's `numDroppedDuplicateRows` (`dropped`, the operator's own metric). Late rows
+ * (`late`: Spark's predicate for the late-events watermark) all pass, since Spark counts
+ * each of them in `numRowsDroppedByWatermark`, repeats included. It gives up
  * (passes every row) where it would not pay: when few of the first rows repeat a key, or
  * past `maxKeys` keys, whose copies it holds until the partition ends.
  */
-case class ArrowFirstRowPerKeyExec(keys: Seq[Attribute], child: SparkPlan, dropped: SQLMetric)
+case class ArrowFirstRowPerKeyExec(
+    keys: Seq[Attribute], late: Option[Expression], child: SparkPlan, dropped: SQLMetric)
   extends UnaryExecNode {
 
   override def nodeName: String = "ArrowFirstRowPerKey"
@@ -29,12 +32,13 @@ case class ArrowFirstRowPerKeyExec(keys: Seq[Attribute], child: SparkPlan, dropp
     val dropped = this.dropped
     child.execute().mapPartitionsInternal { rows =>
       val keyOf = UnsafeProjection.create(keys, childOutput)
+      val isLate = late.map(Predicate.create(_, childOutput))
       val seen = new java.util.HashSet[UnsafeRow]()
       var read = 0L
       var skipped = 0L
       var deduplicating = true
       rows.filter { row =>
-        if (!deduplicating) true
+        if (!deduplicating || isLate.exists(_.eval(row))) true
         else {
           read += 1
           val key = keyOf(row)

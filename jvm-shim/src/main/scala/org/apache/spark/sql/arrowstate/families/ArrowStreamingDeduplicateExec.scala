@@ -179,7 +179,10 @@ object DeduplicateFamily extends ArrowStateFamily {
       case shuffle: ShuffleExchangeExec if lateByKey && dedup.keyExpressions.nonEmpty =>
         val dropped = ArrowStateWriter.sqlMetric(Contract.MetricsByName(DroppedDuplicates),
           dedup.session.sparkContext)
-        val firstRows = ArrowFirstRowPerKeyExec(dedup.keyExpressions, shuffle.child, dropped)
+        val late = WatermarkSupport.watermarkExpression(eventTime,
+          dedup.eventTimeWatermarkForLateEvents)
+        val firstRows =
+          ArrowFirstRowPerKeyExec(dedup.keyExpressions, late, shuffle.child, dropped)
         Some(dedup.copy(child = shuffle.withNewChildren(Seq(firstRows)),
           droppedBeforeShuffle = Some(dropped)))
       case _ => None
