@@ -35,9 +35,8 @@ case class ArrowStreamingDeduplicateExec(
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   // duplicates dropped below the shuffle (ArrowFirstRowPerKeyExec) count with the worker's
-  override protected def sharedMetrics: Map[String, SQLMetric] =
-    droppedBeforeShuffle.map(Contract.MetricsByName(DeduplicateFamily.DroppedDuplicates).sqlName -> _)
-      .toMap
+  override protected def sharedMetrics: Map[String, SQLMetric] = droppedBeforeShuffle
+    .map(Contract.MetricsByName(DeduplicateFamily.DroppedDuplicates).sqlName -> _).toMap
 
   override def nodeName: String = "ArrowStreamingDeduplicate"
 
