@@ -141,7 +141,7 @@ object DeduplicateFamily extends ArrowStateFamily {
   }
 
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
-    val ours = replace(plan).asInstanceOf[ArrowStreamingDeduplicateExec]
+    val ours = swapped(plan)
     val eventTime = WatermarkSupport.findEventTimeColumn(ours.child.output,
       allowMultipleEventTimeColumns = true)
     (ours.keyExpressions ++ eventTime).flatMap { a =>
@@ -151,12 +151,17 @@ object DeduplicateFamily extends ArrowStateFamily {
 
   val DroppedDuplicates = "numDroppedDuplicateRows"
 
-  override def replace(plan: SparkPlan): SparkPlan = plan match {
+  override def replace(plan: SparkPlan): SparkPlan = {
+    val ours = swapped(plan)
+    if (ours.withinWatermark) ours else firstRowsBeforeShuffle(ours).getOrElse(ours)
+  }
+
+  /** Our node in place of Spark's, before any pass below the shuffle is added. */
+  private def swapped(plan: SparkPlan): ArrowStreamingDeduplicateExec = plan match {
     case d: StreamingDeduplicateExec =>
-      val ours = ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
+      ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
         withinWatermark = false)
-      firstRowsBeforeShuffle(ours).getOrElse(ours)
     case d: StreamingDeduplicateWithinWatermarkExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
