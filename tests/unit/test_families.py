@@ -12,6 +12,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from arrowstate import contract
 from arrowstate.families import (REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState,
                                  SessionWindow)
+from arrowstate.families import session_window
 from family_tasks import commit, task, tws_task
 
 TS = pa.timestamp("us", tz="UTC")
@@ -243,7 +244,31 @@ def test_session_eviction_skips_extended_and_merged_sessions_and_survives_a_relo
     family.rebuild_index(state)
     out = list(family.finish(state))
     assert [_sec(r["v1"]["end"]) for b in out for r in b.to_pylist()] == [45]
-    assert len(state) == 0 and state.objects["sessions"] == {}
+    assert len(state) == 0
+    family, _ = _sessions("append")   # a's evicted session is not handed over again
+    rows = _session_rows(["a"], [(100, 110)], [5])
+    assert _restored(family.lookup(state, rows.select([0, 1])), rows) == [("a", 100, 5, "in")]
+
+
+def test_session_index_is_built_again_once_evicted_sessions_outnumber_live_ones(monkeypatch):
+    monkeypatch.setattr(session_window, "_MIN_EVICTED_FOR_REBUILD", 0)
+    family, state = _sessions("append")
+    family.process(state, _session_rows(["a", "a", "b", "c"],
+                                        [(10, 20), (30, 40), (1, 5), (2, 6)], [1, 2, 3, 4]))
+    list(family.finish(state))
+    commit(state, 1)
+    family, _ = _sessions("append", evictionWatermarkMs=10000)
+    assert len(list(family.finish(state))) == 1   # b and c: 2 evicted, 2 live
+    assert state.objects["sessions"].keys() == {b"a", b"b", b"c"}
+    commit(state, 2)
+    family, _ = _sessions("append", evictionWatermarkMs=25000)
+    list(family.finish(state))   # a's first: 3 evicted, 1 live
+    assert "sessions" not in state.objects
+    family, _ = _sessions("append")
+    rows = _session_rows(["a", "b"], [(35, 45), (7, 9)], [5, 6])
+    assert _restored(family.lookup(state, rows.select([0, 1])), rows) == [
+        ("a", 30, 2, "stored"), ("a", 35, 5, "in"), ("b", 7, 6, "in")]
+    assert state.objects["sessions"] == {b"a": ((b"a", 30_000_000),)}
 
 
 def running_count(key, pdfs, state):

@@ -31,6 +31,7 @@ since been merged away or extended is skipped).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Hashable, Iterator
 
 import numpy as np
@@ -39,10 +40,14 @@ import pyarrow.compute as pc
 
 from .. import keys as keycodec
 from ..store import VersionedState
+from ..store.rows import KeyedRows
 from .base import WATERMARK_METRICS, FamilyBase
 from .session_window_layout import LAYOUT
 
 _NONE = object()   # no key looked up yet in this task
+# evicted sessions left in the index of each key's sessions before it is built again (when
+# they also outnumber the live ones): a rebuild reads every row
+_MIN_EVICTED_FOR_REBUILD = 65536
 
 
 def _micros(arr: pa.Array) -> np.ndarray:
@@ -94,49 +99,42 @@ class SessionWindow(FamilyBase):
         if _scanned(state):
             if self.indexed:
                 for keys, rows in state.rows.items(1 << 20):
-                    times, valid = keycodec.event_time_micros(
-                        rows.column(self.key_count + self.event_time_index))
-                    state.index.add_many(times, keys, valid)
+                    self._index_times(state, keys, rows.columns[self.key_count:])
             return
-        rows = state.rows
-        stored = rows.take(rows.live_ids())
-        by_key = self._by_key(stored.columns[self.key_count:], list(rows.data))
-        state.objects = {"sessions": by_key}
+        state_keys, values = self._index_sessions(state)
         if self.indexed:
-            self._add_times(state, [(g, s, t) for g, d in by_key.items()
-                                    for s, (_, t) in d.items()])
+            self._index_times(state, state_keys, values)
+
+    def _index_sessions(self, state: VersionedState) -> tuple[list, list]:
+        """Builds the index of each key's sessions from the rows (state in memory); returns
+        the state keys and value columns read."""
+        rows = state.rows
+        state_keys = list(rows.data)
+        values = rows.take(rows.live_ids()).columns[self.key_count:]
+        n = len(state_keys)
+        groups = keycodec.rows([values[i] for i in self.key_indexes], n)
+        codes: dict[Hashable, int] = {}   # each key's first place: orders keys, not values
+        code = np.fromiter(map(codes.setdefault, groups, itertools.count()), np.int64, n)
+        order = np.lexsort((_micros(values[self.session_index].flatten()[0]), code))
+        state.objects = {"sessions": _by_group(rows.pick(groups, order),
+                                               rows.pick(state_keys, order)),
+                         "evicted": 0}
+        return state_keys, values
 
     def _sessions(self, state: VersionedState) -> dict:
+        """Key -> the state keys of its sessions, by start (state in memory). Evicted
+        sessions stay in it (they are looked up, not found) until the key's sessions are
+        next saved, or until they outnumber the live ones and the index is built again."""
         if "sessions" not in (state.objects or {}):
-            self.rebuild_index(state)
+            self._index_sessions(state)
         return state.objects["sessions"]
 
-    def _by_key(self, values: list[pa.Array], state_keys: list,
-                groups: list | None = None) -> dict[Hashable, dict]:
-        """Rows (their value columns) by key: key -> session start -> (state key, event time
-        in append mode, else None)."""
-        n = len(state_keys)
-        if groups is None:
-            groups = keycodec.rows([values[i] for i in self.key_indexes], n)
-        starts = _micros(values[self.session_index].flatten()[0]).tolist()
-        if self.indexed:
-            times, valid = keycodec.event_time_micros(values[self.event_time_index])
-            times_list = [t if ok else None for t, ok in zip(times.tolist(), valid.tolist())]
-        else:
-            times_list = [None] * n
-        by_key: dict[Hashable, dict] = {}
-        for g, s, k, t in zip(groups, starts, state_keys, times_list):
-            d = by_key.get(g)
-            if d is None:
-                d = by_key[g] = {}
-            d[s] = (k, t)
-        return by_key
-
-    def _add_times(self, state: VersionedState, entries: list) -> None:
-        entries = [(g, s, t) for g, s, t in entries if t is not None]
-        if entries:
-            state.index.add_many(np.fromiter((t for _, _, t in entries), np.int64, len(entries)),
-                                 [(g, s) for g, s, _ in entries])
+    def _index_times(self, state: VersionedState, state_keys, values: list) -> None:
+        """Enters sessions in the time index at their event time. An entry is checked
+        against the stored session when it comes up (`_evict`): a session merged away or
+        extended since leaves a stale entry behind, passed over then."""
+        times, valid = keycodec.event_time_micros(values[self.event_time_index])
+        state.index.add_many(times, state_keys, valid)
 
     # -- restore ----------------------------------------------------------------------------
     def lookup(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
@@ -159,14 +157,15 @@ class SessionWindow(FamilyBase):
             return (pa.RecordBatch.from_arrays(rows.take(pa.array(order)).columns[
                 self.key_count:], schema=self._value_schema()),
                 np.bincount(owner, minlength=len(groups)))
-        sessions = self._sessions(state)
-        picked, counts = [], []
-        for g in groups:
-            d = sessions.get(g)
-            if d:
-                picked += [d[s][0] for s in sorted(d)]
-            counts.append(len(d) if d else 0)
-        rows = state.rows.take(state.rows.lookup(picked))
+        held = list(map(self._sessions(state).get, groups, itertools.repeat(())))
+        counts = np.fromiter(map(len, held), np.int64, len(held))
+        ids = state.rows.lookup(list(itertools.chain.from_iterable(held)))
+        found = ids >= 0
+        if not found.all():   # evicted since the key's sessions were saved
+            counts = np.bincount(np.repeat(np.arange(len(held)), counts)[found],
+                                 minlength=len(held))
+            ids = ids[found]
+        rows = state.rows.take(ids)
         return pa.RecordBatch.from_arrays(rows.columns[self.key_count:],
                                           schema=self._value_schema()), counts
 
@@ -294,25 +293,20 @@ class SessionWindow(FamilyBase):
             self._replace_scanned(state, rows, key_columns)
             return
         state_keys = keycodec.rows(key_columns, n)
-        fresh = self._by_key(rows.columns, state_keys, groups)
+        firsts = _run_starts(groups)
+        run_groups = state.rows.pick(groups, firsts)
         sessions = self._sessions(state)
-        removed, times = [], []
-        for g, d in fresh.items():
-            old = sessions.get(g)
-            if old:
-                removed += [k for s, (k, _) in old.items() if s not in d]
-                times += [(g, s, t) for s, (_, t) in d.items()
-                          if s not in old or old[s][1] != t]
-            else:
-                times += [(g, s, t) for s, (_, t) in d.items()]
-            sessions[g] = d
+        kept = set(state_keys)
+        removed = list(itertools.filterfalse(kept.__contains__, itertools.chain.from_iterable(
+            map(sessions.get, run_groups, itertools.repeat(())))))
+        sessions.update(zip(run_groups, _split(state_keys, firsts)))
         if removed:
             self.metrics["numRemovedStateRows"] += state.pop_present(removed).num_rows
         state.put_rows(state_keys, pa.RecordBatch.from_arrays(
             key_columns + rows.columns, schema=state.schema))
         self.metrics["numUpdatedStateRows"] += n
         if self.indexed:
-            self._add_times(state, times)
+            self._index_times(state, state_keys, rows.columns)
 
     def _replace_scanned(self, state: VersionedState, rows: pa.RecordBatch,
                          key_columns: list) -> None:
@@ -363,55 +357,62 @@ class SessionWindow(FamilyBase):
             return None
         threshold = self.evict_threshold
         entries, _ = state.index.pop_until(threshold)
-        if _scanned(state):   # the stored session's own event time decides
-            keys = np.unique(np.asarray(entries, state.key_dtype))
-            ids = state.rows.lookup(keys)
-            keys = keys[ids >= 0]
-            times, valid = keycodec.event_time_micros(state.rows.take(ids[ids >= 0]).column(
-                self.key_count + self.event_time_index))
-            gone = keys[valid & (times <= threshold)]
-        else:
-            gone = self._evicted_sessions(state, entries, threshold)
-        evicted = state.pop_present(gone)
+        # the stored session's own event time decides: entries of sessions merged away,
+        # evicted already or extended since are passed over (and a repeated one removes once)
+        keys = (np.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
+                else entries)
+        ids = state.rows.lookup(keys)
+        found = np.flatnonzero(ids >= 0)
+        times, valid = keycodec.event_time_micros(state.rows.take(ids[found]).column(
+            self.key_count + self.event_time_index))
+        closed = found[valid & (times <= threshold)]
+        evicted = state.pop_found(state.rows.pick(keys, closed), ids[closed])
         self.metrics["numRemovedStateRows"] += evicted.num_rows
+        if not _scanned(state) and evicted.num_rows:
+            objects = state.objects
+            objects["evicted"] += evicted.num_rows
+            if objects["evicted"] > max(len(state), _MIN_EVICTED_FOR_REBUILD):
+                del objects["sessions"]   # built again from the live rows when next needed
         return pa.RecordBatch.from_arrays(evicted.columns[self.key_count:],
                                           schema=self._value_schema())
 
-    def _evicted_sessions(self, state: VersionedState, entries: list, threshold: int) -> list:
-        """The state keys of indexed sessions the threshold closes, dropped from the index
-        of each key's sessions."""
-        sessions = self._sessions(state)
-        gone = []
-        for g, s in entries:
-            d = sessions.get(g)
-            held = d.get(s) if d else None
-            if held is None or held[1] is None or held[1] > threshold:
-                continue   # merged away, evicted already, or extended since
-            del d[s]
-            if not d:
-                del sessions[g]
-            gone.append(held[0])
-        return gone
+
+def _run_starts(keys) -> np.ndarray:
+    """Where each run of equal keys begins, in a list of keys (compared in numpy's loop
+    over objects, not a Python one) or an array of them."""
+    n = len(keys)
+    values = keys if isinstance(keys, np.ndarray) else np.fromiter(keys, object, n)
+    first = np.ones(n, bool)
+    first[1:] = values[1:] != values[:-1]
+    return np.flatnonzero(first)
+
+
+def _split(items: list, firsts: np.ndarray) -> Iterator[tuple]:
+    """The runs of a list that begin at `firsts`, as tuples."""
+    bounds = firsts.tolist() + [len(items)]
+    return map(tuple, map(items.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+
+
+def _by_group(groups: list, state_keys: list) -> dict[Hashable, tuple]:
+    """Key -> the state keys of its sessions, from both sorted by key and start."""
+    firsts = _run_starts(groups)
+    return dict(zip(KeyedRows.pick(groups, firsts), _split(state_keys, firsts)))
 
 
 def _runs(group_of, kept: np.ndarray) -> tuple[list, np.ndarray]:
     """The keys of the kept rows (sorted by key), once each in order, and each kept row's
     index among them."""
-    if isinstance(group_of, np.ndarray):   # prefix bytes: compared in numpy
+    if isinstance(group_of, np.ndarray):   # prefix bytes
         kept_groups = group_of[kept]
-        first = np.ones(len(kept), bool)
-        first[1:] = kept_groups[1:] != kept_groups[:-1]
-        return list(kept_groups[first]), np.cumsum(first) - 1
-    runs: list[Hashable] = []
-    run_of = np.empty(len(kept), np.int64)
-    previous: Any = _NONE
-    for j, i in enumerate(kept.tolist()):
-        key = group_of[i]
-        if previous is _NONE or key != previous:
-            runs.append(key)
-            previous = key
-        run_of[j] = len(runs) - 1
-    return runs, run_of
+        firsts = _run_starts(kept_groups)
+        runs = list(kept_groups[firsts])
+    else:
+        kept_groups = KeyedRows.pick(group_of, kept)
+        firsts = _run_starts(kept_groups)
+        runs = KeyedRows.pick(kept_groups, firsts)
+    step = np.zeros(len(kept), np.int64)
+    step[firsts[1:]] = 1
+    return runs, np.cumsum(step)
 
 
 def _scanned(state: VersionedState) -> bool:

@@ -61,9 +61,14 @@ class KeyedRows:
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once); returns their rows."""
         ids = self.lookup(keys)
-        found = ids >= 0
-        ids, first = np.unique(ids[found], return_index=True)
-        gone = self.pick(list(itertools.compress(keys, found.tolist())), first)
+        found = np.flatnonzero(ids >= 0)
+        return self.pop_found(self.pick(keys, found), ids[found])
+
+    def pop_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> pa.RecordBatch:
+        """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
+        returns their rows."""
+        ids, first = np.unique(ids, return_index=True)
+        gone = self.pick(keys, first)
         collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
         self._dead += len(ids)
         return self.take(ids)

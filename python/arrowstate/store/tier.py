@@ -213,7 +213,13 @@ class TieredRows:
         keys = np.asarray(keys, dtype=self.dtype)
         ids = self.lookup(keys)
         found = np.flatnonzero(ids >= 0)
-        once = found[newest_of_each(ids[found])]   # in row-id order
+        return self.pop_found(keys[found], ids[found])
+
+    def pop_found(self, keys: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
+        """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
+        returns their rows."""
+        keys = np.asarray(keys, dtype=self.dtype)
+        once = newest_of_each(ids)   # in row-id order
         rows = self.take(ids[once])
         self._bury(np.sort(keys[once]))
         return rows

@@ -7,6 +7,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from .rows import KeyedRows
+
 
 class TimeIndex:
     """Keys arrive a batch at a time: each batch becomes a bucket sorted by time (one numpy
@@ -36,7 +38,7 @@ class TimeIndex:
             return
         order = np.argsort(times, kind="stable")
         bucket = _Bucket(np.asarray(times)[order],
-                         keys[order] if as_array else [keys[i] for i in order.tolist()])
+                         keys[order] if as_array else KeyedRows.pick(keys, order))
         heapq.heappush(self._buckets, (int(bucket.times[0]), next(self._seq), bucket))
         self._size += len(keys)
 

@@ -113,7 +113,15 @@ class VersionedState:
 
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once); returns their rows."""
-        rows = self.rows.pop_present(keys)
+        return self._removed(self.rows.pop_present(keys))
+
+    def pop_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> pa.RecordBatch:
+        """Removes keys that `rows.lookup` found (`ids`: their row ids; repeats count
+        once); returns their rows."""
+        return self._removed(self.rows.pop_found(keys, ids))
+
+    def _removed(self, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """Records removed rows in this version's delta; returns them."""
         if rows.num_rows:
             removed = rows.columns[: self.key_count] + [
                 pa.nulls(rows.num_rows, f.type) for f in list(self.schema)[self.key_count:]]
