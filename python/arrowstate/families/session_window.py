@@ -23,11 +23,12 @@ whole row (keys, session window, buffer), so Spark's state readers see Spark's l
   Spark refuses update mode for session windows at analysis.
 
 The sessions of each key are found together: in memory by an index (`state.objects
-["sessions"]`: key -> start -> (state key, event time)); in state on the tier (a worker with
-a memory budget) by a prefix scan on the grouping keys, as Spark's RocksDB store finds
-them. In append mode a time index holds each session at its
-event time, so eviction touches only what the watermark passes (an entry whose session has
-since been merged away or extended is skipped).
+["sessions"]`: key -> the state keys of its sessions by start, gathered and replaced a
+batch at a time in C-level maps rather than a Python loop per row); in state on the tier (a
+worker with a memory budget) by a prefix scan on the grouping keys, as Spark's RocksDB store
+finds them. In append mode a time index holds each saved session at its event time, so
+eviction touches only what the watermark passes; the stored session's own event time
+decides (an entry whose session has since been merged away or extended is skipped).
 """
 from __future__ import annotations
 
