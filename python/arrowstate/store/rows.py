@@ -107,13 +107,15 @@ class KeyedRows:
     def first_absent(self, keys: Sequence[Hashable], candidates: np.ndarray) -> np.ndarray:
         """Of the candidate positions, those holding the first occurrence of a key that is
         not in state, in position order."""
-        data = self.data
-        fresh: dict[Hashable, int] = {}
-        for i in candidates.tolist():
-            key = keys[i]
-            if key not in data:
-                fresh.setdefault(key, i)
-        return np.fromiter(fresh.values(), dtype=np.int64, count=len(fresh))
+        if not len(candidates):
+            return np.zeros(0, np.int64)
+        # each key's first position (the dict built backwards keeps it), then the keys not
+        # in state: maps in C rather than a Python loop per row
+        first = dict(zip(reversed(self.pick(keys, candidates)),
+                         reversed(candidates.tolist())))
+        present = np.fromiter(map(self.data.__contains__, first), bool, len(first))
+        positions = np.fromiter(first.values(), np.int64, len(first))
+        return np.sort(positions[~present])
 
     # -- reading ----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
