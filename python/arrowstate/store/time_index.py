@@ -31,7 +31,7 @@ class TimeIndex:
         """Adds each key at its time; with `valid`, only where it is true (a key without a
         time never expires)."""
         as_array = isinstance(keys, np.ndarray)
-        if valid is not None:
+        if valid is not None and not valid.all():
             times = np.asarray(times)[valid]
             keys = keys[valid] if as_array else list(itertools.compress(keys, valid.tolist()))
         if len(keys) == 0:
