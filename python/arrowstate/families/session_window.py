@@ -369,8 +369,8 @@ class SessionWindow(FamilyBase):
         closed = found[valid & (times <= threshold)]
         evicted = state.pop_found(state.rows.pick(keys, closed), ids[closed])
         self.metrics["numRemovedStateRows"] += evicted.num_rows
-        if not _scanned(state) and evicted.num_rows:
-            objects = state.objects
+        objects = state.objects
+        if evicted.num_rows and objects and "sessions" in objects:   # in memory, indexed
             objects["evicted"] += evicted.num_rows
             if objects["evicted"] > max(len(state), _MIN_EVICTED_FOR_REBUILD):
                 del objects["sessions"]   # built again from the live rows when next needed
