@@ -250,6 +250,31 @@ def test_session_eviction_skips_extended_and_merged_sessions_and_survives_a_relo
     assert _restored(family.lookup(state, rows.select([0, 1])), rows) == [("a", 100, 5, "in")]
 
 
+def test_session_handed_over_and_saved_keeps_its_entry_and_an_extended_one_comes_back():
+    family, state = _sessions("append")
+    family.process(state, _session_rows(["a", "b"], [(10, 20), (1, 5)]))
+    list(family.finish(state))
+    commit(state, 1)
+    assert len(state.index) == 2
+    family, _ = _sessions("append")
+    rows = _session_rows(["a", "b"], [(12, 30), (2, 5)], [1, 1])
+    family.lookup(state, rows.select([0, 1]))   # hands over a@10 and b@1
+    # as the JVM merged them: a's session extended to 30 s, b's as it was
+    family.process(state, _session_rows(["a", "b"], [(10, 30), (1, 5)], [2, 2]))
+    list(family.finish(state))
+    commit(state, 2)
+    assert len(state.index) == 2   # nothing entered again
+    family, _ = _sessions("append", evictionWatermarkMs=25000)
+    out = list(family.finish(state))   # a's entry at 20 s finds it ending at 30: back in
+    assert [(r["v0"], _sec(r["v1"]["end"])) for b in out for r in b.to_pylist()] == [("b", 5)]
+    assert len(state.index) == 1 and len(state) == 1
+    commit(state, 3)
+    family, _ = _sessions("append", evictionWatermarkMs=30000)
+    out = list(family.finish(state))
+    assert [(r["v0"], _sec(r["v1"]["end"])) for b in out for r in b.to_pylist()] == [("a", 30)]
+    assert len(state) == 0 and len(state.index) == 0
+
+
 def test_session_index_is_built_again_once_evicted_sessions_outnumber_live_ones(monkeypatch):
     monkeypatch.setattr(session_window, "_MIN_EVICTED_FOR_REBUILD", 0)
     family, state = _sessions("append")

@@ -94,6 +94,9 @@ class SessionWindow(FamilyBase):
         # save: the key whose sessions may go on in the next batch
         self._pending: list[pa.RecordBatch] = []
         self._pending_keys: list[Hashable] = []
+        # the stored sessions this task's restore handed over (state in memory): saved
+        # again, they keep the time index entry they have
+        self._handed_over: set[Hashable] = set()
 
     # -- the index of each key's sessions ---------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
@@ -160,8 +163,10 @@ class SessionWindow(FamilyBase):
                 np.bincount(owner, minlength=len(groups)))
         held = list(map(self._sessions(state).get, groups, itertools.repeat(())))
         counts = np.fromiter(map(len, held), np.int64, len(held))
-        ids = state.rows.lookup(list(itertools.chain.from_iterable(held)))
+        picked = list(itertools.chain.from_iterable(held))
+        ids = state.rows.lookup(picked)
         found = ids >= 0
+        self._handed_over.update(itertools.compress(picked, found.tolist()))
         if not found.all():   # evicted since the key's sessions were saved
             counts = np.bincount(np.repeat(np.arange(len(held)), counts)[found],
                                  minlength=len(held))
@@ -307,7 +312,11 @@ class SessionWindow(FamilyBase):
             key_columns + rows.columns, schema=state.schema))
         self.metrics["numUpdatedStateRows"] += n
         if self.indexed:
-            self._index_times(state, state_keys, rows.columns)
+            # a session handed over keeps its entry (at or before its end, which only
+            # grows: a merge keeps the stored session in it); the others get one
+            stored = np.fromiter(map(self._handed_over.__contains__, state_keys), bool, n)
+            times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
+            state.index.add_many(times, state_keys, valid & ~stored)
 
     def _replace_scanned(self, state: VersionedState, rows: pa.RecordBatch,
                          key_columns: list) -> None:
@@ -367,6 +376,8 @@ class SessionWindow(FamilyBase):
         times, valid = keycodec.event_time_micros(state.rows.take(ids[found]).column(
             self.key_count + self.event_time_index))
         closed = found[valid & (times <= threshold)]
+        later = valid & (times > threshold)   # extended since its entry: entered again
+        state.index.add_many(times[later], state.rows.pick(keys, found[later]))
         evicted = state.pop_found(state.rows.pick(keys, closed), ids[closed])
         self.metrics["numRemovedStateRows"] += evicted.num_rows
         objects = state.objects
