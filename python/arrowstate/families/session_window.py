@@ -26,9 +26,10 @@ The sessions of each key are found together: in memory by an index (`state.objec
 ["sessions"]`: key -> the state keys of its sessions by start, gathered and replaced a
 batch at a time in C-level maps rather than a Python loop per row); in state on the tier (a
 worker with a memory budget) by a prefix scan on the grouping keys, as Spark's RocksDB store
-finds them. In append mode a time index holds each saved session at its event time, so
-eviction touches only what the watermark passes; the stored session's own event time
-decides (an entry whose session has since been merged away or extended is skipped).
+finds them. In append mode a time index holds each session at or before its event time
+(its end, which only grows), so eviction touches only what the watermark passes; the stored
+session's own event time decides (an entry whose session has been merged away is skipped,
+one whose session was extended enters it again at its end).
 """
 from __future__ import annotations
 
