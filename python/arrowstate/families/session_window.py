@@ -136,8 +136,7 @@ class SessionWindow(FamilyBase):
 
     def _index_times(self, state: VersionedState, state_keys, values: list) -> None:
         """Enters sessions in the time index at their event time. An entry is checked
-        against the stored session when it comes up (`_evict`): a session merged away or
-        extended since leaves a stale entry behind, passed over then."""
+        against the stored session when it comes up (`_evict`)."""
         times, valid = keycodec.event_time_micros(values[self.event_time_index])
         state.index.add_many(times, state_keys, valid)
 
