@@ -1,13 +1,14 @@
 """Drives an operator family as the worker does, without Spark: the tests of families
 (tests/unit) make their tasks and commits here."""
 import base64
+import datetime as dt
 
 import pandas as pd
 import pyarrow as pa
 from pyspark.serializers import CloudPickleSerializer
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from arrowstate.families import TransformWithState
+from arrowstate.families import SessionWindow, TransformWithState
 from arrowstate.store import VersionedState
 
 
@@ -21,6 +22,24 @@ def task(family_class, operator, schema):
 def commit(state, version):
     state.commit_files(version, 100)
     state.mark_committed(version, 1000)
+
+
+TS = pa.timestamp("us", tz="UTC")
+SESSION = pa.struct([("start", TS), ("end", TS)])
+SESSION_SCHEMA = pa.schema([("c0", pa.string()), ("c1", SESSION), ("c2", pa.int64())])
+
+
+def seconds(*values):
+    """Zoned timestamps of these seconds (None: null)."""
+    return pa.array([None if v is None else dt.datetime.fromtimestamp(v, dt.timezone.utc)
+                     for v in values], TS)
+
+
+def session_task(mode, **operator):
+    """A session window family (rows of SESSION_SCHEMA: user, session, count) and a state."""
+    return task(SessionWindow, {"keyIndexes": [0], "sessionIndex": 1, "eventTimeIndex": 1,
+                                "outputMode": mode, "batchSize": 100, **operator},
+                SESSION_SCHEMA)
 
 
 class Keeps(StatefulProcessor):
