@@ -166,7 +166,8 @@ class SessionWindow(FamilyBase):
         picked = list(itertools.chain.from_iterable(held))
         ids = state.rows.lookup(picked)
         found = ids >= 0
-        self._handed_over.update(itertools.compress(picked, found.tolist()))
+        if self.indexed:
+            self._handed_over.update(itertools.compress(picked, found.tolist()))
         if not found.all():   # evicted since the key's sessions were saved
             counts = np.bincount(np.repeat(np.arange(len(held)), counts)[found],
                                  minlength=len(held))
@@ -332,17 +333,9 @@ class SessionWindow(FamilyBase):
         state.put_rows(new_keys, pa.RecordBatch.from_arrays(key_columns + rows.columns,
                                                             schema=state.schema))
         self.metrics["numUpdatedStateRows"] += n
-        if self.indexed:   # a session new or whose event time moved gets an index entry
+        if self.indexed:   # as in memory: a session stored before keeps its entry
             times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
-            old_times, old_valid = keycodec.event_time_micros(
-                old.column(self.key_count + self.event_time_index))
-            order = np.argsort(old_keys)
-            at = np.minimum(np.searchsorted(old_keys[order], new_keys), len(order) - 1)
-            match = order[at] if len(order) else np.zeros(n, np.int64)
-            same = (np.zeros(n, bool) if not len(order) else
-                    (old_keys[match] == new_keys) & old_valid[match]
-                    & (old_times[match] == times))
-            state.index.add_many(times, new_keys, valid & ~same)
+            state.index.add_many(times, new_keys, valid & ~np.isin(new_keys, old_keys))
 
     # -- after the input --------------------------------------------------------------------
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
@@ -367,8 +360,9 @@ class SessionWindow(FamilyBase):
             return None
         threshold = self.evict_threshold
         entries, _ = state.index.pop_until(threshold)
-        # the stored session's own event time decides: entries of sessions merged away,
-        # evicted already or extended since are passed over (and a repeated one removes once)
+        # the stored session's own event time decides: entries of sessions merged away or
+        # evicted already are passed over (a repeated one removes once), and a session
+        # extended since its entry is entered again at its end
         keys = (np.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
                 else entries)
         ids = state.rows.lookup(keys)
@@ -376,7 +370,7 @@ class SessionWindow(FamilyBase):
         times, valid = keycodec.event_time_micros(state.rows.take(ids[found]).column(
             self.key_count + self.event_time_index))
         closed = found[valid & (times <= threshold)]
-        later = valid & (times > threshold)   # extended since its entry: entered again
+        later = valid & (times > threshold)
         state.index.add_many(times[later], state.rows.pick(keys, found[later]))
         evicted = state.pop_found(state.rows.pick(keys, closed), ids[closed])
         self.metrics["numRemovedStateRows"] += evicted.num_rows
