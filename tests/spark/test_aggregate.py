@@ -6,7 +6,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from harness import assert_same, run_query
+from pyspark.errors import StreamingQueryException
+
+from harness import assert_same, run_query, spark_errors
 
 SAVE, RESTORE = "ArrowStateStoreSave", "ArrowStateStoreRestore"
 EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
@@ -79,6 +81,77 @@ def test_many_functions_and_buffer_types_in_update_mode(spark, tmp_path):
 
     assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=SAVE,
                 output_mode="update")
+
+
+# values whose sums and merges show any change of order or of Spark's null, NaN and -0.0 rules
+EDGES = [
+    [ev("a", 1, 1, "1.5", 0.1), ev("b", 2, None, None, -0.0), ev("a", 3, 3, "2.25", 0.2),
+     ev("c", 4, 7, "0.001", float("nan")), ev("d", 5, None, None, None)],
+    [ev("a", 6, 4, "-1", 0.3), ev("b", 7, 2, "3", -0.0), ev("e", 8, 1, None, float("inf"))],
+    [],
+    [ev("a", 9, None, None, None), ev("c", 10, 2, "1", 1.0), ev("d", 11, 5, "2", -0.0),
+     ev("e", 12, 1, "1", float("-inf")), ev("b", 13, 1, "0", 1e308), ev("b", 14, 1, "0", 1e308)],
+]
+
+
+def numeric_aggregates(df):
+    return df.groupBy("user").agg(
+        F.count("*").alias("n"), F.count("x").alias("nx"), F.sum("v").alias("sv"),
+        F.sum("x").alias("sx"), F.avg("x").alias("ax"), F.avg("v").alias("av"),
+        F.sum("d").alias("sd"), F.avg("d").alias("ad"), F.min("x").alias("lo"),
+        F.max("x").alias("hi"), F.stddev("x").alias("sdev"), F.max("ts").alias("last"),
+        F.first("x").alias("first"))
+
+
+@pytest.mark.parametrize("mode", ["update", "complete"])
+def test_merges_taken_into_restore_and_save_keep_sparks_answers(spark, tmp_path, mode):
+    """Spark's aggregates around the restore and the save run row by row in arrowstate's
+    nodes (their keys are unique there) with the functions' own merge expressions: the same
+    sums to the last bit, NaN, infinities, -0.0, nulls and decimals, across restarts."""
+    _, ours = assert_same(spark, tmp_path, EVENTS, EDGES, numeric_aggregates,
+                          expect_node=SAVE, output_mode=mode, restart_after=[1])
+    assert all("merging merge_count" in p and "finishing count" in p for p in ours.plans)
+    # above the shuffle only Spark's merge of the batch's partial buffers is left
+    assert all(p.split("Exchange")[0].count("HashAggregate(") == 1 for p in ours.plans)
+
+
+def test_windowed_append_merged_and_finished_row_by_row(spark, tmp_path):
+    _, ours = assert_same(spark, tmp_path, EVENTS, WINDOWED, windowed_counts,
+                          expect_node=SAVE, output_mode="append")
+    assert all("merging" in p and "finishing" in p for p in ours.plans)
+
+
+BIG = pa.schema([("user", pa.string()), ("v", pa.int64()), ("d", pa.decimal128(38, 0))])
+
+
+def _outcome(spark, tmp_path, batches, build, arrowstate):
+    """A run's output per batch, or the error conditions that stopped it."""
+    try:
+        run = run_query(spark, str(tmp_path), BIG, batches, build, arrowstate=arrowstate,
+                        output_mode="update")
+    except StreamingQueryException as failed:
+        return "failed", sorted(c for c in spark_errors(failed) if "OVERFLOW" in c)
+    return "ran", run.outputs
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+@pytest.mark.parametrize("column", ["v", "d"])
+def test_overflow_in_merged_sums_as_spark(spark, spark_conf, tmp_path, ansi, column):
+    """A sum that overflows only when the stored buffer meets the batch's: with ANSI on the
+    query fails with Spark's condition, with it off a long wraps and a decimal becomes null,
+    in both engines."""
+    spark_conf(**{"spark.sql.ansi.enabled": ansi})
+    big = {"v": 2 ** 62, "d": decimal.Decimal("6" + "0" * 37)}[column]
+    row = {"user": "a", "v": None, "d": None}
+    batches = [[{**row, column: big}], [{**row, column: big}]]
+    build = lambda df: df.groupBy("user").agg(F.sum(column).alias("s"))   # noqa: E731
+    native = _outcome(spark, tmp_path, batches, build, arrowstate=False)
+    ours = _outcome(spark, tmp_path, batches, build, arrowstate=True)
+    assert ours == native
+    if ansi == "true":
+        assert native[0] == "failed" and native[1], native
+    else:
+        assert native[0] == "ran" and native[1][1] == [("a", {"v": -(2 ** 63), "d": None}[column])]
 
 
 def test_global_aggregate_restores_state_on_empty_batches(spark, tmp_path):

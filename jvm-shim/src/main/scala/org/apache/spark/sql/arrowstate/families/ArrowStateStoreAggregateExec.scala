@@ -8,10 +8,11 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, NamedExpression, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.aggregate.{Final, PartialMerge}
 import org.apache.spark.sql.catalyst.plans.physical.{AllTuples, Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
-import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
@@ -76,14 +77,17 @@ case class AggregateStateSpec(
 /**
  * Spark's StateStoreRestoreExec with the state in the Python worker: each incoming group is
  * preceded by its stored aggregation buffer, if it has one. Only the group keys cross to
- * Python; only the stored buffers come back.
+ * Python; only the stored buffers come back. With `merge` (Spark's merging aggregate above
+ * the restore, taken into it) each group comes out merged with its stored buffer instead.
  */
-case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan)
+case class ArrowStateStoreRestoreExec(
+    spec: AggregateStateSpec, merge: Option[BufferMerge], child: SparkPlan)
   extends UnaryExecNode {
 
   override def nodeName: String = "ArrowStateStoreRestore"
-  override def simpleString(maxFields: Int): String = s"$nodeName $spec"
-  override def output: Seq[Attribute] = child.output
+  override def simpleString(maxFields: Int): String =
+    s"$nodeName $spec" + merge.fold("")(m => s", $m")
+  override def output: Seq[Attribute] = merge.fold(child.output)(_.output)
   override def outputPartitioning: Partitioning = child.outputPartitioning
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
 
@@ -126,14 +130,18 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
         stored
       }
 
+      val merger = merge.map(_.newMerger(partitionId))
       val out = if (!rows.hasNext && keys.isEmpty) {
         // A global aggregate with no input still restores its state, as Spark's does.
         restore(Seq(new GenericInternalRow(width))).iterator.filter(_ != null)
       } else {
         rows.map(_.copy()).grouped(batchSize).flatMap { group =>
           val stored = restore(group)
-          group.iterator.zipWithIndex.flatMap { case (row, i) =>
-            if (stored(i) == null) Iterator.single(row) else Iterator(stored(i), row)
+          merger match {
+            case Some(m) => group.iterator.zipWithIndex.map { case (row, i) => m(stored(i), row) }
+            case None => group.iterator.zipWithIndex.flatMap { case (row, i) =>
+              if (stored(i) == null) Iterator.single(row) else Iterator(stored(i), row)
+            }
           }
         }
       }
@@ -150,8 +158,10 @@ case class ArrowStateStoreRestoreExec(spec: AggregateStateSpec, child: SparkPlan
  * buffer columns; in update mode the worker answers only with a mask when rows were late, in
  * append and complete mode it sends the rows to emit after the input ends.
  */
-case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
-  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
+case class ArrowStateStoreSaveExec(
+    spec: AggregateStateSpec, finalAggregate: Option[BufferMerge], child: SparkPlan)
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport
+  with PartitioningPreservingUnaryExecNode {
 
   override def keyExpressions: Seq[Attribute] = spec.keyExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -161,10 +171,13 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
   override def nodeName: String = "ArrowStateStoreSave"
   override def simpleString(maxFields: Int): String =
     s"$nodeName $spec, lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
-      s", evictionWatermark = $eventTimeWatermarkForEviction"
+      s", evictionWatermark = $eventTimeWatermarkForEviction" +
+      finalAggregate.fold("")(f => s", $f")
   override def shortName: String = StatefulOperatorsUtils.STATE_STORE_SAVE_EXEC_OP_NAME
-  override def output: Seq[Attribute] = child.output
-  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def output: Seq[Attribute] = finalAggregate.fold(child.output)(_.output)
+  // the final aggregate's output keeps the keys' partitioning where it keeps the keys
+  override protected def outputExpressions: Seq[NamedExpression] =
+    finalAggregate.fold[Seq[NamedExpression]](child.output)(_.resultExpressions)
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
   override def family: String = AggregateFamily.name
   // as Spark's: without an event-time key (or in complete mode) nothing is late or evicted
@@ -195,6 +208,7 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
     val childOutput = child.output
 
     StateTasks.rdd(this, spec.opener(session, childOutput), child.execute()) { (task, rows) =>
+      val finish = finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
       val toSent = UnsafeProjection.create(sent, childOutput)
       val fromSent = UnsafeProjection.create(childOutput, sent)
       // Only update mode with late rows to drop waits for the worker's verdict on its rows.
@@ -209,7 +223,9 @@ case class ArrowStateStoreSaveExec(spec: AggregateStateSpec, child: SparkPlan)
         })
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
-      input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
+      val saved =
+        input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
+      finish.fold(saved)(f => saved.map(f(null, _)))
     }
   }
 
@@ -266,9 +282,23 @@ object AggregateFamily extends ArrowStateFamily {
     val spec = AggregateStateSpec(save.keyExpressions, save.stateInfo, save.outputMode.get,
       save.eventTimeWatermarkForLateEvents, save.eventTimeWatermarkForEviction,
       eventTimeOf(save)._2, save.stateFormatVersion)
-    val child = save.child.transformDown {
-      case r: StateStoreRestoreExec if r eq restore => ArrowStateStoreRestoreExec(spec, r.child)
+    // Spark merges each restored buffer with the batch's in an aggregate between the two
+    val child = BufferMerge.of(save.child, restore, save.keyExpressions, PartialMerge) match {
+      case Some(merge) => ArrowStateStoreRestoreExec(spec, Some(merge), restore.child)
+      case None => save.child.transformDown {
+        case r: StateStoreRestoreExec if r eq restore =>
+          ArrowStateStoreRestoreExec(spec, None, r.child)
+      }
     }
-    ArrowStateStoreSaveExec(spec, child)
+    ArrowStateStoreSaveExec(spec, None, child)
+  }
+
+  /** The final aggregate above the save: the save's rows are one per key, so it finishes
+   * them row by row. */
+  override def absorb(parent: SparkPlan): Option[SparkPlan] = parent.children match {
+    case Seq(save: ArrowStateStoreSaveExec) if save.finalAggregate.isEmpty =>
+      BufferMerge.of(parent, save, save.keyExpressions, Final)
+        .map(f => save.copy(finalAggregate = Some(f)))
+    case _ => None
   }
 }

@@ -46,6 +46,9 @@ trait ArrowStateFamily {
 
   /** The arrowstate plan for the node; called only when there is no reason against it. */
   def replace(plan: SparkPlan): SparkPlan
+
+  /** `parent` taken into the family's node below it, where that node can do its work. */
+  def absorb(parent: SparkPlan): Option[SparkPlan] = None
 }
 
 /** Stateful Spark nodes no family runs: they stay Spark's, with this reason. */
@@ -82,7 +85,7 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     plan.transformUp {
       case node if node.getTagValue(KeptReasons).isEmpty =>
         decide(node, conf) match {
-          case None => node
+          case None => families.iterator.flatMap(_.absorb(node)).nextOption().getOrElse(node)
           case Some(Right(replacement)) => replacement
           case Some(Left(reasons)) => keep(node, reasons, conf)
         }

@@ -1,0 +1,94 @@
+package org.apache.spark.sql.arrowstate.families
+
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Attribute, EmptyRow, JoinedRow, MutableProjection, NamedExpression, SpecificInternalRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.aggregate.{AggregateExpression, AggregateMode, DeclarativeAggregate, Final}
+import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.aggregate.HashAggregateExec
+
+/**
+ * What one of Spark's merging aggregates (a HashAggregateExec in PartialMerge or Final mode)
+ * computes, for input whose grouping keys are already unique: the restore's rows (a stored
+ * buffer and the batch's buffer of one key) and the save's rows (one per key). Spark still
+ * builds a hash map for them; this merges row by row with the functions' own expressions,
+ * as Spark's AggregationIterator does for each group: the buffer starts at the functions'
+ * initial values, merges the given rows in order, and (Final mode) evaluates the functions
+ * and the aggregate's result expressions. The answers are the aggregate's by construction.
+ */
+case class BufferMerge(
+    aggregateExpressions: Seq[AggregateExpression],
+    inputAttributes: Seq[Attribute],
+    aggregateAttributes: Seq[Attribute],
+    resultExpressions: Seq[NamedExpression]) {
+
+  private def functions: Seq[DeclarativeAggregate] =
+    aggregateExpressions.map(_.aggregateFunction.asInstanceOf[DeclarativeAggregate])
+
+  private def isFinal: Boolean = aggregateExpressions.head.mode == Final
+
+  def output: Seq[Attribute] = resultExpressions.map(_.toAttribute)
+
+  override def toString: String =
+    s"${if (isFinal) "finishing" else "merging"} ${aggregateExpressions.mkString(", ")}"
+
+  /**
+   * Merges `stored` (null when none) and then `row`, both laid out as `inputAttributes`, into
+   * one result row. One per task: the result is reused by the next call.
+   */
+  def newMerger(partitionIndex: Int): (InternalRow, InternalRow) => InternalRow = {
+    val bufferAttributes = functions.flatMap(_.aggBufferAttributes)
+    val buffer = new SpecificInternalRow(bufferAttributes.map(_.dataType))
+    val initialize = MutableProjection.create(functions.flatMap(_.initialValues), Nil)
+    val merge = MutableProjection.create(functions.flatMap(_.mergeExpressions),
+      bufferAttributes ++ inputAttributes)
+    Seq(initialize, merge).foreach { p => p.initialize(partitionIndex); p.target(buffer) }
+    val joined = new JoinedRow
+    val result: InternalRow => InternalRow = if (isFinal) {
+      val values = new SpecificInternalRow(aggregateAttributes.map(_.dataType))
+      val evaluate = MutableProjection.create(functions.map(_.evaluateExpression),
+        bufferAttributes)
+      evaluate.initialize(partitionIndex)
+      evaluate.target(values)
+      // grouping attributes are input attributes: their values come from the row
+      val project = UnsafeProjection.create(resultExpressions,
+        inputAttributes ++ aggregateAttributes)
+      project.initialize(partitionIndex)
+      row => { evaluate(buffer); project(joined(row, values)) }
+    } else {
+      val groupingCount = inputAttributes.size - bufferAttributes.size
+      val project = UnsafeProjection.create(inputAttributes.take(groupingCount) ++
+        bufferAttributes, inputAttributes ++ bufferAttributes)
+      row => project(joined(row, buffer))
+    }
+    (stored, row) => {
+      initialize(EmptyRow)
+      if (stored != null) merge(joined(buffer, stored))
+      merge(joined(buffer, row))
+      result(row)
+    }
+  }
+}
+
+object BufferMerge {
+  /**
+   * The merge of a HashAggregateExec over `child`'s rows when it may run row by row: every
+   * function declarative (their merges are expressions), in one mode, `mode`, with no distinct
+   * or filter, grouped by `keys` exactly. Typed or imperative functions (collect_list,
+   * approx_count_distinct) and sort-based aggregates keep Spark's node.
+   */
+  def of(plan: SparkPlan, child: SparkPlan, keys: Seq[Attribute], mode: AggregateMode)
+    : Option[BufferMerge] = plan match {
+    case agg: HashAggregateExec if (agg.child eq child) && keys.nonEmpty &&
+        agg.aggregateExpressions.nonEmpty &&
+        agg.aggregateExpressions.forall(e => e.mode == mode && !e.isDistinct &&
+          e.filter.isEmpty && e.aggregateFunction.isInstanceOf[DeclarativeAggregate]) &&
+        agg.groupingExpressions.map(_.exprId) == keys.map(_.exprId) =>
+      // as BaseAggregateExec binds merges: the functions' own input buffer attributes
+      // (SPARK-31620: they may be copies of those below)
+      val inputBuffer = agg.aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+      Some(BufferMerge(agg.aggregateExpressions,
+        child.output.dropRight(inputBuffer.size) ++ inputBuffer, agg.aggregateAttributes,
+        agg.resultExpressions))
+    case _ => None
+  }
+}
