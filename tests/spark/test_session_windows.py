@@ -67,6 +67,9 @@ def test_sessions_merge_across_batches_late_rows_are_dropped(spark, tmp_path, mo
                           expect_node=SAVE, output_mode=mode)
     assert all(RESTORE in plan for plan in ours.plans)
     assert all("MergingSessions" in plan for plan in ours.plans)   # Spark's, kept
+    # Spark's final aggregate over the save's sessions (one row each) runs in the save
+    assert all("finishing count(1), sum(v" in plan and "HashAggregate(keys=[session_window"
+               not in plan.split(SAVE)[0] for plan in ours.plans)
     figures = [f[0] for f in ours.figures.values()]
     assert sum(f["numRowsDroppedByWatermark"] for f in figures) == (2 if mode == "append" else 1)
     removed = sum(f["numRowsRemoved"] for f in figures)   # merged away (2), evicted

@@ -10,10 +10,11 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, NamedExpression, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.aggregate.Final
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
-import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, StateSchemaValidationResult}
@@ -162,8 +163,10 @@ case class ArrowSessionWindowStateStoreRestoreExec(spec: SessionWindowStateSpec,
  * does. After the input it sends what the mode emits: in append mode the sessions the
  * eviction watermark closes (removed), in complete mode every stored session.
  */
-case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, child: SparkPlan)
-  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
+case class ArrowSessionWindowStateStoreSaveExec(
+    spec: SessionWindowStateSpec, finalAggregate: Option[BufferMerge], child: SparkPlan)
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport
+  with PartitioningPreservingUnaryExecNode {
 
   override def keyExpressions: Seq[Attribute] = spec.keyWithoutSessionExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -173,11 +176,14 @@ case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, ch
   override def nodeName: String = "ArrowSessionWindowStateStoreSave"
   override def simpleString(maxFields: Int): String =
     s"$nodeName $spec, lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
-      s", evictionWatermark = $eventTimeWatermarkForEviction"
+      s", evictionWatermark = $eventTimeWatermarkForEviction" +
+      finalAggregate.fold("")(f => s", $f")
   override def shortName: String =
     StatefulOperatorsUtils.SESSION_WINDOW_STATE_STORE_SAVE_EXEC_OP_NAME
-  override def output: Seq[Attribute] = child.output
-  override def outputPartitioning: Partitioning = child.outputPartitioning
+  override def output: Seq[Attribute] = finalAggregate.fold(child.output)(_.output)
+  // the final aggregate's output keeps the keys' partitioning where it keeps the keys
+  override protected def outputExpressions: Seq[NamedExpression] =
+    finalAggregate.fold[Seq[NamedExpression]](child.output)(_.resultExpressions)
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
   override def family: String = SessionWindowFamily.name
   // without a watermark nothing is late; in complete mode, as Spark's save, no instances count
@@ -217,7 +223,9 @@ case class ArrowSessionWindowStateStoreSaveExec(spec: SessionWindowStateSpec, ch
       val posted = new PostedRows(rows, task.exchange, task.encoder, identity, task.batchSize,
         passInput = false, keepInput = false, (_, _) => Iterator.empty)
       posted.foreach(_ => ())   // the mode's output comes once all input is stored
-      task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
+      val saved = task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
+      finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
+        .fold(saved)(f => saved.map(f(null, _)))
     }
   }
 
@@ -282,6 +290,16 @@ object SessionWindowFamily extends ArrowStateFamily {
       case r: SessionWindowStateStoreRestoreExec if r eq restore =>
         ArrowSessionWindowStateStoreRestoreExec(spec, r.child)
     }
-    ArrowSessionWindowStateStoreSaveExec(spec, child)
+    ArrowSessionWindowStateStoreSaveExec(spec, None, child)
+  }
+
+  /** The final aggregate above the save: the save emits each key's session once, so it
+   * finishes them row by row. */
+  override def absorb(parent: SparkPlan): Option[SparkPlan] = parent.children match {
+    case Seq(save: ArrowSessionWindowStateStoreSaveExec) if save.finalAggregate.isEmpty =>
+      BufferMerge.of(parent, save,
+        save.spec.keyWithoutSessionExpressions :+ save.spec.sessionExpression, Final)
+        .map(f => save.copy(finalAggregate = Some(f)))
+    case _ => None
   }
 }

@@ -16,6 +16,7 @@ import org.apache.spark.sql.execution.aggregate.HashAggregateExec
  * and the aggregate's result expressions. The answers are the aggregate's by construction.
  */
 case class BufferMerge(
+    groupingAttributes: Seq[Attribute],
     aggregateExpressions: Seq[AggregateExpression],
     inputAttributes: Seq[Attribute],
     aggregateAttributes: Seq[Attribute],
@@ -55,9 +56,8 @@ case class BufferMerge(
       project.initialize(partitionIndex)
       row => { evaluate(buffer); project(joined(row, values)) }
     } else {
-      val groupingCount = inputAttributes.size - bufferAttributes.size
-      val project = UnsafeProjection.create(inputAttributes.take(groupingCount) ++
-        bufferAttributes, inputAttributes ++ bufferAttributes)
+      val project = UnsafeProjection.create(groupingAttributes ++ bufferAttributes,
+        inputAttributes ++ bufferAttributes)
       row => project(joined(row, buffer))
     }
     (stored, row) => {
@@ -73,20 +73,22 @@ object BufferMerge {
   /**
    * The merge of a HashAggregateExec over `child`'s rows when it may run row by row: every
    * function declarative (their merges are expressions), in one mode, `mode`, with no distinct
-   * or filter, grouped by `keys` exactly. Typed or imperative functions (collect_list,
-   * approx_count_distinct) and sort-based aggregates keep Spark's node.
+   * or filter, grouped by the columns `unique` (non-empty) that no two of `child`'s rows
+   * share. Typed or imperative functions (collect_list, approx_count_distinct) and sort-based
+   * aggregates keep Spark's node.
    */
-  def of(plan: SparkPlan, child: SparkPlan, keys: Seq[Attribute], mode: AggregateMode)
+  def of(plan: SparkPlan, child: SparkPlan, unique: Seq[Attribute], mode: AggregateMode)
     : Option[BufferMerge] = plan match {
-    case agg: HashAggregateExec if (agg.child eq child) && keys.nonEmpty &&
+    case agg: HashAggregateExec if (agg.child eq child) && unique.nonEmpty &&
         agg.aggregateExpressions.nonEmpty &&
         agg.aggregateExpressions.forall(e => e.mode == mode && !e.isDistinct &&
           e.filter.isEmpty && e.aggregateFunction.isInstanceOf[DeclarativeAggregate]) &&
-        agg.groupingExpressions.map(_.exprId) == keys.map(_.exprId) =>
+        agg.groupingExpressions.size == unique.size &&
+        agg.groupingExpressions.map(_.exprId).toSet == unique.map(_.exprId).toSet =>
       // as BaseAggregateExec binds merges: the functions' own input buffer attributes
       // (SPARK-31620: they may be copies of those below)
       val inputBuffer = agg.aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
-      Some(BufferMerge(agg.aggregateExpressions,
+      Some(BufferMerge(agg.groupingExpressions.map(_.toAttribute), agg.aggregateExpressions,
         child.output.dropRight(inputBuffer.size) ++ inputBuffer, agg.aggregateAttributes,
         agg.resultExpressions))
     case _ => None
