@@ -12,6 +12,10 @@ LOOKS_UP_SPARKS_NODE = ("looks up Spark's StateStoreSaveExec in the executed pla
 OPENS_SPARKS_FILES = ("opens the checkpoint's state with Spark's HDFS-backed provider itself "
                       "(StateStore.getReadOnly), which reads Spark's own files only; Spark's "
                       "statestore reader reads arrowstate's")
+LOOKS_UP_SPARKS_PAIR = ("collects Spark's restore and save nodes from the executed plan to "
+                        "check the distribution they require, and finds none: arrowstate's "
+                        "run in their place (requiring the distribution Spark's would, from "
+                        "StatefulOperatorPartitioning)")
 EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "StreamingDeduplicationSuite": {
         "Partition key extraction - Dedupe": OPENS_SPARKS_FILES},
@@ -29,6 +33,16 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "exposes a task's error that carries a condition as that cause, and arrowstate's is "
         "ArrowStatePythonException, a SparkException subclass (its answer, a failure, is "
         "Spark's)"},
+    "StreamingAggregationDistributionSuite": {
+        "SPARK-38204: streaming aggregation should require StatefulOpClusteredDistribution "
+        "from children": LOOKS_UP_SPARKS_PAIR,
+        "SPARK-38204: streaming aggregation should require ClusteredDistribution from children "
+        "if the query starts from checkpoint in prior to 3.3": LOOKS_UP_SPARKS_PAIR},
+    "StreamingSessionWindowDistributionSuite": {
+        "SPARK-38204: session window aggregation should require StatefulOpClusteredDistribution "
+        "from children": LOOKS_UP_SPARKS_PAIR,
+        "SPARK-38204: session window aggregation should require ClusteredDistribution from "
+        "children if the query starts from checkpoint in 3.2": LOOKS_UP_SPARKS_PAIR},
     "MultiStatefulOperatorsSuite": {
         "stream-stream time interval left outer join -> aggregation, append mode":
             LOOKS_UP_SPARKS_NODE,

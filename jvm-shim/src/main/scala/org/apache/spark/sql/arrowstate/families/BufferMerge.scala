@@ -87,7 +87,8 @@ object BufferMerge {
         agg.groupingExpressions.map(_.exprId).toSet == unique.map(_.exprId).toSet =>
       // as BaseAggregateExec binds merges: the functions' own input buffer attributes
       // (SPARK-31620: they may be copies of those below)
-      val inputBuffer = agg.aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+      val inputBuffer =
+        agg.aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
       Some(BufferMerge(agg.groupingExpressions.map(_.toAttribute), agg.aggregateExpressions,
         child.output.dropRight(inputBuffer.size) ++ inputBuffer, agg.aggregateAttributes,
         agg.resultExpressions))
