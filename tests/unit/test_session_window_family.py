@@ -2,8 +2,9 @@
 driven directly as the worker drives it: no Spark."""
 import pyarrow as pa
 
+from arrowstate import keys
 from arrowstate.families import session_window
-from family_tasks import SESSION, SESSION_SCHEMA, commit, seconds as _seconds
+from family_tasks import SESSION, SESSION_SCHEMA, TS, commit, seconds as _seconds
 from family_tasks import session_task as _sessions
 
 
@@ -161,4 +162,6 @@ def test_session_index_is_built_again_once_evicted_sessions_outnumber_live_ones(
     rows = _session_rows(["a", "b"], [(35, 45), (7, 9)], [5, 6])
     assert _restored(family.lookup(state, rows.select([0, 1])), rows) == [
         ("a", 30, 2, "stored"), ("a", 35, 5, "in"), ("b", 7, 6, "in")]
-    assert state.objects["sessions"] == {b"a": ((b"a", 30_000_000),)}
+    # a's one stored session: its state key, the key and the session's start
+    stored = keys.rows([pa.array(["a"]), pa.array([30_000_000], TS)], 1)
+    assert state.objects["sessions"] == {b"a": (stored[0],)}
