@@ -200,6 +200,22 @@ def test_fixed_width_keys_keep_spark_equality():
     assert keys.rows([ints.slice(0, 0), floats.slice(0, 0)], 0) == []
 
 
+def test_strings_among_fixed_width_keys_keep_spark_equality():
+    """Strings and binaries beside fixed-width columns make one bytes string per row: equal
+    exactly when the rows are (null differs from empty, lengths keep parts apart, floats
+    normalised, not-UTF-8 bytes compared as bytes, slices as whole arrays)."""
+    words = pa.array(["ab", "a", "", None, "ab", "a"]).slice(0)
+    tails = pa.array([b"c", b"bc", b"", b"", b"c", b"bc"], pa.large_binary())
+    floats = pa.array([0.0, 0.0, 2.0, 2.0, -0.0, float("nan")])
+    k = keys.rows([words, tails, floats], 6)
+    assert all(isinstance(x, bytes) for x in k)
+    assert k[0] == k[4] and len(set(k)) == 5   # ("ab", "c") and ("a", "bc") differ
+    assert keys.rows([words.slice(4), tails.slice(4), floats.slice(4)], 2) == k[4:]
+    raw = pa.array([b"\xff\xfe", b"\xff\xfe"], pa.binary()).view(pa.string())
+    r = keys.rows([raw, pa.array([-0.0, 0.0])], 2)
+    assert r[0] == r[1]
+
+
 def test_string_keys_compare_by_bytes_even_when_not_utf8():
     raw = pa.array([b"\xff\xfe", b"ok", b"\xff\xfe", None], pa.binary()).view(pa.string())
     k = keys.column_values(raw)
