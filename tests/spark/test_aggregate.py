@@ -4,9 +4,8 @@ import decimal
 
 import pyarrow as pa
 import pytest
-from pyspark.sql import functions as F
-
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
 from harness import assert_same, run_query, spark_errors
 
