@@ -1,6 +1,7 @@
 """Benchmarks: the same streaming work with arrowstate off (Spark's operators) and on, in one
-process. Prints one JSON line per case: rows/s of each (median of --runs), their ratio, and
-memory (JVM heap used after GC, RSS of the arrowstate Python workers).
+process. Prints one JSON line per case: rows/s of each (median of --runs), their ratio, the
+CPU seconds a run costs the JVM and its Python workers (median) and their ratio, and memory
+(JVM heap used after GC, RSS of the arrowstate Python workers).
 
     python scripts/bench.py [--rows 1000000] [--batches 5] [--keys 50000] [--runs 3]
                             [--cases dedup,agg_update,...]
@@ -387,7 +388,7 @@ def main() -> None:
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from bench_scaling import scaling
-    from procinfo import rss_bytes, state_worker_pids
+    from procinfo import descendants_cpu_seconds, rss_bytes, state_worker_pids
 
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     spark = arrowstate.configure(
@@ -431,9 +432,12 @@ def main() -> None:
             run_once(spark, source, case, True)  # warm-up: JIT, worker start
             run_once(spark, source, case, False)
             times, progress = {False: [], True: []}, {False: [], True: []}
+            cpu = {False: [], True: []}   # CPU seconds of the JVM and its Python workers
             for i in range(args.runs):
                 for on in ((False, True) if i % 2 == 0 else (True, False)):
+                    before = descendants_cpu_seconds()
                     seconds, batches = run_once(spark, source, case, on)
+                    cpu[on].append(descendants_cpu_seconds() - before)
                     times[on].append(seconds)
                     progress[on].append(batches)
             native = args.rows / statistics.median(times[False])
@@ -459,6 +463,11 @@ def main() -> None:
                    if floor else {}),
                 "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
+                # beside wall time, less moved by what else the machine runs
+                "native_cpu_s": round(statistics.median(cpu[False]), 2),
+                "arrowstate_cpu_s": round(statistics.median(cpu[True]), 2),
+                "cpu_ratio": round(statistics.median(cpu[False])
+                                   / max(statistics.median(cpu[True]), 1e-9), 3),
                 **floor, **no_state, **batches,
                 **memory()}), flush=True)
     finally:

@@ -64,6 +64,28 @@ def rss_bytes(pid: int) -> int:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("VmRSS:")), 0)
 
 
+def descendants_cpu_seconds() -> float:
+    """CPU seconds (user and system) this process's descendants have used: Spark's JVM and
+    its Python workers. A live one counts its own time and its reaped children's, so a
+    difference over a run covers workers that ended within it."""
+    spent, children = {}, {}
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(path) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:   # ended meanwhile
+            continue
+        pid = int(path.split("/")[2])
+        children.setdefault(int(fields[1]), []).append(pid)
+        spent[pid] = sum(int(x) for x in fields[11:15])   # utime stime cutime cstime
+    total, todo = 0, list(children.get(os.getpid(), ()))
+    while todo:
+        pid = todo.pop()
+        total += spent[pid]
+        todo.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def parent_pid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as f:
