@@ -122,40 +122,42 @@ def rows(columns: Sequence[pa.Array], num_rows: int) -> list:
         return [()] * num_rows
     if len(columns) == 1 or num_rows == 0:
         return column_values(columns[0])
-    parts: list[np.ndarray] = []
-    if all(_fixed_width(c, parts) for c in columns):
-        block = np.ascontiguousarray(np.concatenate(parts, axis=1))
-        return block.view(f"V{block.shape[1]}").ravel().tolist()
-    encoded = _row_bytes(columns, num_rows)
-    if encoded is not None:
-        return encoded
-    return list(zip(*(column_values(c) for c in columns)))
-
-
-def _row_bytes(columns: Sequence[pa.Array], num_rows: int) -> list | None:
-    """One bytes string per row when every column is fixed-width or a string or binary
-    (None otherwise): a fixed-width column's validity and bits as `_fixed_width` encodes
-    them, a string's validity byte, its length in 8 bytes and its bytes. Every part's
-    length is known from the type or from its length, so equal bytes mean equal rows, as
-    in Spark's binary rows. Joined by Arrow a row at a time in C++: a bytes key hashes and
-    compares faster than a tuple of bytes and ints, whose hash is not cached."""
-    pieces: list[pa.Array] = []
+    # per column, once: its fixed-width block, or the column itself if a string or binary
+    encoded: list = []
     for column in columns:
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        if _is_bytes(column.type):
-            raw = column.view(pa.large_binary() if pa.types.is_large_string(column.type)
-                              or pa.types.is_large_binary(column.type) else pa.binary())
-            head = np.empty((num_rows, 9), np.uint8)
-            head[:, 0] = column.is_valid().to_numpy(zero_copy_only=False)
-            lengths = pc.fill_null(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
-            head[:, 1:] = lengths.astype("<i8").view(np.uint8).reshape(num_rows, 8)
-            pieces += [_binary(head), pc.fill_null(raw, b"")]
-            continue
         parts: list[np.ndarray] = []
-        if not _fixed_width(column, parts):
-            return None
-        pieces.append(_binary(np.concatenate(parts, axis=1)))
+        if _fixed_width(column, parts):
+            encoded.append(np.concatenate(parts, axis=1))
+        elif _is_bytes(column.type):
+            encoded.append(column)
+        else:
+            return list(zip(*(column_values(c) for c in columns)))
+    if all(isinstance(e, np.ndarray) for e in encoded):
+        block = np.ascontiguousarray(np.concatenate(encoded, axis=1))
+        return block.view(f"V{block.shape[1]}").ravel().tolist()
+    return _row_bytes(encoded, num_rows)
+
+
+def _row_bytes(encoded: list, num_rows: int) -> list:
+    """One bytes string per row of fixed-width blocks and string or binary columns: a
+    block's bytes as they are, a string's validity byte, its length in 8 bytes and its
+    bytes. Every part's length is known from the type or from its length, so equal bytes
+    mean equal rows, as in Spark's binary rows. Joined by Arrow a row at a time in C++: a
+    bytes key hashes and compares faster than a tuple of bytes and ints, whose hash is not
+    cached."""
+    pieces: list[pa.Array] = []
+    for part in encoded:
+        if isinstance(part, np.ndarray):
+            pieces.append(_binary(part))
+            continue
+        column = part.combine_chunks() if isinstance(part, pa.ChunkedArray) else part
+        raw = column.view(pa.large_binary() if pa.types.is_large_string(column.type)
+                          or pa.types.is_large_binary(column.type) else pa.binary())
+        head = np.empty((num_rows, 9), np.uint8)
+        head[:, 0] = column.is_valid().to_numpy(zero_copy_only=False)
+        lengths = pc.fill_null(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
+        head[:, 1:] = lengths.astype("<i8").view(np.uint8).reshape(num_rows, 8)
+        pieces += [_binary(head), pc.fill_null(raw, b"")]
     joined = pc.binary_join_element_wise(*[p.cast(pa.large_binary()) for p in pieces],
                                          pa.scalar(b"", pa.large_binary()))
     return joined.to_pylist()
