@@ -10,11 +10,10 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, NamedExpression, SortOrder, UnsafeProjection}
-import org.apache.spark.sql.catalyst.expressions.aggregate.Final
+import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, SortOrder, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
-import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, StateSchemaValidationResult}
@@ -165,8 +164,7 @@ case class ArrowSessionWindowStateStoreRestoreExec(spec: SessionWindowStateSpec,
  */
 case class ArrowSessionWindowStateStoreSaveExec(
     spec: SessionWindowStateSpec, finalAggregate: Option[BufferMerge], child: SparkPlan)
-  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport
-  with PartitioningPreservingUnaryExecNode {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport with FinishesAggregate {
 
   override def keyExpressions: Seq[Attribute] = spec.keyWithoutSessionExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -176,14 +174,14 @@ case class ArrowSessionWindowStateStoreSaveExec(
   override def nodeName: String = "ArrowSessionWindowStateStoreSave"
   override def simpleString(maxFields: Int): String =
     s"$nodeName $spec, lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
-      s", evictionWatermark = $eventTimeWatermarkForEviction" +
-      finalAggregate.fold("")(f => s", $f")
+      s", evictionWatermark = $eventTimeWatermarkForEviction" + finalString
   override def shortName: String =
     StatefulOperatorsUtils.SESSION_WINDOW_STATE_STORE_SAVE_EXEC_OP_NAME
-  override def output: Seq[Attribute] = finalAggregate.fold(child.output)(_.output)
-  // the final aggregate's output keeps the keys' partitioning where it keeps the keys
-  override protected def outputExpressions: Seq[NamedExpression] =
-    finalAggregate.fold[Seq[NamedExpression]](child.output)(_.resultExpressions)
+  // each key's sessions are apart: one row per key and session
+  override def uniqueColumns: Seq[Attribute] =
+    spec.keyWithoutSessionExpressions :+ spec.sessionExpression
+  override def withFinalAggregate(finish: BufferMerge): SparkPlan =
+    copy(finalAggregate = Some(finish))
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
   override def family: String = SessionWindowFamily.name
   // without a watermark nothing is late; in complete mode, as Spark's save, no instances count
@@ -223,9 +221,7 @@ case class ArrowSessionWindowStateStoreSaveExec(
       val posted = new PostedRows(rows, task.exchange, task.encoder, identity, task.batchSize,
         passInput = false, keepInput = false, (_, _) => Iterator.empty)
       posted.foreach(_ => ())   // the mode's output comes once all input is stored
-      val saved = task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
-      finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
-        .fold(saved)(f => saved.map(f(null, _)))
+      finished(task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent)))
     }
   }
 
@@ -293,13 +289,6 @@ object SessionWindowFamily extends ArrowStateFamily {
     ArrowSessionWindowStateStoreSaveExec(spec, None, child)
   }
 
-  /** The final aggregate above the save: the save emits each key's session once, so it
-   * finishes them row by row. */
-  override def absorb(parent: SparkPlan): Option[SparkPlan] = parent.children match {
-    case Seq(save: ArrowSessionWindowStateStoreSaveExec) if save.finalAggregate.isEmpty =>
-      BufferMerge.of(parent, save,
-        save.spec.keyWithoutSessionExpressions :+ save.spec.sessionExpression, Final)
-        .map(f => save.copy(finalAggregate = Some(f)))
-    case _ => None
-  }
+  /** The final aggregate above the save: the save emits each key's session once. */
+  override def absorb(parent: SparkPlan): Option[SparkPlan] = FinishesAggregate.absorb(parent)
 }

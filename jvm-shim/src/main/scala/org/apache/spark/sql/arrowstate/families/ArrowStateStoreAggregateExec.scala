@@ -8,11 +8,11 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, NamedExpression, UnsafeProjection}
-import org.apache.spark.sql.catalyst.expressions.aggregate.{Final, PartialMerge}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.aggregate.PartialMerge
 import org.apache.spark.sql.catalyst.plans.physical.{AllTuples, Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
-import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
@@ -160,8 +160,7 @@ case class ArrowStateStoreRestoreExec(
  */
 case class ArrowStateStoreSaveExec(
     spec: AggregateStateSpec, finalAggregate: Option[BufferMerge], child: SparkPlan)
-  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport
-  with PartitioningPreservingUnaryExecNode {
+  extends UnaryExecNode with ArrowStateWriter with WatermarkSupport with FinishesAggregate {
 
   override def keyExpressions: Seq[Attribute] = spec.keyExpressions
   override def stateInfo: Option[StatefulOperatorStateInfo] = spec.stateInfo
@@ -171,13 +170,11 @@ case class ArrowStateStoreSaveExec(
   override def nodeName: String = "ArrowStateStoreSave"
   override def simpleString(maxFields: Int): String =
     s"$nodeName $spec, lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
-      s", evictionWatermark = $eventTimeWatermarkForEviction" +
-      finalAggregate.fold("")(f => s", $f")
+      s", evictionWatermark = $eventTimeWatermarkForEviction" + finalString
   override def shortName: String = StatefulOperatorsUtils.STATE_STORE_SAVE_EXEC_OP_NAME
-  override def output: Seq[Attribute] = finalAggregate.fold(child.output)(_.output)
-  // the final aggregate's output keeps the keys' partitioning where it keeps the keys
-  override protected def outputExpressions: Seq[NamedExpression] =
-    finalAggregate.fold[Seq[NamedExpression]](child.output)(_.resultExpressions)
+  override def uniqueColumns: Seq[Attribute] = keyExpressions
+  override def withFinalAggregate(finish: BufferMerge): SparkPlan =
+    copy(finalAggregate = Some(finish))
   override def requiredChildDistribution: Seq[Distribution] = spec.requiredChildDistribution(conf)
   override def family: String = AggregateFamily.name
   // as Spark's: without an event-time key (or in complete mode) nothing is late or evicted
@@ -208,7 +205,6 @@ case class ArrowStateStoreSaveExec(
     val childOutput = child.output
 
     StateTasks.rdd(this, spec.opener(session, childOutput), child.execute()) { (task, rows) =>
-      val finish = finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
       val toSent = UnsafeProjection.create(sent, childOutput)
       val fromSent = UnsafeProjection.create(childOutput, sent)
       // Only update mode with late rows to drop waits for the worker's verdict on its rows.
@@ -223,9 +219,8 @@ case class ArrowStateStoreSaveExec(
         })
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
-      val saved =
-        input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent))
-      finish.fold(saved)(f => saved.map(f(null, _)))
+      finished(
+        input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent)))
     }
   }
 
@@ -293,12 +288,6 @@ object AggregateFamily extends ArrowStateFamily {
     ArrowStateStoreSaveExec(spec, None, child)
   }
 
-  /** The final aggregate above the save: the save's rows are one per key, so it finishes
-   * them row by row. */
-  override def absorb(parent: SparkPlan): Option[SparkPlan] = parent.children match {
-    case Seq(save: ArrowStateStoreSaveExec) if save.finalAggregate.isEmpty =>
-      BufferMerge.of(parent, save, save.keyExpressions, Final)
-        .map(f => save.copy(finalAggregate = Some(f)))
-    case _ => None
-  }
+  /** The final aggregate above the save: the save's rows are one per key. */
+  override def absorb(parent: SparkPlan): Option[SparkPlan] = FinishesAggregate.absorb(parent)
 }

@@ -3,7 +3,8 @@ package org.apache.spark.sql.arrowstate.families
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, EmptyRow, JoinedRow, MutableProjection, NamedExpression, SpecificInternalRow, UnsafeProjection}
 import org.apache.spark.sql.catalyst.expressions.aggregate.{AggregateExpression, AggregateMode, DeclarativeAggregate, Final}
-import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan}
 import org.apache.spark.sql.execution.aggregate.HashAggregateExec
 
 /**
@@ -92,6 +93,40 @@ object BufferMerge {
       Some(BufferMerge(agg.groupingExpressions.map(_.toAttribute), agg.aggregateExpressions,
         child.output.dropRight(inputBuffer.size) ++ inputBuffer, agg.aggregateAttributes,
         agg.resultExpressions))
+    case _ => None
+  }
+}
+
+/**
+ * A save that may take in Spark's final aggregate above it (its rows are one per group):
+ * its output is then the aggregate's, and `finished` turns each saved row into it.
+ */
+trait FinishesAggregate extends PartitioningPreservingUnaryExecNode {
+  def finalAggregate: Option[BufferMerge]
+
+  /** The columns no two of the save's rows share: what the final aggregate must group by. */
+  def uniqueColumns: Seq[Attribute]
+
+  def withFinalAggregate(finish: BufferMerge): SparkPlan
+
+  override def output: Seq[Attribute] = finalAggregate.fold(child.output)(_.output)
+  // the final aggregate's output keeps the keys' partitioning where it keeps the keys
+  override protected def outputExpressions: Seq[NamedExpression] =
+    finalAggregate.fold[Seq[NamedExpression]](child.output)(_.resultExpressions)
+
+  protected def finalString: String = finalAggregate.fold("")(f => s", $f")
+
+  /** The saved rows as the final aggregate emits them (in a task). */
+  protected def finished(saved: Iterator[InternalRow]): Iterator[InternalRow] =
+    finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
+      .fold(saved)(f => saved.map(f(null, _)))
+}
+
+object FinishesAggregate {
+  /** `parent` taken into the save below it, when it is the save's final aggregate. */
+  def absorb(parent: SparkPlan): Option[SparkPlan] = parent.children match {
+    case Seq(save: FinishesAggregate) if save.finalAggregate.isEmpty =>
+      BufferMerge.of(parent, save, save.uniqueColumns, Final).map(save.withFinalAggregate)
     case _ => None
   }
 }
