@@ -18,6 +18,7 @@ both libraries restart their pools in a forked child.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -54,6 +55,9 @@ def main() -> None:
     # the task waiting for it why it cannot start
     with contextlib.suppress(Exception):
         worker.import_what_functions_need()
+    # the modules' objects, shared with every child, stay out of the children's garbage
+    # collections (each full one would walk them all) and their pages uncopied
+    gc.freeze()
     daemon.worker = serve_forked
     daemon.manager()
 
