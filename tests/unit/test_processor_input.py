@@ -13,7 +13,8 @@ from arrowstate.families.transform_with_state.processor_input import (
     key_bounds, python_column, row_class, rows_to_arrow)
 
 MICROS = [1_700_000_000_123_456, None, 0, -1, -62135000000000000, 253402000000000000,
-          1_710_054_000_000_000]   # 2024-03-10 07:00 UTC: New York's clocks go forward
+          1_710_054_000_000_000,   # 2024-03-10 07:00 UTC: New York's clocks go forward
+          1_699_165_800_000_000]   # 2023-11-05 06:30 UTC: 01:30 in New York a second time
 
 
 @pytest.mark.parametrize("zone", ["UTC", "Etc/UTC", "+00:00", "America/New_York",
@@ -24,6 +25,10 @@ def test_timestamps_as_arrow_makes_them(zone):
     assert fast == arrow
     assert [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in fast] == \
         [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in arrow]
+    # where Arrow gives every value one zone object (not for a fixed offset other than
+    # UTC: a new one each), that very object, as a processor comparing zones by identity
+    if len({id(a.tzinfo) for a in arrow if a is not None}) == 1:
+        assert all(v is None or v.tzinfo is a.tzinfo for v, a in zip(fast, arrow))
 
 
 @pytest.mark.parametrize("micros,zone", [(-62135596800000001, "UTC"),
