@@ -33,7 +33,6 @@ def _as_from_rows(frame):
 
 # the microseconds of datetime.min and datetime.max: numpy makes datetimes between them
 _DATETIME_RANGE = (-62135596800000000, 253402300799999999)
-_UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z"}
 
 
 def python_column(array: pa.Array) -> list:
@@ -42,7 +41,7 @@ def python_column(array: pa.Array) -> list:
     about 4x slower (2.6 us). A zone Arrow gives as a ZoneInfo (named zones, UTC) or as
     timezone.utc goes through pandas, which makes the datetimes in C with that same object
     (0.38 against 1.03 us a value through numpy and datetime.replace); a fixed offset, to
-    which pandas would give an equal but other object, through numpy."""
+    which pandas would give an equal but other object, through numpy and astimezone."""
     t = array.type
     if not (pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None and len(array)):
         return array.to_pylist()
@@ -50,28 +49,17 @@ def python_column(array: pa.Array) -> list:
     if micros.min() < _DATETIME_RANGE[0] or micros.max() > _DATETIME_RANGE[1]:
         return array.to_pylist()   # Arrow's own error (no datetime holds it)
     zone = pa.scalar(0, t).as_py().tzinfo   # the zone object Arrow gives
-    if isinstance(zone, zoneinfo.ZoneInfo) or zone is datetime.timezone.utc:
-        import pandas as pd   # loaded before the fork in the workers of functions
-        try:
+    try:
+        if isinstance(zone, zoneinfo.ZoneInfo) or zone is datetime.timezone.utc:
+            import pandas as pd   # loaded before the fork in the workers of functions
             values = (pd.DatetimeIndex(micros.astype("datetime64[us]")).tz_localize("UTC")
                       .tz_convert(zone).to_pydatetime().tolist())
-        except OverflowError:   # a zone's time past datetime's range: as Arrow does
-            return array.to_pylist()
-        return _with_nulls(array, values)
-    naive = micros.astype("datetime64[us]").astype(object).tolist()
-    if t.tz in _UTC_NAMES:
-        values = [d.replace(tzinfo=zone) for d in naive]
-    else:
-        utc = datetime.timezone.utc
-        try:
-            values = [d.replace(tzinfo=utc).astimezone(zone) for d in naive]
-        except OverflowError:   # a zone's time past datetime's range: as Arrow does
-            return array.to_pylist()
-    return _with_nulls(array, values)
-
-
-def _with_nulls(array: pa.Array, values: list) -> list:
-    """None where the array is null."""
+        else:   # a fixed offset: pandas would give an equal but other zone object
+            utc = datetime.timezone.utc
+            values = [d.replace(tzinfo=utc).astimezone(zone)
+                      for d in micros.astype("datetime64[us]").astype(object).tolist()]
+    except OverflowError:   # a zone's time past datetime's range: as Arrow does
+        return array.to_pylist()
     if array.null_count:
         valid = array.is_valid().to_numpy(zero_copy_only=False).tolist()
         values = [v if ok else None for v, ok in zip(values, valid)]
