@@ -284,3 +284,15 @@ def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype,
     block = np.ascontiguousarray(np.concatenate(parts, axis=1)) if parts else \
         np.zeros((num_rows, 0), np.uint8)
     return block.view(dtype).ravel()
+
+
+def is_in(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """Whether each of `key_array`'s keys is among `of`'s (a bool array). Arrow's hash
+    table compares their bytes: about 5x faster than `np.isin`, which sorts fixed-width
+    bytes with string comparisons."""
+    if not len(keys) or not len(of):
+        return np.zeros(len(keys), bool)
+    def arrow(a: np.ndarray) -> pa.Array:
+        return (pa.array(a) if a.dtype == np.int64 else
+                _binary(np.ascontiguousarray(a).view(np.uint8).reshape(len(a), -1)))
+    return pc.is_in(arrow(keys), value_set=arrow(of)).to_numpy(zero_copy_only=False)

@@ -326,3 +326,33 @@ def test_hashed_keys_are_equal_exactly_when_the_values_are():
     nulls = pa.array([None, b"", None], pa.binary())
     got = keys.key_array([nulls], 3, dtype, seeds)
     assert got[0] == got[2] != got[1]
+
+
+@pytest.mark.parametrize("fields", [
+    [pa.field("k", pa.int64(), nullable=False)],
+    [pa.field("k", pa.int64()), pa.field("start", pa.timestamp("us"))],
+    [pa.field("k", pa.float64()), pa.field("flag", pa.bool_())]])
+def test_membership_of_tier_keys_is_numpys(fields):
+    """`keys.is_in` (Arrow's hash table over the key bytes) answers as `np.isin` for keys
+    in each `key_dtype` form (int64, and bytes with validity and normalised bits): nulls
+    against zeros, -0.0 and 0.0, NaN, repeats, and either side empty."""
+    rng = np.random.default_rng(11)
+    n = 3000
+
+    def column(f, size):
+        if pa.types.is_floating(f.type):
+            values = rng.choice([0.0, -0.0, 1.5, float("nan"), 2.0 ** -1074], size)
+        elif pa.types.is_boolean(f.type):
+            values = rng.integers(0, 2, size).astype(bool)
+        else:
+            values = rng.choice([0, 1, 256, 1 << 40, -1], size)
+        mask = None if not f.nullable else rng.random(size) < 0.1
+        return pa.array(values, mask=mask).cast(f.type)
+
+    dtype = keys.key_dtype(fields)
+    both = keys.key_array([column(f, 2 * n) for f in fields], 2 * n, dtype)
+    a, b = both[:n], both[n:][rng.random(n) < 0.5]
+    assert keys.is_in(a, b).tolist() == np.isin(a, b).tolist()
+    assert keys.is_in(b, a).tolist() == np.isin(b, a).tolist()
+    assert keys.is_in(a, a[:0]).tolist() == [False] * n
+    assert keys.is_in(a[:0], a).tolist() == []

@@ -327,15 +327,16 @@ class SessionWindow(FamilyBase):
         _, ids = state.rows.scan_prefixes(np.unique(state.prefix_keys(key_columns[:-1], n)))
         old = state.rows.take(ids)
         old_keys = state.keys(old.columns[: self.key_count], old.num_rows)
-        gone = ~np.isin(old_keys, new_keys)
+        gone = ~keycodec.is_in(old_keys, new_keys)
         if gone.any():
             self.metrics["numRemovedStateRows"] += state.pop_present(old_keys[gone]).num_rows
+        stored = keycodec.is_in(new_keys, old_keys)   # the prefix scan saw every stored one
         state.put_rows(new_keys, pa.RecordBatch.from_arrays(key_columns + rows.columns,
-                                                            schema=state.schema))
+                                                            schema=state.schema), stored)
         self.metrics["numUpdatedStateRows"] += n
         if self.indexed:   # as in memory: a session stored before keeps its entry
             times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
-            state.index.add_many(times, new_keys, valid & ~np.isin(new_keys, old_keys))
+            state.index.add_many(times, new_keys, valid & ~stored)
 
     # -- after the input --------------------------------------------------------------------
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:

@@ -42,8 +42,10 @@ class KeyedRows:
         self._chunks, self._starts, self._next_id, self._dead = [], [], 0, 0
 
     # -- changing ---------------------------------------------------------------------------
-    def insert(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
-        """Stores one row per key (the last of repeated keys wins)."""
+    def insert(self, keys: Sequence[Hashable], batch: pa.RecordBatch,
+               present: np.ndarray | None = None) -> None:
+        """Stores one row per key (the last of repeated keys wins); `present` is for the
+        tier (the dict counts replaced keys itself)."""
         before = len(self.data)
         start = self._next_id
         self.data.update(zip(keys, range(start, start + len(keys))))

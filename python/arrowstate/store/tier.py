@@ -194,14 +194,16 @@ class TieredRows:
         return self.frozen().batches(batch_size)
 
     # -- changing -----------------------------------------------------------------------
-    def insert(self, keys: np.ndarray, batch: pa.RecordBatch) -> None:
-        """Stores one row per key (the last of repeated keys wins)."""
+    def insert(self, keys: np.ndarray, batch: pa.RecordBatch,
+               present: np.ndarray | None = None) -> None:
+        """Stores one row per key (the last of repeated keys wins). `present`: whether
+        each key is stored already, where the caller knows (spares a lookup)."""
         if not len(keys):
             return
         keys = np.asarray(keys, dtype=self.dtype)
         pick = newest_of_each(keys)
         keys = keys[pick]
-        present = self.lookup(keys) >= 0
+        present = self.lookup(keys) >= 0 if present is None else present[pick]
         self._live += int(len(keys) - present.sum())
         in_place = len(pick) == batch.num_rows and not np.any(pick != np.arange(len(pick)))
         rows = batch if in_place else batch.take(pa.array(pick))

@@ -103,12 +103,14 @@ class VersionedState:
         self.rows.close()
 
     # -- changing ---------------------------------------------------------------------------
-    def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch) -> None:
-        """Stores one row per key; `batch` holds the key then the value columns."""
+    def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch,
+                 present: np.ndarray | None = None) -> None:
+        """Stores one row per key; `batch` holds the key then the value columns.
+        `present`: whether each key is stored already, where the caller knows."""
         if len(keys) == 0:
             return
         batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
-        self.rows.insert(keys, batch)
+        self.rows.insert(keys, batch, present)
         self._changes.append(files.with_op(batch, files.OP_PUT))
 
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
