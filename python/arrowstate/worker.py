@@ -116,7 +116,8 @@ class Worker:
                                    named_columns=family.named_columns,
                                    dropped_columns=family.dropped_columns,
                                    evolve=family.evolve_column,
-                                   tier=self.budget.place(key) if family.tiered else None,
+                                   tier=(self.budget.place(key, family.runs_without_budget)
+                                         if family.tiered else None),
                                    prefix_count=family.prefix_count)
             state.run_id = run_id
             if version > 0:

@@ -70,6 +70,10 @@ class FamilyBase:
     # family handles keys only as `state.keys` makes them (a list or an array) and selects
     # them with `state.rows.pick`
     tiered: bool = False
+    # whether its state lives in sorted runs (in memory) without a budget too: for a family
+    # whose every batch replaces and removes many rows, whole-batch numpy and Arrow work
+    # costs less there than a dict's Python work per key
+    runs_without_budget: ClassVar[bool] = False
     # the key fields, first of the key, whose rows the family finds together on the tier
     # (VersionedState's prefix_count)
     prefix_count: int = 0

@@ -59,6 +59,9 @@ def _micros(arr: pa.Array) -> np.ndarray:
 class SessionWindow(FamilyBase):
     name = "sessionWindow"
     layout = LAYOUT
+    # every batch saves its keys' sessions again and evicts many: sorted runs (Arrow's hash
+    # table for membership) cost about a quarter less Python time than the dict per session
+    runs_without_budget = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS)

@@ -20,6 +20,7 @@ import itertools
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -121,9 +122,11 @@ class MemoryBudget:
                 budget=self.total, needed=need, setting=SETTING)
         self._peak_tracked = reset_peak() if self.total else False
 
-    def place(self, state_key: str) -> TierPlace | None:
-        """Where a new partition state keeps its tier; None without a budget."""
-        if not self.total or not self.local_dir:
+    def place(self, state_key: str, without_budget: bool = False) -> TierPlace | None:
+        """Where a new partition state keeps its tier; None without a budget, unless
+        `without_budget` (a family whose state is cheaper in sorted runs than in a dict):
+        then its runs stay in memory."""
+        if not self.local_dir or not (self.total or without_budget):
             return None
         root = self._roots.get(self.local_dir)
         if root is None:   # the directory is a per-session setting: one part in each used
@@ -132,7 +135,8 @@ class MemoryBudget:
             atexit.register(shutil.rmtree, root, True)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", state_key)[-80:]
         return TierPlace(os.path.join(root, f"{next(self._names)}-{name}"),
-                         memory_cap=max(MIB, self.state_share // 8))
+                         memory_cap=max(MIB, self.state_share // 8) if self.total
+                         else sys.maxsize)
 
     def balance(self, states: Iterable) -> None:
         """After a commit: while the state held in memory passes its share, the largest
