@@ -101,6 +101,11 @@ class SessionWindow(FamilyBase):
         # the stored sessions this task's restore handed over (state in memory): saved
         # again, they keep the time index entry they have
         self._handed_over: set[Hashable] = set()
+        # on the tier, the task's changes, made at its end in one removal and one put: a run
+        # each rather than two per batch the save gets, so fewer runs to merge. The state
+        # does not change until then, so the row ids of the removed sessions stay valid
+        self._tier_changes: dict[str, list] = {"gone_keys": [], "gone_ids": [], "keys": [],
+                                               "rows": [], "stored": []}
 
     # -- the index of each key's sessions ---------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
@@ -331,20 +336,41 @@ class SessionWindow(FamilyBase):
         old = state.rows.take(ids)
         old_keys = state.keys(old.columns[: self.key_count], old.num_rows)
         gone = ~keycodec.is_in(old_keys, new_keys)
-        if gone.any():
-            self.metrics["numRemovedStateRows"] += state.pop_present(old_keys[gone]).num_rows
         stored = keycodec.is_in(new_keys, old_keys)   # the prefix scan saw every stored one
-        state.put_rows(new_keys, pa.RecordBatch.from_arrays(key_columns + rows.columns,
-                                                            schema=state.schema), stored)
+        changes = self._tier_changes
+        changes["gone_keys"].append(old_keys[gone])
+        changes["gone_ids"].append(ids[gone])
+        changes["keys"].append(new_keys)
+        changes["rows"].append(pa.RecordBatch.from_arrays(key_columns + rows.columns,
+                                                          schema=state.schema))
+        changes["stored"].append(stored)
+        self.metrics["numRemovedStateRows"] += int(gone.sum())
         self.metrics["numUpdatedStateRows"] += n
         if self.indexed:   # as in memory: a session stored before keeps its entry
             times, valid = keycodec.event_time_micros(rows.column(self.event_time_index))
             state.index.add_many(times, new_keys, valid & ~stored)
 
+    def _apply_tier_changes(self, state: VersionedState) -> None:
+        """Makes the task's changes on the tier: the sessions merged away removed, then the
+        saved ones put (the keys of the two never meet: a removed key is no saved one of its
+        key's, and each key's sessions come in one save)."""
+        changes = self._tier_changes
+        if not changes["keys"]:
+            return
+        joined = {name: np.concatenate(parts) for name, parts in changes.items()
+                  if name != "rows"}
+        rows = pa.concat_batches(changes["rows"])
+        for parts in changes.values():
+            parts.clear()
+        if len(joined["gone_keys"]):
+            state.pop_found(joined["gone_keys"], joined["gone_ids"])
+        state.put_rows(joined["keys"], rows, joined["stored"])
+
     # -- after the input --------------------------------------------------------------------
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         with self.updating():
             self._apply_pending(state)
+            self._apply_tier_changes(state)
         if self.output_mode == "complete":
             self.close_timings()
             for rows in state.rows.all_rows(self.batch_size):
