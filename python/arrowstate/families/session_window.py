@@ -106,6 +106,10 @@ class SessionWindow(FamilyBase):
         # does not change until then, so the row ids of the removed sessions stay valid
         self._tier_changes: dict[str, list] = {"gone_keys": [], "gone_ids": [], "keys": [],
                                                "rows": [], "stored": []}
+        # on the tier, the stored sessions the task's restore found (each one's grouping key
+        # prefix, state key and row id): the save finds its keys' stored sessions among them
+        # rather than scanning again (every key the save gets was looked up by the restore)
+        self._restored: dict[str, list] = {"prefixes": [], "keys": [], "ids": []}
 
     # -- the index of each key's sessions ---------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
@@ -163,8 +167,13 @@ class SessionWindow(FamilyBase):
         """The stored sessions of these keys, each key's by start: their value columns and
         the number per key."""
         if _scanned(state):
-            owner, ids = state.rows.scan_prefixes(np.asarray(groups, state.prefix_dtype))
+            prefixes = np.asarray(groups, state.prefix_dtype)
+            owner, ids = state.rows.scan_prefixes(prefixes)
             rows = state.rows.take(ids)
+            restored = self._restored
+            restored["prefixes"].append(prefixes[owner])
+            restored["keys"].append(state.keys(rows.columns[: self.key_count], len(ids)))
+            restored["ids"].append(ids)
             order = np.lexsort((_micros(rows.column(self.key_count - 1)), owner))
             return (pa.RecordBatch.from_arrays(rows.take(pa.array(order)).columns[
                 self.key_count:], schema=self._value_schema()),
@@ -329,12 +338,23 @@ class SessionWindow(FamilyBase):
 
     def _replace_scanned(self, state: VersionedState, rows: pa.RecordBatch,
                          key_columns: list) -> None:
-        """`_replace` on the tier: each key's stored sessions found by prefix scan."""
+        """`_replace` on the tier: each key's stored sessions are those the restore found by
+        prefix scan (taken out of what it found: that stays as small as what the restore is
+        ahead of the save)."""
         n = rows.num_rows
         new_keys = state.keys(key_columns, n)
-        _, ids = state.rows.scan_prefixes(np.unique(state.prefix_keys(key_columns[:-1], n)))
-        old = state.rows.take(ids)
-        old_keys = state.keys(old.columns[: self.key_count], old.num_rows)
+        restored = self._restored
+        for parts in restored.values():   # joined once per restore call
+            if len(parts) > 1:
+                parts[:] = [np.concatenate(parts)]
+        if restored["ids"]:
+            mine = keycodec.is_in(restored["prefixes"][0],
+                                  state.prefix_keys(key_columns[:-1], n))
+            old_keys, ids = restored["keys"][0][mine], restored["ids"][0][mine]
+            for parts in restored.values():
+                parts[0] = parts[0][~mine]
+        else:
+            old_keys, ids = new_keys[:0], np.zeros(0, np.int64)
         gone = ~keycodec.is_in(old_keys, new_keys)
         stored = keycodec.is_in(new_keys, old_keys)   # the prefix scan saw every stored one
         changes = self._tier_changes
