@@ -413,7 +413,7 @@ class SessionWindow(FamilyBase):
         # the stored session's own event time decides: entries of sessions merged away or
         # evicted already are passed over (a repeated one removes once), and a session
         # extended since its entry is entered again at its end
-        keys = (np.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
+        keys = (keycodec.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
                 else entries)
         ids = state.rows.lookup(keys)
         found = np.flatnonzero(ids >= 0)
