@@ -288,6 +288,26 @@ def test_state_memory_counts_a_familys_own_objects_and_the_tiers_filters(tmp_pat
     assert state.memory_bytes() - before > 10_000 * 200
 
 
+def test_without_a_budget_a_family_that_asks_gets_runs_that_stay_in_memory(tmp_path):
+    """No budget: the tier only for a family that asks (session windows), its runs all in
+    memory however large; no file is written, and balancing spills nothing."""
+    b = MemoryBudget()
+    b.configure(_header(0, local_dir=str(tmp_path)))
+    assert b.place("/ck/state/0/0") is None
+    place = b.place("/ck/state/0/1", without_budget=True)
+    state = VersionedState([pa.field("k", pa.int64(), nullable=False)],
+                           [pa.field("v", pa.int64())], tier=place)
+    assert isinstance(state.rows, TieredRows)
+    for lo in range(0, 400_000, 100_000):   # merged runs of 400K rows, 6.4 MB
+        k = np.arange(lo, lo + 100_000)
+        state.put_rows(k, pa.RecordBatch.from_arrays([pa.array(k), pa.array(k)],
+                                                     names=["k", "v"]))
+    b.balance([state])
+    assert state.disk_bytes() == 0 and state.memory_bytes() > 400_000 * 16
+    assert not os.path.exists(place.directory)
+    assert state.rows.lookup(np.array([0, 399_999, 400_000])).tolist()[2] == -1
+
+
 def test_each_local_directory_setting_gets_the_tiers_made_after_it(tmp_path):
     b = MemoryBudget()
     b.configure(_header(budget.resident_bytes() + (100 << 20), local_dir=str(tmp_path / "a")))
