@@ -61,10 +61,14 @@ class KeyedRows:
             self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
 
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
-        """Removes those of the keys that are present (repeats count once); returns their rows."""
-        ids = self.lookup(keys)
-        found = np.flatnonzero(ids >= 0)
-        return self.pop_found(self.pick(keys, found), ids[found])
+        """Removes those of the keys that are present (repeats count once: a repeat finds
+        its key gone); returns their rows, in row id order. One dict operation per key,
+        in C, where a lookup and then a removal would take two."""
+        ids = np.fromiter(map(self.data.pop, keys, itertools.repeat(-1)), dtype=np.int64,
+                          count=len(keys))
+        ids = np.sort(ids[ids >= 0])
+        self._dead += len(ids)
+        return self.take(ids)
 
     def pop_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> pa.RecordBatch:
         """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
