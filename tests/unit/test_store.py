@@ -9,6 +9,7 @@ import pytest
 from arrowstate import keys
 from arrowstate.store import CorruptStateFile, MissingStateFiles, TimeIndex, VersionedState
 from arrowstate.store.lifecycle import load_plans
+from arrowstate.store.rows import KeyedRows
 
 KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz="UTC"))]
 VALUE_FIELDS = [pa.field("v0", pa.int64())]
@@ -223,3 +224,15 @@ def test_string_keys_compare_by_bytes_even_when_not_utf8():
     nested = pa.StructArray.from_arrays([raw, pa.array([1, 2, 1, 3])], names=["s", "n"])
     r = keys.rows([nested, pa.array([1, 1, 1, 1])], 4)
     assert r[0] == r[2] and len(set(r)) == 3
+
+
+def test_pick_gathers_keys_at_positions_in_any_order():
+    """KeyedRows.pick: every position in order (its shortcut), reversed, a few, none, a
+    run that starts later, and repeats."""
+    keys = [bytes([i % 256, i // 256 % 256, 7]) for i in range(5000)]
+    for positions in (np.arange(5000), np.arange(5000)[::-1], np.array([0, 2, 4999]),
+                      np.zeros(0, np.int64), np.array([0, 1]), np.arange(1, 5000),
+                      np.array([0, 0] + list(range(2, 4999)) + [4999])):   # as long, not all
+        picked = KeyedRows.pick(keys, positions)
+        assert picked == [keys[i] for i in positions]
+        assert picked is not keys

@@ -105,7 +105,12 @@ class KeyedRows:
     # -- keys -------------------------------------------------------------------------------
     @staticmethod
     def pick(keys: Sequence[Hashable], positions) -> list:
-        positions = np.asarray(positions).tolist()
+        positions = np.asarray(positions)
+        n = len(positions)
+        if n > 2 and n == len(keys) and positions[0] == 0 and positions[-1] == n - 1 \
+                and (np.diff(positions) == 1).all():
+            return list(keys)   # every key in order (a batch with no late or repeated row)
+        positions = positions.tolist()
         if len(positions) < 2:
             return [keys[i] for i in positions]
         return list(operator.itemgetter(*positions)(keys))   # gathered in C
