@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 
 from .. import keys as keycodec
 from ..store import VersionedState
+from ..store.bloom import prefixes
 from ..store.rows import KeyedRows
 from .base import WATERMARK_METRICS, FamilyBase
 from .session_window_layout import LAYOUT
@@ -348,8 +349,9 @@ class SessionWindow(FamilyBase):
             if len(parts) > 1:
                 parts[:] = [np.concatenate(parts)]
         if restored["ids"]:
+            # a key's first bytes are its prefix: the grouping keys' own encoding
             mine = keycodec.is_in(restored["prefixes"][0],
-                                  state.prefix_keys(key_columns[:-1], n))
+                                  prefixes(new_keys, state.prefix_dtype.itemsize))
             old_keys, ids = restored["keys"][0][mine], restored["ids"][0][mine]
             for parts in restored.values():
                 parts[0] = parts[0][~mine]
