@@ -293,3 +293,33 @@ class LongList(StatefulProcessor):
     def handleInputRows(self, key, rows, timerValues):
         self.values.appendList([(i,) for i in range(self.size)])
         yield pd.DataFrame({"user": [key[0]], "count": [self.size]})
+
+
+class NotesWhereInitRuns(RunningCount):
+    """A running count whose init() notes, in a file of `directory`, the command line of
+    the process it runs in and of that process's parent, and whether it is Spark's planning
+    on the driver (pyspark's pre-init, whose client is in state PRE_INIT); with `fail`,
+    that init() raises the user's error."""
+
+    def __init__(self, directory, fail=False):
+        self.directory, self.fail = directory, fail
+
+    def init(self, handle):
+        import os
+        import uuid
+
+        def command_line(pid):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode()
+
+        from pyspark.sql.streaming.stateful_processor_api_client import (
+            StatefulProcessorHandleState)
+
+        client = getattr(handle, "_statefulProcessorApiClient", None)
+        driver = getattr(client, "handle_state", None) == StatefulProcessorHandleState.PRE_INIT
+        with open(os.path.join(self.directory, uuid.uuid4().hex), "w") as f:
+            f.write("\n".join([str(driver), command_line(os.getpid()),
+                               command_line(os.getppid())]))
+        if driver and self.fail:
+            raise ValueError("init() refuses to plan this query")
+        super().init(handle)

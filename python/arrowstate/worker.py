@@ -11,7 +11,7 @@ conversation (frames and their bodies in contract.json, read and written by prot
   END -> DATA batch* END
   COMMIT delta, snapshots of earlier versions, prune-below version -> COMMITTED (the JVM
   wrote the delta) -> COMMITTED metrics
-Between tasks: DROP, READ_STATE and IMPORT_STATE requests.
+Between tasks: DROP, READ_STATE and IMPORT_STATE requests; PRE_INIT on the driver.
 Any exception sends ERROR (condition, parameters, message, traceback) and ends the process:
 the JVM fails the task, and the state is reloaded from the checkpoint by whoever runs the
 retry.
@@ -225,6 +225,17 @@ class Worker:
         p.send(f, "END")
         f.flush()
 
+    def pre_init(self, f: BinaryIO, request: dict[str, Any]) -> None:
+        """PRE_INIT: a transformWithState processor's init() for Spark's planning on the
+        driver (families.transform_with_state.pre_init); a worker that runs it serves no
+        task after."""
+        from .families.transform_with_state.pre_init import run_pre_init
+
+        environment.set_spark_files(request["sparkFilesDir"], request["pythonIncludes"])
+        run_pre_init(request)
+        p.send(f, "PRE_INIT")
+        f.flush()
+
     def drop(self, f: BinaryIO, state_keys: list[str]) -> None:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
@@ -238,8 +249,8 @@ class Worker:
         greeted = False
         while True:
             try:
-                name, body = p.receive(f, *(("TASK", "DROP", "READ_STATE", "IMPORT_STATE")
-                                            if greeted else ("HELLO",)))
+                name, body = p.receive(f, *(("TASK", "DROP", "READ_STATE", "IMPORT_STATE",
+                                             "PRE_INIT") if greeted else ("HELLO",)))
                 if name == "HELLO":
                     greet(f, *body)
                     greeted = True
@@ -249,6 +260,8 @@ class Worker:
                     self.drop(f, body[0])
                 elif name == "READ_STATE":
                     self.read_state(f, body[0])
+                elif name == "PRE_INIT":
+                    self.pre_init(f, body[0])
                 else:
                     self.import_state(f, body[0], p.ipc_schema(body[1]))
             except EOFError:

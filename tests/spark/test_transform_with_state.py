@@ -8,10 +8,12 @@ import os
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
+from pyspark.errors import StreamingQueryException
 
 import tws_processors as procs
 from arrowstate.checkpoint import CheckpointError
-from harness import assert_same, assert_state_reads_same, state_command, ttl_masked
+from harness import (assert_same, assert_state_reads_same, run_query, state_command,
+                     ttl_masked)
 
 cloudpickle.register_pickle_by_value(procs)
 
@@ -168,3 +170,70 @@ def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):
     deleted = {b: sum(p["numDeletedStateVars"] for p in c) for b, c in native.custom.items()}
     assert deleted[5] > 0 and deleted[6] == 0, deleted
     assert ours.custom == native.custom
+
+
+def _inits(directory):
+    """(on the driver, process, parent) of each init() NotesWhereInitRuns noted."""
+    noted = []
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as f:
+            driver, process, parent = f.read().split("\n")
+        noted.append((driver == "True", process, parent))
+    return noted
+
+
+def test_init_while_spark_plans_runs_in_a_forked_worker(spark, tmp_path):
+    """Spark learns a processor's state variables on the driver, in a query run's first
+    batch, by running its init() against a state server there; natively in a new Python
+    interpreter (pyspark's driver worker), with arrowstate in a worker forked from the
+    daemon of the function's workers, which has imported pandas and pyspark. Spark's
+    answers (rows, state figures, schema files) stay the same."""
+    notes = {}
+
+    def build_noting(run):
+        directory = tmp_path / f"inits-{run}"
+        directory.mkdir()
+        notes[run] = str(directory)
+
+        def build(df):
+            return df.groupBy("user").transformWithStateInPandas(
+                procs.NotesWhereInitRuns(str(directory)), "user string, count long",
+                "Update", "None")
+        return build
+
+    native = run_query(spark, str(tmp_path), EVENTS, BATCHES[:2], build_noting("off"),
+                       arrowstate=False, output_mode="update", restart_after=[0])
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES[:2], build_noting("on"),
+                     arrowstate=True, output_mode="update", restart_after=[0])
+    assert ours.outputs == native.outputs and ours.figures == native.figures
+    assert any(NODE in plan for plan in ours.plans), ours.plans
+    for run, where in (("off", "transform_with_state_driver_worker"),
+                       ("on", "arrowstate.worker_daemon")):
+        planned = [(process, parent) for driver, process, parent in _inits(notes[run])
+                   if driver]
+        assert len(planned) == 2, planned   # each query run's first batch
+        place = [process if run == "off" else parent for process, parent in planned]
+        assert all(where in p for p in place), (run, planned)
+    schemas = {run: sorted(os.listdir(os.path.join(r.checkpoint, "state", "0", "_stateSchema",
+                                                   "default")))
+               for run, r in (("off", native), ("on", ours))}
+    assert len(schemas["on"]) == len(schemas["off"]) == 2, schemas
+
+
+def test_an_error_in_init_while_spark_plans_fails_both_runs(spark, tmp_path):
+    """init() raising while the driver plans the first batch: both runs fail before any
+    batch, in Spark's words for a failed driver worker, with the user's error."""
+    build = (lambda df: df.groupBy("user").transformWithStateInPandas(
+        procs.NotesWhereInitRuns(str(tmp_path), fail=True), "user string, count long",
+        "Update", "None"))
+    for arrowstate in (False, True):
+        with pytest.raises(StreamingQueryException) as failure:
+            run_query(spark, str(tmp_path), EVENTS, BATCHES[:1], build, arrowstate=arrowstate,
+                      output_mode="update")
+        messages = []
+        java = failure.value._origin
+        while java is not None:
+            messages.append(java.getMessage() or "")
+            java = java.getCause()
+        assert "TransformWithStateInPySpark driver worker exited unexpectedly" in messages[0]
+        assert any("init() refuses to plan this query" in m for m in messages), messages

@@ -15,7 +15,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.Streamin
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
 import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides}
+import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides, PreInitMark, PreInitStrategy}
 import org.apache.spark.sql.arrowstate.tools.StateReaderRule
 
 /** Entry point named in `spark.sql.extensions`. */
@@ -24,6 +24,11 @@ class ArrowStateExtensions extends (SparkSessionExtensions => Unit) {
     // preColumnarTransitions runs after IncrementalExecution's `state` rule, so the operators
     // we replace already carry their state info, output mode and watermarks.
     extensions.injectColumnar(session => ArrowStateColumnarRule(session))
+    // a Python processor's init() while the driver plans runs in an arrowstate worker: that
+    // step comes before the columnar rule, so the node planned must be ours already (see
+    // PreInitStrategy)
+    extensions.injectPreCBORule(session => PreInitMark(session))
+    extensions.injectPlannerStrategy(session => PreInitStrategy(session))
     // Spark's state readers read arrowstate checkpoints through ArrowStateStoreProvider
     extensions.injectPostHocResolutionRule(session => StateReaderRule(session))
   }

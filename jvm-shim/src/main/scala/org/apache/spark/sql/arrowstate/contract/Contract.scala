@@ -66,6 +66,7 @@ object Contract {
     val InitialState: FrameSpec = frame("INITIAL_STATE")
     val Hello: FrameSpec = frame("HELLO")
     val Task: FrameSpec = frame("TASK")
+    val PreInit: FrameSpec = frame("PRE_INIT")
   }
 
   /** JSON payloads by name, as JSON Schema (checked by ContractSchema). */

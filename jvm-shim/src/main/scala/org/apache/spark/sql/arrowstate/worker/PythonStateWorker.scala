@@ -164,6 +164,14 @@ class PythonStateWorker(
     codec.flush()
   }
 
+  /** PRE_INIT: a transformWithState processor's init() for Spark's planning on the driver;
+   * returns when init() has (its failure raised as the worker's error). */
+  def preInit(request: JValue): Unit = {
+    codec.write(Contract.Frame.PreInit, request)
+    codec.flush()
+    read(Contract.Frame.PreInit)
+  }
+
   /** IMPORT_STATE: the request and the schema of the rows that follow as DATA. */
   def beginImport(request: JValue, schemaIpc: Array[Byte]): Unit =
     codec.write(Contract.Frame.ImportState, request, schemaIpc)

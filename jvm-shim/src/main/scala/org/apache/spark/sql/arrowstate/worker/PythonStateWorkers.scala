@@ -127,6 +127,12 @@ object PythonStateWorkers extends Logging {
     chosen.getOrElse(create(None, None))
   }
 
+  /** A new worker of a user function's environment for one request outside any task (a
+   * transformWithState processor's init() while the driver plans); the caller destroys it
+   * after, so the user's code leaves nothing behind. */
+  def startForFunction(function: FunctionEnvironment): PythonStateWorker =
+    create(Some("driver"), Some(function))
+
   private def discardDead(p: Pool): Unit =
     p.discardDead().foreach { dead =>
       logWarning(s"arrowstate: Python state worker ${dead.id} died while idle; " +
