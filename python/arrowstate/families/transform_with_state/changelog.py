@@ -18,7 +18,7 @@ import pyarrow as pa
 from ...store import VersionedState
 from ...store.files import CHANGE_APPEND, CHANGE_UPDATE
 from .codec import list_offsets
-from .layout import LIST, MAP, VALUE
+from .layout import LIST, MAP, TIMERS, VALUE
 from .variables import Variable
 
 if TYPE_CHECKING:
@@ -27,24 +27,24 @@ if TYPE_CHECKING:
 
 def write_changes(family: "TransformWithState", state: VersionedState,
                   written: dict) -> None:
-    """This batch's state operations as change records, per variable and key in the
-    order they ran; one update of a value, or one put of a list, that the key's put row
-    already holds is left out (the reader derives it from the row)."""
-    logged: dict = {}
-    for (name, group), records in written.items():
-        if not records:   # timers: no change feed
-            continue
-        var = family.variables[name]
-        if (len(records) == 2 and records[0] == CHANGE_UPDATE and var.kind != MAP
-                and var.data.get(group) == records[1]):
-            continue
-        logged.setdefault(name, []).append((group, records))
+    """This batch's state operations (`written`: variable -> grouping key -> its logged
+    operations) as change records, per variable and key in the order they ran; one update
+    of a value, or one put of a list, that the key's put row already holds is left out (the
+    reader derives it from the row)."""
     for column, name in enumerate(family.order):
-        if name not in logged:
-            continue
         var = family.variables[name]
+        if not written.get(name) or var.kind == TIMERS:   # timers: no change feed
+            continue
+        data = var.data
+        if var.kind == MAP:
+            logged = [(g, r) for g, r in written[name].items() if r]
+        else:
+            logged = [(g, r) for g, r in written[name].items() if r and not (
+                len(r) == 2 and r[0] == CHANGE_UPDATE and data.get(g) == r[1])]
+        if not logged:
+            continue
         groups, owners, ops, payloads = [], [], [], []
-        for i, (group, records) in enumerate(logged[name]):
+        for i, (group, records) in enumerate(logged):
             groups.append(group)
             for op, payload in _change_rows(var.kind, records):
                 owners.append(i)

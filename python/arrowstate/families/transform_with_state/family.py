@@ -87,10 +87,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self._parsed: dict = operator["variables"]
         # Spark's Avro state encoding lets a variable's fields evolve by name
         self.fields_by_name = operator.get("stateEncoding") == "avro"
-        # (variable, grouping key) -> its state operations this batch (Variable.logged), in
-        # the order keys were first written
-        self.dirty: dict = {}
         self.total = 0
+        self._plain_key = _plain_key_column(self.key_fields[:-1])
         self._current = NO_KEY                 # the grouping key being processed
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
@@ -338,32 +336,33 @@ class TransformWithState(AcrossRuns, FamilyBase):
 
     def _write(self, state: VersionedState) -> None:
         """The variables' changed values of this batch, as puts and removes."""
-        written, self.dirty = self.dirty, {}
-        for var in self.variables.values():
+        written = {}   # variable -> grouping key -> its operations (Variable.dirty)
+        for name, var in self.variables.items():
+            if var.dirty:
+                written[name], var.dirty = var.dirty, {}
             if var is not self.timers:
                 var._written_key = NO_KEY
-        dirty = list(written)
         for column, name in enumerate(self.order):
-            var = self.variables[name]
-            changed = [g for n, g in dirty if n == name]
+            changed = written.get(name)
             if not changed:
                 continue
-            present = [g for g in changed if g in var.data]
-            gone = [g for g in changed if g not in var.data]
+            data = self.variables[name].data
+            present = [g for g in changed if g in data]
+            gone = [] if len(present) == len(changed) else [g for g in changed if g not in data]
             if gone:
                 columns = self.store_columns(name, gone)
                 state.pop_present(state.keys(columns, len(gone)))
             if present:
                 key_columns = self.store_columns(name, present)
                 hkeys = state.keys(key_columns, len(present))
-                array = variable_column(var, [var.data[g] for g in present])
+                array = variable_column(self.variables[name], [data[g] for g in present])
                 value_columns = [array if i == column else pa.nulls(len(present), f.type)
                                  for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + value_columns, schema=state.schema))
         write_changes(self, state, written)
         if self.holds_keys and self.working is None:
-            self._hold_keys(dict.fromkeys(g for _, g in dirty))
+            self._hold_keys(dict.fromkeys(g for changed in written.values() for g in changed))
 
     def _hold_keys(self, groups) -> None:
         """Keeps the key columns of keys that have state (one take for the new ones), drops
@@ -387,9 +386,12 @@ class TransformWithState(AcrossRuns, FamilyBase):
     def store_columns(self, name: str, groups: list) -> list[pa.Array]:
         """The store's key columns (grouping key columns and the variable's name) of groups
         seen in this batch or holding timers."""
-        keys = gather_rows([self._key_columns(g) for g in groups],
-                           [f.name for f in self.key_fields[:-1]])
-        return list(keys.columns) + [pa.array([name] * len(groups), pa.string())]
+        if self._plain_key is not None and self.working is None:
+            keys = [self._plain_key(groups)]
+        else:
+            keys = gather_rows([self._key_columns(g) for g in groups],
+                               [f.name for f in self.key_fields[:-1]]).columns
+        return list(keys) + [pa.array([name] * len(groups), pa.string())]
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
@@ -429,3 +431,19 @@ class TransformWithState(AcrossRuns, FamilyBase):
             self._output_schema = pa.schema(arrow_fields(self.io.output_schema, "UTC"))
         rows, self._output_rows = self._output_rows, []
         return rows_to_arrow(rows, self._output_schema)
+
+
+def _plain_key_column(key_fields: list[pa.Field]):
+    """For one grouping column of integers or strings, whose grouping keys in memory are
+    its values as they are (keys.column_values: ints; a string's bytes), the column of
+    some keys made from them directly (no gather from the batches they came in); else
+    None."""
+    if len(key_fields) != 1:
+        return None
+    t = key_fields[0].type
+    if pa.types.is_integer(t):
+        return lambda groups: pa.array(groups, t)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        raw = pa.binary() if pa.types.is_string(t) else pa.large_binary()
+        return lambda groups: pa.array(groups, raw).view(t)
+    return None

@@ -37,6 +37,7 @@ class Timers:
         self.live = 0
         self.index = None          # on the tier: TimeIndex of (time, grouping key)
         self.pending: list = []    # on the tier: this batch's new (time, grouping key)
+        self.dirty: dict = {}      # grouping keys whose timers changed this batch
 
     def entries_of(self, _value) -> int:
         return 0   # timers are not state rows in Spark's figures
@@ -71,7 +72,7 @@ class Timers:
             return   # Spark logs a warning and keeps the one timer
         times.append(ts)
         times.sort()
-        family.dirty[(TIMER_VARIABLE, group)] = None
+        self.dirty[group] = None
         if self.index is not None:
             self.pending.append((ts, group))
             return
@@ -89,7 +90,7 @@ class Timers:
         if not times:
             del self.data[group]
         self.live -= 1
-        family.dirty[(TIMER_VARIABLE, group)] = None
+        self.dirty[group] = None
         if self.index is None and len(self.heap) > 2 * self.live + 1024:
             self._rebuild()
 

@@ -59,6 +59,9 @@ class Variable:
         self.pending: list = []   # TTL on the tier: this batch's (expiry, grouping key)
         self._indexed = 0         # TTL: heap size after its last rebuild
         self._written_key, self._written = NO_KEY, None   # _changed's last key, this batch
+        # grouping key -> its state operations this batch (logged), in the order keys were
+        # first written
+        self.dirty: dict = {}
 
     # -- what the processor calls, for the current grouping key -----------------------------
     def _key(self):
@@ -70,9 +73,9 @@ class Variable:
         The last key's are at hand: a processor works on one key at a time."""
         if key is self._written_key:
             return self._written
-        records = self.family.dirty.get((self.name, key))
+        records = self.dirty.get(key)
         if records is None:
-            records = self.family.dirty[(self.name, key)] = []
+            records = self.dirty[key] = []
         self._written_key, self._written = key, records
         return records
 
