@@ -101,3 +101,4 @@ class AcrossRuns:
             var.data.clear()
         for client in var.clients:
             client.__class__ = DELETED_CLIENTS[type(client)]
+            client.rebind()

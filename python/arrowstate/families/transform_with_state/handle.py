@@ -39,12 +39,29 @@ class LocalListState(ListState):
         return self._listStateClient.values()
 
 
+def _bound(state_class: type, client, name: str, methods: dict[str, str]):
+    """pyspark's state object over `client`, its operations calling the client at once."""
+    state = state_class(client, name)
+    client.bind(state, methods)
+    return state
+
+
+def _value_state(var: Variable) -> ValueState:
+    return _bound(ValueState, ValueClient(var), var.name,
+                  {"exists": "exists", "get": "get", "update": "update", "clear": "clear"})
+
+
 def _map_state(var: Variable) -> LocalMapState:
-    return LocalMapState(MapClient(var), var.name)
+    return _bound(LocalMapState, MapClient(var), var.name,
+                  {"exists": "exists", "getValue": "get_value", "containsKey": "contains_key",
+                   "updateValue": "update_value", "removeKey": "remove_key",
+                   "clear": "clear"})
 
 
 def _list_state(var: Variable) -> LocalListState:
-    return LocalListState(ListClient(var), var.name)
+    return _bound(LocalListState, ListClient(var), var.name,
+                  {"exists": "exists", "put": "put", "appendValue": "append_value",
+                   "appendList": "append_list", "clear": "clear"})
 
 
 def _ttl_ms(family: "TransformWithState", name: str, ttl) -> int | None:
@@ -77,9 +94,8 @@ class LocalHandle(StatefulProcessorHandle):
 
     def getValueState(self, stateName, schema, ttlDurationMs=None):
         family = self._family
-        return ValueState(ValueClient(family.register(
-            stateName, VALUE, schema, ttl_ms=_ttl_ms(family, stateName, ttlDurationMs))),
-            stateName)
+        return _value_state(family.register(stateName, VALUE, schema,
+                                            ttl_ms=_ttl_ms(family, stateName, ttlDurationMs)))
 
     def getListState(self, stateName, schema, ttlDurationMs=None):
         family = self._family

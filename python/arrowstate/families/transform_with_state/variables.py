@@ -8,6 +8,7 @@ State variables with a TTL: see Variable.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from typing import TYPE_CHECKING, Iterator
@@ -275,10 +276,29 @@ def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
                 {m: failing(m, what) for m, what in errors.items()})
 
 
-class ValueClient:
+class _Client:
+    """A client of one variable, which pyspark's state object (`bind`) calls."""
+
     def __init__(self, var: Variable) -> None:
         self.var = var
+        self._bound: tuple | None = None
         var.clients.append(self)
+
+    def bind(self, state, methods: dict[str, str]) -> None:
+        """Makes `methods` of pyspark's state object (its name -> this client's) instance
+        attributes that call this client's at once: one Python call a state operation
+        rather than two (pyspark's method, then the client's). Bound again when the
+        client's class changes (deleteIfExists)."""
+        self._bound = (state, methods)
+        for public, own in methods.items():
+            setattr(state, public, functools.partial(getattr(self, own), state._stateName))
+
+    def rebind(self) -> None:
+        if self._bound is not None:
+            self.bind(*self._bound)
+
+
+class ValueClient(_Client):
 
     def exists(self, _name: str) -> bool:
         var = self.var
@@ -326,10 +346,7 @@ class ValueClient:
         var.logged(key, CHANGE_DELETE)
 
 
-class ListClient:
-    def __init__(self, var: Variable) -> None:
-        self.var = var
-        var.clients.append(self)
+class ListClient(_Client):
 
     def exists(self, _name: str) -> bool:
         var = self.var
@@ -408,10 +425,7 @@ class ListClient:
         var.family.metrics["numRemovedStateRows"] += removed
 
 
-class MapClient:
-    def __init__(self, var: Variable) -> None:
-        self.var = var
-        var.clients.append(self)
+class MapClient(_Client):
 
     def _map(self) -> dict:
         var = self.var
