@@ -43,6 +43,8 @@ def write_changes(family: "TransformWithState", state: VersionedState,
                 len(r) == 2 and r[0] == CHANGE_UPDATE and data.get(g) == r[1])]
         if not logged:
             continue
+        if var.kind == MAP and _map_runs(family, state, column, var, logged):
+            continue
         groups, owners, ops, payloads = [], [], [], []
         for i, (group, records) in enumerate(logged):
             groups.append(group)
@@ -58,6 +60,31 @@ def write_changes(family: "TransformWithState", state: VersionedState,
         state.record_changes(pa.RecordBatch.from_arrays(
             [c.take(rows) for c in key_columns] + value_columns, schema=state.schema),
             pa.array(ops, pa.int8()))
+
+
+def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
+              var: Variable, logged: list) -> bool:
+    """A map's change records when each key's operations are one run of one kind (entries
+    written, or removed), as they mostly are: one record a key, its entries flattened in
+    bulk rather than paired per key; False (nothing recorded) otherwise."""
+    runs = [records[0::3] for _, records in logged]
+    if not all(ops.count(ops[0]) == len(ops) for ops in runs):
+        return False
+    entries = [pa.array([0, *itertools.accumulate(map(len, runs))], pa.int32()),
+               var.key_codec.stored_to_arrow(list(itertools.chain.from_iterable(
+                   records[1::3] for _, records in logged))),
+               _with_nulls(var, list(itertools.chain.from_iterable(
+                   records[2::3] for _, records in logged)))]
+    array = pa.ListArray.from_arrays(
+        entries[0], pa.StructArray.from_arrays(entries[1:], fields=list(var.type.value_type)),
+        type=var.type)
+    n = len(logged)
+    value_columns = [array if i == column else pa.nulls(n, f.type)
+                     for i, f in enumerate(family.value_fields)]
+    state.record_changes(pa.RecordBatch.from_arrays(
+        family.store_columns(var.name, [g for g, _ in logged]) + value_columns,
+        schema=state.schema), pa.array([ops[0] for ops in runs], pa.int8()))
+    return True
 
 
 def _change_rows(kind: str, records: list) -> Iterator[tuple[int, Any]]:

@@ -4,6 +4,8 @@ conversion), so get() returns what it would return natively, in the same batch t
 """
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 
 from ..group_state_values import StateValueWriter, arrow_fields, python_values
@@ -59,10 +61,7 @@ class Codec:
 
 
 def list_offsets(lists: list) -> list[int]:
-    offsets = [0]
-    for values in lists:
-        offsets.append(offsets[-1] + len(values))
-    return offsets
+    return [0, *itertools.accumulate(map(len, lists))]
 
 
 def state_error(what: str) -> Exception:

@@ -243,10 +243,11 @@ def variable_column(var, values: list) -> pa.Array:
     if var.kind == TIMERS:
         return pa.ListArray.from_arrays(offsets, pa.array(
             [t for times in values for t in times], pa.int64()))
+    chain = itertools.chain.from_iterable
     items = var.store_codec.stored_to_arrow(
-        [v for lst in values for v in (lst if var.kind == LIST else lst.values())])
+        list(chain(values) if var.kind == LIST else chain(map(dict.values, values))))
     if var.kind == MAP:
-        user_keys = var.key_codec.stored_to_arrow([k for entries in values for k in entries])
+        user_keys = var.key_codec.stored_to_arrow(list(chain(values)))
         items = pa.StructArray.from_arrays([user_keys, items],
                                            fields=list(var.type.value_type))
     return pa.ListArray.from_arrays(offsets, items, type=var.type)
