@@ -231,8 +231,9 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     # (mapInArrow of the batches as they are), which any engine of Python functions in
     # Spark pays and the floor does not
     trip, trip_steady = pipeline_figures(lambda df: df.mapInArrow(_as_they_are, df.schema))
+    zone = spark.conf.get("spark.sql.session.timeZone")
     floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
-                                   event_time) for _ in range(args.runs)]
+                                   event_time, zone) for _ in range(args.runs)]
     python = statistics.median(f["python_s"] for f in floors)
     per_batch = statistics.median(f["python_s"] / f["batches"] for f in floors)
     return {"floor_s": round(pipeline + python, 3), "floor_pipeline_s": round(pipeline, 3),

@@ -215,6 +215,14 @@ class FloorPartition:
                                     preserve_index=False)
 
 
+def _in_zone(table: pa.Table, time_zone: str) -> pa.Table:
+    """The table's zoned timestamps in `time_zone` (the same instants)."""
+    columns = [c.cast(pa.timestamp(c.type.unit, tz=time_zone))
+               if pa.types.is_timestamp(c.type) and c.type.tz is not None else c
+               for c in table.columns]
+    return pa.table(columns, names=table.column_names)
+
+
 def makespan(seconds: list[float], cores: int) -> float:
     """The time `cores` cores take for these tasks, each on one core, longest first."""
     loads = [0.0] * cores
@@ -224,26 +232,29 @@ def makespan(seconds: list[float], cores: int) -> float:
 
 
 def floor_python_seconds(source: str, kind: str, function: Callable, partitions: int,
-                         event_time: bool, cores: int = 2) -> dict:
+                         event_time: bool, time_zone: str, cores: int = 2) -> dict:
     """The floor's Python time over every batch file of `source` (each file one
     micro-batch, then, for event time, one batch without data as Spark runs to fire what
-    the last watermark makes due): the sum over batches of their partitions' makespan."""
+    the last watermark makes due): the sum over batches of their partitions' makespan.
+    Timestamps come in the session's time zone (`time_zone`), as Spark hands them to any
+    Python function: a function's datetimes carry that zone, and making them costs more in
+    some zones than in others (pandas makes UTC's in C, Etc/UTC's at twice the cost)."""
     from arrowstate.worker import GC_THRESHOLDS
     files = sorted(glob.glob(os.path.join(source, "*.parquet")))
     states = [FloorPartition(kind, function) for _ in range(partitions)]
     collecting = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        return _timed_batches(files, states, partitions, event_time, cores)
+        return _timed_batches(files, states, partitions, event_time, time_zone, cores)
     finally:
         gc.set_threshold(*collecting)
 
 
 def _timed_batches(files: list[str], states: list[FloorPartition], partitions: int,
-                   event_time: bool, cores: int) -> dict:
+                   event_time: bool, time_zone: str, cores: int) -> dict:
     watermark, per_batch = None, []
     for path in files + ([None] if event_time else []):
-        table = None if path is None else pq.read_table(path)
+        table = None if path is None else _in_zone(pq.read_table(path), time_zone)
         spread = (None if table is None else   # the shuffle
                   table.column("key").to_numpy() % partitions)
         times = []
