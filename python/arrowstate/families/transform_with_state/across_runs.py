@@ -13,7 +13,8 @@ from ...store import VersionedState, evolution
 from ...store import files as store_files
 from .codec import state_error
 from .layout import MAP, TIMER_VARIABLE, is_map_type
-from .variables import DELETED_CLIENTS, Variable
+from .clients import DELETED_CLIENTS
+from .variables import Variable
 from .working_set import entries_in
 
 

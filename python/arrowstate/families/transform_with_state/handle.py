@@ -13,7 +13,8 @@ from pyspark.sql.streaming.stateful_processor import (ListState, MapState,
 from .codec import state_error
 from .layout import LIST, MAP, VALUE
 from .timers import Timers
-from .variables import ListClient, MapClient, ValueClient, Variable
+from .clients import ListClient, MapClient, ValueClient
+from .variables import Variable
 
 if TYPE_CHECKING:
     from .family import TransformWithState
