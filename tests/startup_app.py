@@ -47,6 +47,18 @@ def by_user(df):
         count, "user string, n long", "n long", "Update", GroupStateTimeout.NoTimeout)
 
 
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def tws_count(df):
+    import tws_processors
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(tws_processors)
+    return df.groupBy("user").transformWithStateInPandas(
+        tws_processors.RunningCount(), "user string, count long", "Update", "None")
+
+
 def main() -> None:
     seen = {}
     workdir = tempfile.mkdtemp(prefix="arrowstate-startup-")
@@ -75,6 +87,22 @@ def main() -> None:
         text = str(e)
         seen["cannot_start_error"] = text[text.find("the Python state worker"):][:4000]
         seen["cannot_start_conditions"] = spark_errors(e)
+    spark.stop()
+
+    # 3. Python workers over Unix domain sockets (spark.python.unix.domain.socket.enabled):
+    #    the state workers, a function's workers, and transformWithState's init() while the
+    #    driver plans (in a forked worker, against Spark's state server on a socket path)
+    spark = session(**{"spark.python.unix.domain.socket.enabled": "true"})
+    for name, build, mode in (("dedup", lambda df: df.dropDuplicates(["user"]), "append"),
+                              ("flatmap", by_user, "update"), ("tws", tws_count, "update")):
+        if name == "tws":   # Spark runs transformWithState on RocksDB only
+            spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+        off = run_query(spark, workdir, SCHEMA, BATCHES, build, arrowstate=False,
+                        output_mode=mode)
+        on = run_query(spark, workdir, SCHEMA, BATCHES, build, arrowstate=True,
+                       output_mode=mode)
+        seen[f"unix_socket_{name}_same"] = (_as_text(on.outputs) == _as_text(off.outputs)
+                                            and bool(off.outputs))
     spark.stop()
     print(json.dumps(seen))
 

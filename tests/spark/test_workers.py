@@ -95,6 +95,8 @@ def test_workers_start_under_spark_testing_and_say_why_they_cannot():
     seen = seen_by_app("startup_app.py")
     # as Spark's own suites run: pyspark's worker modules load in our marked workers
     assert seen["spark_testing_dedup_same"] and seen["spark_testing_flatmap_same"], seen
+    # Python workers over Unix domain sockets: state, functions, init() on the driver
+    assert all(seen[f"unix_socket_{name}_same"] for name in ("dedup", "flatmap", "tws")), seen
     # the task's error carries the worker's own reason, not only that it exited
     error = seen["cannot_start_error"] or ""
     assert "the Python state worker could not start" in error, error

@@ -30,7 +30,11 @@ class PythonStateWorker(
     Option(handle.selector).foreach(_.selectNow())
     channel.configureBlocking(true)
   }
-  channel.socket().setTcpNoDelay(true)
+  // small frames go at once on TCP; a Unix domain socket (spark.python.unix.domain.socket
+  // .enabled) has no such option, and its channel has no Socket view at all
+  if (channel.getLocalAddress.isInstanceOf[java.net.InetSocketAddress]) {
+    channel.socket().setTcpNoDelay(true)
+  }
   private val in = new DataInputStream(new BufferedInputStream(Channels.newInputStream(channel), 1 << 16))
   private val out = new DataOutputStream(new BufferedOutputStream(Channels.newOutputStream(channel), 1 << 16))
   /** State keys whose copy in this process went stale because another worker took them over. */
