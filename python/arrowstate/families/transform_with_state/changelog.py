@@ -54,12 +54,10 @@ def write_changes(family: "TransformWithState", state: VersionedState,
                 payloads.append(payload)
         key_columns = family.store_columns(name, groups)
         rows = pa.array(owners, pa.int32())
-        array = _change_column(var, payloads)
-        value_columns = [array if i == column else pa.nulls(len(ops), f.type)
-                         for i, f in enumerate(family.value_fields)]
         state.record_changes(pa.RecordBatch.from_arrays(
-            [c.take(rows) for c in key_columns] + value_columns, schema=state.schema),
-            pa.array(ops, pa.int8()))
+            [c.take(rows) for c in key_columns]
+            + family.value_columns(column, _change_column(var, payloads)),
+            schema=state.schema), pa.array(ops, pa.int8()))
 
 
 def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
@@ -78,11 +76,9 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
     array = pa.ListArray.from_arrays(
         entries[0], pa.StructArray.from_arrays(entries[1:], fields=list(var.type.value_type)),
         type=var.type)
-    n = len(logged)
-    value_columns = [array if i == column else pa.nulls(n, f.type)
-                     for i, f in enumerate(family.value_fields)]
     state.record_changes(pa.RecordBatch.from_arrays(
-        family.store_columns(var.name, [g for g, _ in logged]) + value_columns,
+        family.store_columns(var.name, [g for g, _ in logged])
+        + family.value_columns(column, array),
         schema=state.schema), pa.array([ops[0] for ops in runs], pa.int8()))
     return True
 

@@ -356,10 +356,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
                 key_columns = self.store_columns(name, present)
                 hkeys = state.keys(key_columns, len(present))
                 array = variable_column(self.variables[name], [data[g] for g in present])
-                value_columns = [array if i == column else pa.nulls(len(present), f.type)
-                                 for i, f in enumerate(self.value_fields)]
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
-                    key_columns + value_columns, schema=state.schema))
+                    key_columns + self.value_columns(column, array), schema=state.schema))
         write_changes(self, state, written)
         if self.holds_keys and self.working is None:
             self._hold_keys(dict.fromkeys(g for changed in written.values() for g in changed))
@@ -382,6 +380,12 @@ class TransformWithState(AcrossRuns, FamilyBase):
 
     def _key_columns(self, group) -> tuple[pa.RecordBatch, int]:
         return self._key_rows.get(group) or self.held_keys[group]
+
+    def value_columns(self, column: int, array: pa.Array) -> list[pa.Array]:
+        """The store's value columns of rows of one variable: `array` in its column, the
+        other variables' columns null."""
+        return [array if i == column else pa.nulls(len(array), f.type)
+                for i, f in enumerate(self.value_fields)]
 
     def store_columns(self, name: str, groups: list) -> list[pa.Array]:
         """The store's key columns (grouping key columns and the variable's name) of groups
