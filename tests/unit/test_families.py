@@ -1,5 +1,6 @@
 """Each operator family's state logic, driven directly as the worker drives it: no Spark."""
 import base64
+import json
 
 import numpy as np
 import pandas as pd
@@ -160,6 +161,43 @@ def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
     (family, _), _ = _flatmap(running_count)   # a new task on the same state
     assert run(["a", "b"]) == [("a", 3), ("b", 2)]
     assert len(state) == 1 and family.metrics["numRemovedStateRows"] == 1
+
+
+def test_flatmap_reads_a_group_states_outcome_as_its_json_reports_it():
+    from pyspark.sql.streaming.state import GroupState
+    from pyspark.sql.types import LongType, Row, StructField, StructType
+
+    from arrowstate.families.flatmap import _outcome
+
+    def fresh(conf):
+        return GroupState(
+            optionalValue=Row(1), batchProcessingTimeMs=1_000, eventTimeWatermarkMs=500,
+            timeoutConf=conf, hasTimedOut=False, watermarkPresent=True, defined=True,
+            updated=False, removed=False, timeoutTimestamp=-1, keyAsUnsafe=None,
+            valueSchema=StructType([StructField("n", LongType())]))
+
+    actions = {
+        "nothing": ("NoTimeout", lambda s: None),
+        "update": ("NoTimeout", lambda s: s.update((2,))),
+        "remove": ("NoTimeout", lambda s: s.remove()),
+        "update then remove": ("NoTimeout", lambda s: (s.update((2,)), s.remove())),
+        "duration": ("ProcessingTimeTimeout", lambda s: s.setTimeoutDuration(5_000)),
+        "remove, duration": ("ProcessingTimeTimeout",
+                             lambda s: (s.remove(), s.setTimeoutDuration(5_000))),
+        "timestamp": ("EventTimeTimeout", lambda s: s.setTimeoutTimestamp(9_000)),
+    }
+    for name, (conf, act) in actions.items():
+        state = fresh(conf)
+        act(state)
+        reported = json.loads(state.json())
+        assert _outcome(state) == (reported["updated"], reported["removed"],
+                                   reported["timeoutTimestamp"]), name
+
+    class OtherGroupState:   # a pyspark whose GroupState keeps its outcome elsewhere
+        def json(self):
+            return json.dumps({"updated": True, "removed": False, "timeoutTimestamp": 7})
+
+    assert _outcome(OtherGroupState()) == (True, False, 7)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
