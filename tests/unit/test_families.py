@@ -200,6 +200,45 @@ def test_flatmap_reads_a_group_states_outcome_as_its_json_reports_it():
     assert _outcome(OtherGroupState()) == (True, False, 7)
 
 
+def test_flatmap_group_state_updates_as_pysparks_does():
+    import datetime
+    import decimal
+
+    from pyspark.errors import PySparkTypeError
+    from pyspark.sql.streaming.state import GroupState
+    from pyspark.sql.types import LongType, Row, StructField, StructType
+
+    from arrowstate.families.flatmap import group_state_class
+
+    def fresh(cls):
+        return cls(optionalValue=None, batchProcessingTimeMs=0, eventTimeWatermarkMs=-1,
+                   timeoutConf="NoTimeout", hasTimedOut=False, watermarkPresent=False,
+                   defined=False, updated=False, removed=True, timeoutTimestamp=-1,
+                   keyAsUnsafe=None, valueSchema=StructType([StructField("n", LongType())]))
+
+    ours = group_state_class()
+    assert issubclass(ours, GroupState)
+    values = [(1,), [2, "b"], (np.int64(3), np.float32(1.5), np.bool_(True), np.str_("s")),
+              (pd.Timestamp("2026-01-02 03:04:05.000006"), pd.Timedelta(seconds=90)),
+              (pd.Timestamp("2026-01-02", tz="Europe/Berlin"), np.datetime64("2026-01-02")),
+              (None, 1.5, True, b"x", decimal.Decimal("1.25"), datetime.date(2026, 1, 2),
+               [1, 2], {"a": 1}, Row(x=1)), (np.float64("nan"), -0.0)]
+    for value in values:
+        theirs, mine = fresh(GroupState), fresh(ours)
+        theirs.update(value)
+        mine.update(value)
+        assert mine.__dict__ == theirs.__dict__ or repr(mine.__dict__) == repr(theirs.__dict__)
+        assert [type(v) for v in mine.get] == [type(v) for v in theirs.get], value
+        assert mine.json() == theirs.json()
+    for bad in (None, 5):
+        errors = []
+        for cls in (GroupState, ours):
+            with pytest.raises((PySparkTypeError, TypeError)) as caught:
+                fresh(cls).update(bad)
+            errors.append((type(caught.value), str(caught.value)))
+        assert errors[0] == errors[1]
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_family_metrics_are_declared_in_the_contract(name):
     declared = contract.python_metrics(name)
