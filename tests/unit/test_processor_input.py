@@ -87,3 +87,44 @@ def test_key_bounds():
     assert key_bounds(strings, ["a", "a", "b"]) == [0, 2, 3]
     with_null = pa.record_batch([pa.array([None, None, 1])], names=["k"])
     assert key_bounds(with_null, [None, None, 1]) == [0, 2, 3]
+
+
+def test_a_keys_rows_are_the_frames_rows_indexed_from_zero_for_every_dtype(monkeypatch):
+    import warnings
+
+    import pandas as pd
+
+    from arrowstate.families.pandas_io import PandasIO
+
+    io = PandasIO({"runnerConf": {}, "outputSchema": '{"type":"struct","fields":[]}'})
+    n = 7
+    frame = pd.concat([
+        pd.Series(np.arange(n), name="long"), pd.Series(np.arange(n) / 2, name="double"),
+        pd.Series([f"s{i}" for i in range(n)], name="string"),
+        pd.Series(pd.array([1, None, 3, 4, None, 6, 7], dtype="Int64"), name="nullable"),
+        pd.Series(pd.date_range("2026-01-01", periods=n, freq="h", tz="Europe/Berlin"),
+                  name="ts"),
+        pd.Series(pd.Categorical(list("abcabca")), name="category"),
+        pd.Series([{"x": i} for i in range(n)], name="struct"),
+        pd.Series(np.arange(n), name="long")], axis=1)   # a repeated name, as a frame may have
+    for lo, hi in [(0, n), (2, 5), (6, 7), (3, 3)]:
+        rows = io.frame_rows(frame, lo, hi)
+        expected = frame.iloc[lo:hi].reset_index(drop=True)
+        pd.testing.assert_frame_equal(rows, expected)
+        assert isinstance(rows.index, pd.RangeIndex) and rows.index.start == 0
+        with warnings.catch_warnings():   # pyspark's frames are their own: no copy warning
+            warnings.simplefilter("error")
+            rows["added"] = 1
+        assert "added" not in frame.columns
+    # a pandas without the internals used takes the general path, to the same rows
+    from arrowstate.families import pandas_io
+
+    def other_internals(*_):
+        raise AttributeError("_mgr")
+    monkeypatch.setattr(pandas_io, "_rows_from_blocks", other_internals)
+    for lo, hi in [(0, n), (2, 5), (3, 3)]:
+        rows = io.frame_rows(frame, lo, hi)
+        pd.testing.assert_frame_equal(rows, frame.iloc[lo:hi].reset_index(drop=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows["added"] = 1

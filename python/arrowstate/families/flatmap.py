@@ -265,8 +265,7 @@ class FlatMapGroupsWithState(FamilyBase):
         for g, value in zip(found.tolist(), self._stored_values(state.rows.take(ids[found]))):
             stored[g] = value
         for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
-            chunk = frame.iloc[lo:hi]
-            chunk.index = pd.RangeIndex(hi - lo)
+            chunk = self.io.frame_rows(frame, lo, hi)
             if nullable is not None and group_nulls[:, g].any():
                 chunk = chunk.copy()
                 for i, column, held in zip(with_nulls,

@@ -162,7 +162,5 @@ class ProcessorInput:
             size = min(size, max(1, math.ceil(self.max_bytes / average)))
         chunks = []
         for start in range(lo, hi, size):
-            chunk = frame.iloc[start:min(hi, start + size)]
-            chunk.index = self.io._pd.RangeIndex(len(chunk))
-            chunks.append(chunk)
+            chunks.append(self.io.frame_rows(frame, start, min(hi, start + size)))
         return chunks
