@@ -235,7 +235,7 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
                                    event_time, zone) for _ in range(args.runs)]
     python = statistics.median(f["python_s"] for f in floors)
-    per_batch = statistics.median(f["python_s"] / f["batches"] for f in floors)
+    per_batch = statistics.median(f["steady_batch_s"] for f in floors)
     return {"floor_s": round(pipeline + python, 3), "floor_pipeline_s": round(pipeline, 3),
             "floor_python_s": round(python, 3),
             "floor_steady_batch_ms": round(steady + per_batch * 1000),

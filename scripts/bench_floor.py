@@ -20,6 +20,7 @@ import glob
 import heapq
 import itertools
 import os
+import statistics
 import time
 from typing import Callable
 
@@ -235,7 +236,8 @@ def floor_python_seconds(source: str, kind: str, function: Callable, partitions:
                          event_time: bool, time_zone: str, cores: int = 2) -> dict:
     """The floor's Python time over every batch file of `source` (each file one
     micro-batch, then, for event time, one batch without data as Spark runs to fire what
-    the last watermark makes due): the sum over batches of their partitions' makespan.
+    the last watermark makes due): the sum over batches of their partitions' makespan, and
+    the median of a steady batch's.
     Timestamps come in the session's time zone (`time_zone`), as Spark hands them to any
     Python function: a function's datetimes carry that zone, and making them costs more in
     some zones than in others (pandas makes UTC's in C, Etc/UTC's at twice the cost)."""
@@ -267,4 +269,8 @@ def _timed_batches(files: list[str], states: list[FloorPartition], partitions: i
         if event_time and table is not None:   # the next batch's watermark
             latest = pc.max(table.column("ts")).value // 1000
             watermark = latest - WATERMARK_DELAY_MS
-    return {"python_s": sum(per_batch), "batches": len(per_batch)}
+    # steady batches as the engines' are counted: after the first, with input rows (not
+    # event time's last batch, which only fires timers)
+    steady = per_batch[1:len(files)]
+    return {"python_s": sum(per_batch), "batches": len(per_batch),
+            "steady_batch_s": statistics.median(steady) if steady else per_batch[0]}
