@@ -53,8 +53,9 @@ def _stored_form(value):
     if isinstance(value, np.generic):
         return value.tolist()
     for method in ("to_pytimedelta", "to_pydatetime"):
-        if hasattr(value, method):
-            return getattr(value, method)()
+        convert = getattr(value, method, None)
+        if convert is not None:
+            return convert()
     return value
 
 
