@@ -118,7 +118,8 @@ class Worker:
                                    evolve=family.evolve_column,
                                    tier=(self.budget.place(key, family.runs_without_budget)
                                          if family.tiered else None),
-                                   prefix_count=family.prefix_count)
+                                   prefix_count=family.prefix_count,
+                                   hashed=family.hashed_keys)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)

@@ -144,7 +144,7 @@ def test_rows_survive_chunk_merges_and_compaction():
         for k in gone:
             expected.pop(k, None)
         state.mark_committed(round_ + 1, 1000)
-    assert len(state.rows._chunks) <= 12
+    assert len(state.rows._rows.chunks) <= 12
     rows = state.rows.take(state.rows.live_ids())
     assert dict(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist())) == expected
     ids = state.rows.lookup([5, -1, 19999])

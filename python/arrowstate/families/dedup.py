@@ -27,6 +27,7 @@ class Deduplicate(FamilyBase):
     name = "deduplicate"
     layout = LAYOUT
     tiered = True
+    hashed_keys = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS + ("numDroppedDuplicateRows",))

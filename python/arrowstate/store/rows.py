@@ -25,9 +25,7 @@ class KeyedRows:
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self.data: dict[Hashable, int] = {}   # key -> global row id
-        self._chunks: list[pa.RecordBatch] = []
-        self._starts: list[int] = []           # global id of each chunk's first row
-        self._next_id = 0
+        self._rows = RowChunks(schema)
         self._dead = 0
         self._key_bytes = 0.0
 
@@ -39,7 +37,8 @@ class KeyedRows:
 
     def clear(self) -> None:
         self.data.clear()
-        self._chunks, self._starts, self._next_id, self._dead = [], [], 0, 0
+        self._rows.clear()
+        self._dead = 0
 
     # -- changing ---------------------------------------------------------------------------
     def insert(self, keys: Sequence[Hashable], batch: pa.RecordBatch,
@@ -47,18 +46,9 @@ class KeyedRows:
         """Stores one row per key (the last of repeated keys wins); `present` is for the
         tier (the dict counts replaced keys itself)."""
         before = len(self.data)
-        start = self._next_id
+        start = self._rows.append(batch)
         self.data.update(zip(keys, range(start, start + len(keys))))
         self._dead += len(keys) - (len(self.data) - before)
-        self._chunks.append(batch)
-        self._starts.append(start)
-        self._next_id += batch.num_rows
-        # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
-        while len(self._chunks) >= 2 and (self._chunks[-1].num_rows
-                                          >= self._chunks[-2].num_rows):
-            last = self._chunks.pop()
-            self._starts.pop()
-            self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
 
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once: a repeat finds
@@ -91,12 +81,11 @@ class KeyedRows:
             return
         ids = self.live_ids()
         order = np.argsort(ids, kind="stable")
-        rows = self.take(ids[order])
+        self._rows.keep_only(ids[order])
         new_ids = np.empty_like(ids)
         new_ids[order] = np.arange(len(ids))
         self.data = dict(zip(self.data.keys(), new_ids.tolist()))
-        self._chunks, self._starts = [rows], [0]
-        self._next_id, self._dead = rows.num_rows, 0
+        self._dead = 0
 
     def spill(self) -> int:
         """Keys held in a dict cannot leave memory: gives nothing back."""
@@ -136,7 +125,7 @@ class KeyedRows:
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
         """Rows by global id, in the order given."""
-        return take(self.schema, self._chunks, self._starts, ids)
+        return self._rows.take(ids)
 
     def live_ids(self) -> np.ndarray:
         """Every live row id, in the dict's key order."""
@@ -145,8 +134,7 @@ class KeyedRows:
     def frozen(self) -> "FrozenRows":
         """The live rows as they are now, readable from another thread while this changes
         (chunks are immutable and the lists are copied)."""
-        return FrozenRows(self.schema, list(self._chunks), list(self._starts),
-                          np.sort(self.live_ids()))
+        return self._rows.frozen(np.sort(self.live_ids()))
 
     def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
         return self.frozen().batches(batch_size)
@@ -165,10 +153,54 @@ class KeyedRows:
         if sample:
             size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id
             self._key_bytes = size if not self._key_bytes else 0.8 * self._key_bytes + 0.2 * size
-        return sum(c.nbytes for c in self._chunks) + int(len(self.data) * self._key_bytes)
+        return self._rows.nbytes() + int(len(self.data) * self._key_bytes)
 
     def disk_bytes(self) -> int:
         return 0
+
+
+class RowChunks:
+    """Rows appended a record batch (a "chunk") at a time, each with a global id: its
+    place in the order of appends. Reads are Arrow `take`s by id."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.chunks: list[pa.RecordBatch] = []
+        self.starts: list[int] = []   # global id of each chunk's first row
+        self.next_id = 0
+
+    def clear(self) -> None:
+        self.chunks, self.starts, self.next_id = [], [], 0
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Adds the batch's rows; returns the id of its first row."""
+        start = self.next_id
+        self.chunks.append(batch)
+        self.starts.append(start)
+        self.next_id += batch.num_rows
+        # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
+        while len(self.chunks) >= 2 and self.chunks[-1].num_rows >= self.chunks[-2].num_rows:
+            last = self.chunks.pop()
+            self.starts.pop()
+            self.chunks[-1] = pa.concat_batches([self.chunks[-1], last])
+        return start
+
+    def take(self, ids: np.ndarray) -> pa.RecordBatch:
+        """Rows by global id, in the order given."""
+        return take(self.schema, self.chunks, self.starts, ids)
+
+    def keep_only(self, ids: np.ndarray) -> None:
+        """Rewrites the rows of these ids (ascending) as one chunk: they are ids 0.. now."""
+        rows = self.take(ids)
+        self.chunks, self.starts, self.next_id = [rows], [0], rows.num_rows
+
+    def frozen(self, ids: np.ndarray) -> "FrozenRows":
+        """The rows of these ids (ascending), readable from another thread while these
+        change (chunks are immutable and the lists are copied)."""
+        return FrozenRows(self.schema, list(self.chunks), list(self.starts), ids)
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
 
 
 class FrozenRows:

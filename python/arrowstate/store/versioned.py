@@ -17,6 +17,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from . import evolution, files
 from .lifecycle import FileSource, Lifecycle, load_plans
+from .hashed import HashedRows
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
 from .time_index import TimeIndex
@@ -31,7 +32,7 @@ class VersionedState:
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
                  named_columns: bool = False, dropped_columns: Sequence[str] = (),
                  tier: "TierPlace | None" = None, prefix_count: int = 0,
-                 evolve=evolution.positional):
+                 evolve=evolution.positional, hashed: bool = False):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
         back null (a family whose set of value columns may grow between runs), and those
@@ -40,7 +41,9 @@ class VersionedState:
         move to local disk (`TieredRows`); else in memory (`KeyedRows`). `prefix_count`
         key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
         `rows.scan_prefixes`). Named columns written in an older schema are read in this
-        one by `evolve(name, column, type)` (store.evolution)."""
+        one by `evolve(name, column, type)` (store.evolution). With `hashed` (a family
+        that handles keys only as `keys` makes them) and no tier or prefix, keys of a fixed
+        width live in a hash table in compiled code (`HashedRows`) rather than a dict."""
         self.evolve = evolve
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
@@ -50,7 +53,8 @@ class VersionedState:
                             else None)
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
-        self.key_dtype = keycodec.key_dtype(key_fields) if tier is not None else None
+        self.key_dtype = (keycodec.key_dtype(key_fields)
+                          if tier is not None or (hashed and not prefix_count) else None)
         # strings in keys on the tier are hashed under seeds of this state's own (the tier
         # is never reused by another process, so they need not last)
         self.seeds = (secrets.randbits(64), secrets.randbits(64))
@@ -58,8 +62,9 @@ class VersionedState:
         if self.key_dtype is not None and prefix_count:
             self.key_dtype = keycodec.bytes_dtype(key_fields)
             self.prefix_dtype = keycodec.bytes_dtype(key_fields[:prefix_count])
-        self.rows: KeyedRows | TieredRows = (
+        self.rows: KeyedRows | HashedRows | TieredRows = (
             KeyedRows(self.schema) if self.key_dtype is None
+            else HashedRows(self.schema, self.key_dtype) if tier is None
             else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap,
                             self.prefix_dtype.itemsize if self.prefix_dtype else None))
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
@@ -80,7 +85,8 @@ class VersionedState:
 
     def keys(self, columns: Sequence[pa.Array], num_rows: int):
         """The keys of rows of the key columns, in the form the rows' store takes: a list
-        of Python values (KeyedRows) or a numpy array (TieredRows); `rows.pick` selects."""
+        of Python values (KeyedRows) or a numpy array (HashedRows, TieredRows);
+        `rows.pick` selects."""
         if self.key_dtype is None:
             return keycodec.rows(columns, num_rows)
         return keycodec.key_array(columns, num_rows, self.key_dtype, self.seeds)
