@@ -104,3 +104,10 @@ def test_versioned_state_takes_the_hash_table_where_a_family_asks_and_keys_allow
     assert store([pa.field("k", pa.int64()), pa.field("s", pa.int64())],
                  prefix_count=1) is KeyedRows
     assert type(VersionedState([pa.field("k", pa.int64())], value).rows) is KeyedRows
+
+
+def test_a_pandas_without_the_tables_methods_keeps_keys_in_a_dict(monkeypatch):
+    monkeypatch.setattr(hashed, "AVAILABLE", False)
+    state = VersionedState([pa.field("k", pa.int64())], [pa.field("n", pa.int64())],
+                           hashed=True)
+    assert type(state.rows) is KeyedRows and state.key_dtype is None

@@ -20,7 +20,13 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-from pandas._libs.hashtable import Int64HashTable
+
+try:   # pandas' private module: a pandas without these methods keeps keys in a dict
+    from pandas._libs.hashtable import Int64HashTable
+    AVAILABLE = all(hasattr(Int64HashTable, m)
+                    for m in ("lookup", "map_locations", "map_keys_to_values", "sizeof"))
+except ImportError:
+    AVAILABLE = False
 
 from ..keys import mix64
 from .rows import FrozenRows, RowChunks, _MIN_DEAD_FOR_COMPACTION

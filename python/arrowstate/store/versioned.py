@@ -16,8 +16,9 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from . import evolution, files
-from .lifecycle import FileSource, Lifecycle, load_plans
+from . import hashed as hashed_store
 from .hashed import HashedRows
+from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
 from .time_index import TimeIndex
@@ -54,7 +55,8 @@ class VersionedState:
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
         self.key_dtype = (keycodec.key_dtype(key_fields)
-                          if tier is not None or (hashed and not prefix_count) else None)
+                          if tier is not None or (hashed and not prefix_count
+                                                  and hashed_store.AVAILABLE) else None)
         # strings in keys on the tier are hashed under seeds of this state's own (the tier
         # is never reused by another process, so they need not last)
         self.seeds = (secrets.randbits(64), secrets.randbits(64))
