@@ -355,6 +355,9 @@ def main() -> None:
     parser.add_argument("--state-ops", action="store_true",
                         help="time transformWithState state operations in the worker (no "
                              "Spark)")
+    parser.add_argument("--store-ops", action="store_true",
+                        help="the dict and the hash-table stores of aggregation and "
+                             "deduplication: memory and microseconds per key (no Spark)")
     parser.add_argument("--state-rows", type=int, default=1_000_000)
     parser.add_argument("--state-keys", default="1000000,20000000")
     parser.add_argument("--batch-rows", type=int, default=2_000_000,
@@ -377,6 +380,10 @@ def main() -> None:
         return
     if args.state_ops:
         state_ops(args)
+        return
+    if args.store_ops:
+        from bench_store import store_ops
+        store_ops(args)
         return
     if args.tier_ops:
         from bench_scaling import tier_ops

@@ -229,11 +229,12 @@ class HashedRows:
         if not len(ids):
             return
         words = self._words(keys)
-        in_table = self._table.lookup(words) == ids
-        self._table.map_keys_to_values(words[in_table],
-                                       np.full(int(in_table.sum()), -1, np.int64))
-        for key in keys[~in_table].tolist():
-            del self._overflow[key]
+        if self._overflow:
+            in_table = self._table.lookup(words) == ids
+            for key in keys[~in_table].tolist():
+                del self._overflow[key]
+            words = words[in_table]
+        self._table.map_keys_to_values(words, np.full(len(words), -1, np.int64))
         self._alive[ids] = False
         self._live -= len(ids)
         self._dead += len(ids)
