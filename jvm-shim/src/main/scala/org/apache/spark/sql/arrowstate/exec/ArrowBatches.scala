@@ -29,7 +29,10 @@ class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoClos
   private val writer = ArrowWriter.create(root)
 
   private def ipc(withBatch: Boolean): Array[Byte] = {
-    val bytes = new ByteArrayOutputStream()
+    // sized for the batch's buffers and the schema and message headers, so the stream is
+    // not copied as it grows (a doubling from 32 bytes copies a large batch a dozen times)
+    val size = if (withBatch) root.getFieldVectors.asScala.map(_.getBufferSize.toLong).sum else 0L
+    val bytes = new ByteArrayOutputStream(math.min(size + 16384L, Int.MaxValue - 8L).toInt)
     val w = new ArrowStreamWriter(root, null, Channels.newChannel(bytes))
     w.start()
     if (withBatch) w.writeBatch()
