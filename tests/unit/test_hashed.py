@@ -7,7 +7,7 @@ from arrowstate import keys
 from arrowstate.store import VersionedState, hashed
 from arrowstate.store.hashed import HashedRows
 from arrowstate.store.rows import KeyedRows
-from test_tier import KINDS, _columns, _schema
+from test_tier import KINDS, _schema, assert_answers_alike, both_keys
 
 
 def _text(batch):
@@ -33,14 +33,10 @@ def test_hashed_rows_answer_as_the_dict_store(monkeypatch, kind, colliding):
     assert ours._exact == (kind == "long not null")
     rng = np.random.default_rng(11)
 
-    def both_keys(raw):
-        cols = _columns(kind, raw)
-        return keys.key_array(cols, len(raw), dtype, (12345, 678)), keys.rows(cols, len(raw)), cols
-
     for step in range(150):
         raw = rng.integers(-1 if kind != "long not null" else 0, 2000,
                            int(rng.integers(1, 300)))
-        ours_keys, their_keys, cols = both_keys(raw)
+        ours_keys, their_keys, cols = both_keys(kind, dtype, raw)
         action = rng.random()
         if action < 0.6:
             batch = pa.RecordBatch.from_arrays(cols + [pa.array(rng.integers(0, 99, len(raw)))],
@@ -60,16 +56,8 @@ def test_hashed_rows_answer_as_the_dict_store(monkeypatch, kind, colliding):
         if step % 10 == 9:
             ours.compact_if_sparse()
             theirs.compact_if_sparse()
-        assert len(ours) == len(theirs), step
-        probe_raw = rng.integers(-1, 2000, 300)
-        probe_ours, probe_theirs, _ = both_keys(probe_raw)
-        a, b = ours.lookup(probe_ours), theirs.lookup(probe_theirs)
-        assert ((a >= 0) == (b >= 0)).all(), step
-        assert (list(map(str, ours.take(a[a >= 0]).to_pylist()))
-                == list(map(str, theirs.take(b[b >= 0]).to_pylist())))
-        candidates = np.flatnonzero(probe_raw % 2 == 0)
-        assert (ours.first_absent(probe_ours, candidates).tolist()
-                == theirs.first_absent(probe_theirs, candidates).tolist())
+        probes = both_keys(kind, dtype, rng.integers(-1, 2000, 300))
+        assert_answers_alike(ours, theirs, probes, step)
     if colliding and not ours._exact:
         assert ours._overflow
     assert ours._dead < 4 * max(len(ours), 100)   # compactions ran
@@ -87,7 +75,8 @@ def test_the_last_row_of_a_key_repeated_in_a_batch_wins():
     dtype = keys.key_dtype([schema.field(0)])
     rows = HashedRows(schema, dtype)
     cols = [pa.array([1, 2, 1, None, 1, None]), pa.array(list("abcdef"))]
-    rows.insert(keys.key_array(cols[:1], 6, dtype), pa.RecordBatch.from_arrays(cols, schema=schema))
+    rows.insert(keys.key_array(cols[:1], 6, dtype),
+                pa.RecordBatch.from_arrays(cols, schema=schema))
     probe = keys.key_array([pa.array([1, 2, None, 3])], 4, dtype)
     ids = rows.lookup(probe)
     assert rows.take(ids[:3]).column(1).to_pylist() == ["e", "b", "f"] and ids[3] == -1

@@ -57,6 +57,27 @@ def _columns(kind, raw):
 KINDS = ["long not null", "long", "double", "window and long", "string", "binary, decimal"]
 
 
+def both_keys(kind, dtype, raw):
+    """Keys of one kind from integers: as a store of key arrays takes them, as KeyedRows
+    takes them, and their columns."""
+    cols = _columns(kind, raw)
+    return keys.key_array(cols, len(raw), dtype, (12345, 678)), keys.rows(cols, len(raw)), cols
+
+
+def assert_answers_alike(ours, theirs, probes, step):
+    """A store of key arrays answers as KeyedRows: the same count, the same keys found
+    with the same rows, the same first absent keys. `probes`: `both_keys`' result."""
+    probe_ours, probe_theirs, _ = probes
+    assert len(ours) == len(theirs), step
+    a, b = ours.lookup(probe_ours), theirs.lookup(probe_theirs)
+    assert ((a >= 0) == (b >= 0)).all(), step
+    assert (list(map(str, ours.take(a[a >= 0]).to_pylist()))   # as text: NaN is NaN
+            == list(map(str, theirs.take(b[b >= 0]).to_pylist())))
+    candidates = np.arange(0, len(a), 2)
+    assert (ours.first_absent(probe_ours, candidates).tolist()
+            == theirs.first_absent(probe_theirs, candidates).tolist()), step
+
+
 def _schema(kind):
     fields = [pa.field(f"k{i}", c.type, nullable=kind != "long not null")
               for i, c in enumerate(_columns(kind, np.arange(2)))]
@@ -78,15 +99,10 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, backgr
     theirs = KeyedRows(schema)
     rng = np.random.default_rng(7)
 
-    def both_keys(raw):
-        cols = _columns(kind, raw)
-        return (keys.key_array(cols, len(raw), dtype, (12345, 678)), keys.rows(cols, len(raw)),
-                cols)
-
     for step in range(120):
         raw = rng.integers(-1 if kind != "long not null" else 0, 3000,
                            int(rng.integers(1, 400)))
-        ours_keys, their_keys, cols = both_keys(raw)
+        ours_keys, their_keys, cols = both_keys(kind, dtype, raw)
         if rng.random() < 0.65:
             batch = pa.RecordBatch.from_arrays(cols + [pa.array(rng.integers(0, 99, len(raw)))],
                                                schema=schema)
@@ -102,16 +118,8 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, backgr
             ours.spill()
         if background and step % 7 == 0:   # a merge done meanwhile is swapped in
             ours.compact_if_sparse()
-        assert len(ours) == len(theirs), step
-        probe_raw = rng.integers(-1, 3000, 300)
-        probe_ours, probe_theirs, _ = both_keys(probe_raw)
-        a, b = ours.lookup(probe_ours), theirs.lookup(probe_theirs)
-        assert ((a >= 0) == (b >= 0)).all(), step
-        assert (list(map(str, ours.take(a[a >= 0]).to_pylist()))   # as text: NaN is NaN
-                == list(map(str, theirs.take(b[b >= 0]).to_pylist())))
-        candidates = np.flatnonzero(probe_raw % 2 == 0)
-        assert (ours.first_absent(probe_ours, candidates).tolist()
-                == theirs.first_absent(probe_theirs, candidates).tolist())
+        probes = both_keys(kind, dtype, rng.integers(-1, 3000, 300))
+        assert_answers_alike(ours, theirs, probes, step)
     assert any(run.on_disk for run in ours.runs)
     assert ours.disk_bytes() > 0
     assert (ours.background_merges > 0) == background
