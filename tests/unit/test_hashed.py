@@ -6,7 +6,9 @@ import pytest
 from arrowstate import keys
 from arrowstate.store import VersionedState, hashed
 from arrowstate.store.hashed import HashedRows
+from arrowstate.families import Deduplicate
 from arrowstate.store.rows import KeyedRows
+from family_tasks import TS, commit, seconds
 from test_tier import KINDS, _schema, assert_answers_alike, both_keys
 
 
@@ -83,20 +85,77 @@ def test_the_last_row_of_a_key_repeated_in_a_batch_wins():
     assert len(rows) == 3
 
 
-def test_versioned_state_takes_the_hash_table_where_a_family_asks_and_keys_allow():
-    value = [pa.field("n", pa.int64())]
-    def store(fields, **kw):
-        return type(VersionedState(fields, value, hashed=True, **kw).rows)
-    assert store([pa.field("k", pa.int64())]) is HashedRows
-    assert store([pa.field("u", pa.string()), pa.field("t", pa.timestamp("us"))]) is HashedRows
-    assert store([pa.field("k", pa.list_(pa.int64()))]) is KeyedRows
-    assert store([pa.field("k", pa.int64()), pa.field("s", pa.int64())],
-                 prefix_count=1) is KeyedRows
-    assert type(VersionedState([pa.field("k", pa.int64())], value).rows) is KeyedRows
+def _filled(fields, n=20, **kw):
+    """A state of n keys (0..n-1 in every key column's type), committed."""
+    state = VersionedState(fields, [pa.field("n", pa.int64())], **kw)
+    ids = np.arange(n)
+    cols = [pa.array(ids).cast(f.type) if not pa.types.is_list(f.type)
+            else pa.array([[int(i)] for i in ids], f.type) for f in fields]
+    state.put_rows(state.keys(cols, n), pa.RecordBatch.from_arrays(
+        cols + [pa.array(ids)], schema=state.schema))
+    commit(state, 1)
+    return state
+
+
+def test_a_large_state_of_fixed_width_keys_moves_to_the_hash_table_between_versions():
+    long_, text = pa.field("k", pa.int64()), pa.field("u", pa.string())
+    pair = [text, pa.field("t", pa.timestamp("us"))]
+    state = _filled(pair, hashed=True)
+    assert type(state.rows) is KeyedRows                    # every state starts in the dict
+    assert not state.move_to_hash_table(21)                # not large enough
+    before = _text(pa.Table.from_batches(list(state.rows.all_rows(7))))
+    assert state.move_to_hash_table(20) and type(state.rows) is HashedRows
+    assert _text(pa.Table.from_batches(list(state.rows.all_rows(7)))) == before
+    probe = [pa.array(["3", "30"]), pa.array([3, 3]).cast(pa.timestamp("us"))]
+    assert (state.rows.lookup(state.keys(probe, 2)) >= 0).tolist() == [True, False]
+    assert not state.move_to_hash_table(1)                  # there already
+    # not for: a family that did not ask, keys without a fixed width, a prefix key
+    assert not _filled([long_]).move_to_hash_table(1)
+    assert not _filled([pa.field("k", pa.list_(pa.int64()))], hashed=True).move_to_hash_table(1)
+    assert not _filled([long_, pa.field("s", pa.int64())], hashed=True,
+                       prefix_count=1).move_to_hash_table(1)
+    pending = _filled([long_], hashed=True)   # nor with changes not yet committed
+    pending.pop_present(pending.keys([pa.array([1])], 1))
+    assert not pending.move_to_hash_table(1)
 
 
 def test_a_pandas_without_the_tables_methods_keeps_keys_in_a_dict(monkeypatch):
-    monkeypatch.setattr(hashed, "AVAILABLE", False)
-    state = VersionedState([pa.field("k", pa.int64())], [pa.field("n", pa.int64())],
-                           hashed=True)
+    monkeypatch.setattr(hashed, "_TABLE", [None])
+    state = _filled([pa.field("k", pa.int64())], hashed=True)
+    assert not state.move_to_hash_table(1)
     assert type(state.rows) is KeyedRows and state.key_dtype is None
+
+
+@pytest.mark.parametrize("within_watermark", [False, True])
+def test_deduplication_answers_the_same_after_its_state_moves(within_watermark):
+    """Two deduplications over the same batches, one whose state moves to the hash table
+    (its time index rebuilt, as the worker does) after the second batch: the same masks,
+    counts and state after every batch."""
+    schema = pa.schema([("c0", pa.string()), ("c1", TS)])
+    rng = np.random.default_rng(3)
+    states = [None, None]
+    for version in range(1, 7):
+        users = [f"u{u}" for u in rng.integers(0, 40, 300).tolist()]
+        times = seconds(*rng.integers(version * 20, version * 20 + 40, 300).tolist())
+        batch = pa.RecordBatch.from_arrays([pa.array(users), times], schema=schema)
+        operator = {"keyCount": 2, "eventTimeIndex": 1, "evictByKey": not within_watermark,
+                    "withinWatermark": within_watermark, "delayMs": 5000,
+                    "lateEventsWatermarkMs": (version * 20 - 10) * 1000,
+                    "evictionWatermarkMs": (version * 20 - 10) * 1000}
+        answers = []
+        for i in range(2):
+            family = Deduplicate(operator, schema)
+            if states[i] is None:
+                states[i] = VersionedState(family.key_fields, family.value_fields,
+                                           hashed=True)
+            state = states[i]
+            mask = family.process(state, batch).column(0).to_pylist()
+            list(family.finish(state))
+            commit(state, version)
+            if i == 1 and version == 2:
+                assert state.move_to_hash_table(1)
+                family.rebuild_index(state)
+            counts = {k: v for k, v in family.metrics.items() if not k.endswith("TimeMs")}
+            answers.append((mask, counts, len(state)))
+        assert answers[0] == answers[1], version
+    assert type(states[1].rows) is HashedRows and type(states[0].rows) is KeyedRows

@@ -21,12 +21,25 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-try:   # pandas' private module: a pandas without these methods keeps keys in a dict
-    from pandas._libs.hashtable import Int64HashTable
-    AVAILABLE = all(hasattr(Int64HashTable, m)
-                    for m in ("lookup", "map_locations", "map_keys_to_values", "sizeof"))
-except ImportError:
-    AVAILABLE = False
+_TABLE: list = []   # pandas' Int64HashTable, imported on first use (see `available`)
+
+
+def available() -> bool:
+    """Whether pandas' table is there with the methods used (pandas' private module: a
+    pandas without them keeps keys in a dict). Imports pandas, which a worker of Spark's SQL
+    operators does not otherwise load (about 36 MB and 0.35 s): called only for a state
+    large enough to repay it (see VersionedState.move_to_hash_table)."""
+    if not _TABLE:
+        try:
+            from pandas._libs.hashtable import Int64HashTable
+        except ImportError:
+            _TABLE.append(None)
+        else:
+            _TABLE.append(Int64HashTable if all(
+                hasattr(Int64HashTable, m)
+                for m in ("lookup", "map_locations", "map_keys_to_values", "sizeof"))
+                else None)
+    return _TABLE[0] is not None
 
 from ..keys import mix64
 from .rows import FrozenRows, RowChunks, _MIN_DEAD_FOR_COMPACTION
@@ -48,7 +61,9 @@ class HashedRows:
         self._rows = RowChunks(schema)
         self._keys = np.empty(0, self.dtype)   # the key of each row id
         self._alive = np.empty(0, bool)        # whether each row id is its key's row
-        self._table = Int64HashTable()         # word -> row id (-1: removed)
+        if not available():
+            raise RuntimeError("arrowstate: pandas' Int64HashTable is not there")
+        self._table = _TABLE[0]()              # word -> row id (-1: removed)
         self._overflow: dict[bytes, int] = {}  # key -> row id, where another key has the word
         self._live = 0
         self._dead = 0
@@ -276,7 +291,7 @@ class HashedRows:
 
 def _last_of_each(words: np.ndarray) -> np.ndarray:
     """For each position, the last position holding the same word (khash, in C)."""
-    table = Int64HashTable(len(words))
+    table = _TABLE[0](len(words))
     table.map_locations(words)
     return table.lookup(words)
 

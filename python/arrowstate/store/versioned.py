@@ -44,7 +44,8 @@ class VersionedState:
         `rows.scan_prefixes`). Named columns written in an older schema are read in this
         one by `evolve(name, column, type)` (store.evolution). With `hashed` (a family
         that handles keys only as `keys` makes them) and no tier or prefix, keys of a fixed
-        width live in a hash table in compiled code (`HashedRows`) rather than a dict."""
+        width may move from the dict to a hash table in compiled code (`HashedRows`) once
+        the state is large (`move_to_hash_table`)."""
         self.evolve = evolve
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
@@ -54,9 +55,9 @@ class VersionedState:
                             else None)
                    for i, f in enumerate(value_fields)]
         self.schema = pa.schema(fields)
-        self.key_dtype = (keycodec.key_dtype(key_fields)
-                          if tier is not None or (hashed and not prefix_count
-                                                  and hashed_store.AVAILABLE) else None)
+        self.key_dtype = keycodec.key_dtype(key_fields) if tier is not None else None
+        self.key_fields = list(key_fields)
+        self._may_hash = hashed and tier is None and not prefix_count
         # strings in keys on the tier are hashed under seeds of this state's own (the tier
         # is never reused by another process, so they need not last)
         self.seeds = (secrets.randbits(64), secrets.randbits(64))
@@ -66,7 +67,6 @@ class VersionedState:
             self.prefix_dtype = keycodec.bytes_dtype(key_fields[:prefix_count])
         self.rows: KeyedRows | HashedRows | TieredRows = (
             KeyedRows(self.schema) if self.key_dtype is None
-            else HashedRows(self.schema, self.key_dtype) if tier is None
             else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap,
                             self.prefix_dtype.itemsize if self.prefix_dtype else None))
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
@@ -229,6 +229,27 @@ class VersionedState:
                 self.rows.insert(run_keys, run)
             else:
                 self.rows.discard(run_keys)
+
+    def move_to_hash_table(self, min_keys: int) -> bool:
+        """Moves the rows from the dict to a hash table in compiled code (`HashedRows`: no
+        Python object per key, about half the memory) once the state holds `min_keys`
+        keys, for a state made with `hashed` whose keys have a fixed width. Between
+        versions only (no change pending). True when it moved: the time index is then
+        empty, for the family to rebuild from the rows (its keys change form)."""
+        if (not self._may_hash or not isinstance(self.rows, KeyedRows)
+                or len(self.rows) < min_keys or self._changes):
+            return False
+        dtype = keycodec.key_dtype(self.key_fields)
+        if dtype is None or not hashed_store.available():
+            self._may_hash = False
+            return False
+        hashed = HashedRows(self.schema, dtype)
+        for rows in self.rows.all_rows(1 << 20):
+            hashed.insert(keycodec.key_array(rows.columns[: self.key_count], rows.num_rows,
+                                             dtype, self.seeds), rows)
+        self.rows, self.key_dtype = hashed, dtype
+        self.index = TimeIndex()
+        return True
 
     def memory_bytes(self) -> int:
         """Everything the state holds in memory: rows (or the tier's runs in memory, their
