@@ -74,9 +74,9 @@ class FamilyBase:
     # whose every batch replaces and removes many rows, whole-batch numpy and Arrow work
     # costs less there than a dict's Python work per key
     runs_without_budget: ClassVar[bool] = False
-    # whether its state without a budget keeps fixed-width keys in a hash table in compiled
-    # code (store.hashed) rather than a dict: for a tiered family whose batches look up,
-    # store and remove many keys and that does no Python work per key
+    # whether its state without a budget moves fixed-width keys from the dict to a hash
+    # table in compiled code (store.hashed) once large: for a tiered family whose batches
+    # look up, store and remove many keys and that does no Python work per key
     hashed_keys: ClassVar[bool] = False
     # the key fields, first of the key, whose rows the family finds together on the tier
     # (VersionedState's prefix_count)
