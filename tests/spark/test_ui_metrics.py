@@ -235,7 +235,15 @@ def test_the_history_server_replays_the_same_metrics(app, history):
         live_batches = dict(live[key])
         for execution, metrics in batches:
             for label in SPARK_PYTHON_LABELS & set(metrics):
-                assert metrics[label] == live_batches[execution][label], (key, execution, label)
+                assert (_tie_free(metrics[label]) == _tie_free(live_batches[execution][label])
+                        ), (key, execution, label)
+
+
+def _tie_free(text):
+    """A metric's text without the task Spark names for its max: where tasks tie, the live
+    listener and the replay may name different ones of them (seen: task 6 against 7, both
+    4.0 B)."""
+    return re.sub(r"\(stage [0-9.]+: task [0-9]+\)", "(stage, task)", text)
 
 
 def chromium() -> str | None:
