@@ -31,6 +31,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from procinfo import own_state_worker_pids, parent_pid  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -53,22 +55,13 @@ def thread_cpu(pid: int) -> collections.Counter:
     return out
 
 
-def descendants_cpu(pid: int) -> float:
-    """CPU seconds of a process's descendants (the state workers and their daemon)."""
-    parents = {}
-    for path in glob.glob("/proc/[0-9]*/stat"):
-        fields = _stat(path)
-        if fields:
-            parents[int(path.split("/")[2])] = int(fields[2])
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        found.update(kids)
-        todo += kids
+def workers_cpu() -> float:
+    """CPU seconds of this process's Spark's state workers (those alive now: workers
+    persist between runs). Not the JVM's other children (Hadoop's local filesystem forks
+    `chmod` and `readlink` per file natively) nor py-spy."""
     total = 0.0
-    for p in found:
-        fields = _stat(f"/proc/{p}/stat")
+    for pid in own_state_worker_pids():
+        fields = _stat(f"/proc/{pid}/stat")
         if fields:
             total += (int(fields[12]) + int(fields[13])) / TICKS
     return total
@@ -139,11 +132,11 @@ def main() -> None:
                                        f"{args.py_spy}.{w}.txt"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                      for w in _children(jvm)]
-        before_threads, before_workers = thread_cpu(jvm), descendants_cpu(jvm)
+        before_threads, before_workers = thread_cpu(jvm), workers_cpu()
         walls = [bench.run_once(spark, source, case, on)[0] for _ in range(args.runs)]
         threads = thread_cpu(jvm)
         threads.subtract(before_threads)
-        workers = descendants_cpu(jvm) - before_workers
+        workers = workers_cpu() - before_workers
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait()
@@ -161,13 +154,10 @@ def main() -> None:
                               jfr_by_operator(recording)[:20]}), flush=True)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for path in glob.glob("/proc/[0-9]*/stat"):
-        fields = _stat(path)
-        if fields and int(fields[2]) == pid:
-            out.append(int(path.split("/")[2]))
-    return out
+def _children(jvm: int) -> list[int]:
+    """The JVM's own children among its state workers and their daemons."""
+    return sorted({w if parent_pid(w) == jvm else parent_pid(w)
+                   for w in own_state_worker_pids()})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from ..keys import mix64
+from .rows import FrozenRows, RowChunks, _MIN_DEAD_FOR_COMPACTION
+from .runs import newest_of_each
+
+_U = np.uint64
 _TABLE: list = []   # pandas' Int64HashTable, imported on first use (see `available`)
 
 
@@ -41,11 +46,6 @@ def available() -> bool:
                 else None)
     return _TABLE[0] is not None
 
-from ..keys import mix64
-from .rows import FrozenRows, RowChunks, _MIN_DEAD_FOR_COMPACTION
-from .runs import newest_of_each
-
-_U = np.uint64
 
 
 class HashedRows:
@@ -56,7 +56,7 @@ class HashedRows:
     def __init__(self, schema: pa.Schema, dtype: np.dtype) -> None:
         self.schema, self.dtype = schema, np.dtype(dtype)
         # keys of 8 bytes or fewer are their own word: nothing to compare, no overflow
-        self._exact = self.dtype == np.int64 or self.dtype.itemsize <= 8
+        self._exact = self.dtype.itemsize <= 8
         self._seed = _U(secrets.randbits(64))
         self._rows = RowChunks(schema)
         self._keys = np.empty(0, self.dtype)   # the key of each row id
@@ -196,25 +196,26 @@ class HashedRows:
     def _put_one(self, key: np.bytes_, word: int, row_id: int) -> None:
         """Stores one key whose word another key may hold, through the overflow dict."""
         held = int(self._table.lookup(np.array([word], np.int64))[0])
+        name = bytes(key)
         self._alive[row_id] = True
-        if held >= 0 and self._keys[held] == key:
-            self._table.map_keys_to_values(np.array([word], np.int64),
-                                           np.array([row_id], np.int64))
+        if held >= 0 and self._keys[held] == key:   # the key holds the word: replaced
+            self._set_word(word, row_id)
             self._alive[held] = False
             self._dead += 1
-            return
-        old = self._overflow.get(bytes(key))
-        if old is not None:
-            self._alive[old] = False
+        elif name in self._overflow:                # the key is in the dict: replaced
+            self._alive[self._overflow[name]] = False
             self._dead += 1
-        elif held < 0:
-            self._table.map_keys_to_values(np.array([word], np.int64),
-                                           np.array([row_id], np.int64))
+            self._overflow[name] = row_id
+        elif held < 0:                              # a new key, its word free
+            self._set_word(word, row_id)
             self._live += 1
-            return
-        else:
+        else:                                       # a new key, its word another's
+            self._overflow[name] = row_id
             self._live += 1
-        self._overflow[bytes(key)] = row_id
+
+    def _set_word(self, word: int, row_id: int) -> None:
+        self._table.map_keys_to_values(np.array([word], np.int64),
+                                       np.array([row_id], np.int64))
 
     def pop_present(self, keys: np.ndarray) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once); returns their

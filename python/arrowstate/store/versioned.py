@@ -16,8 +16,7 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from . import evolution, files
-from . import hashed as hashed_store
-from .hashed import HashedRows
+from .hashed import HashedRows, available as hash_table_available
 from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
@@ -240,7 +239,7 @@ class VersionedState:
                 or len(self.rows) < min_keys or self._changes):
             return False
         dtype = keycodec.key_dtype(self.key_fields)
-        if dtype is None or not hashed_store.available():
+        if dtype is None or not hash_table_available():
             self._may_hash = False
             return False
         hashed = HashedRows(self.schema, dtype)
