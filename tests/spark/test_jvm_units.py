@@ -45,7 +45,10 @@ def jvm_units(test_jar):
 
     java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
     cp = os.pathsep.join([test_jar, jar_path(), str(spark_jars_dir() / "*")])
-    done = subprocess.run([java, f"-Darrowstate.contract={CONTRACT}", "-cp", cp, RUNNER],
+    # as Spark starts its JVMs on Java 17: Arrow reaches direct buffers through java.nio
+    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED",
+             "-Dio.netty.tryReflectionSetAccessible=true"]
+    done = subprocess.run([java, *opens, f"-Darrowstate.contract={CONTRACT}", "-cp", cp, RUNNER],
                           capture_output=True, text=True, timeout=600)
     results: dict[str, tuple[bool, str]] = {}
     current = None

@@ -11,7 +11,6 @@ import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter}
 
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.Attribute
-import org.apache.spark.sql.execution.arrow.ArrowWriter
 import org.apache.spark.sql.types._
 import org.apache.spark.sql.util.ArrowUtils
 import org.apache.spark.sql.vectorized.{ArrowColumnVector, ColumnVector, ColumnarBatch}
@@ -26,7 +25,7 @@ class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoClos
   // columns and fields by position; unrepeated names stay as they are, so do stored files.
   private val root = VectorSchemaRoot.create(
     ArrowUtils.toArrowSchema(schema, timeZoneId, false, false), allocator)
-  private val writer = ArrowWriter.create(root)
+  private val writer = RowsIntoArrow(root)
 
   private def ipc(withBatch: Boolean): Array[Byte] = {
     // sized for the batch's buffers and the schema and message headers, so the stream is
