@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -15,7 +14,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
 from procinfo import jvm_pid, parent_command, parent_pid, state_worker_pids  # noqa: E402
-from harness import _as_text, run_query  # noqa: E402
+from harness import _as_text, run_query, scratch_dir  # noqa: E402
 
 
 INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
@@ -49,7 +48,7 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
     def build(df):
         return df.withWatermark("ts", "60 seconds").dropDuplicates(["user", "ts"])
 
-    workdir = tempfile.mkdtemp(prefix="arrowstate-cluster-")
+    workdir = scratch_dir("arrowstate-cluster-")
     off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
     on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
                    custom_metrics=["stateCacheHits", "stateCacheMisses"])

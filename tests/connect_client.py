@@ -3,7 +3,6 @@ server (started by tests/spark/test_connect.py with arrowstate). Prints one JSON
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -14,19 +13,20 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.streaming.state import GroupStateTimeout  # noqa: E402
 
 import fmgws_functions as fns  # noqa: E402
+from harness import scratch_dir  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fns)
 
 
 def run(spark, name, users):
-    source = tempfile.mkdtemp(prefix=f"connect-{name}-")
+    source = scratch_dir(f"connect-{name}-")
     query = (spark.readStream.schema("user string").option("maxFilesPerTrigger", 1)
              .parquet(source).groupBy("user")
              .applyInPandasWithState(fns.counts_reachable_state,
                                      "user string, own long, foreign long", "n long",
                                      "Update", GroupStateTimeout.NoTimeout)
              .writeStream.format("memory").queryName(f"out_{name}").outputMode("update")
-             .option("checkpointLocation", tempfile.mkdtemp(prefix="ck-")).start())
+             .option("checkpointLocation", scratch_dir("connect-ck-")).start())
     for i, batch in enumerate([users, users[:2]]):
         # written whole, then renamed in: the running query must not list a file half written
         partial = os.path.join(source, f".{i}.parquet.partial")

@@ -8,12 +8,15 @@ batches included, which Spark runs when the watermark moves).
 """
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -33,6 +36,16 @@ EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
 def ev(user, second, v=1) -> dict:
     """An EVENTS row: `user`'s event at `second` (UTC) with value `v`."""
     return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc), "v": v}
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new directory for a test app's input and checkpoints, removed when the app exits
+    (apps run in processes of their own, outside pytest's tmp_path)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 _run_ids = itertools.count()
 
 

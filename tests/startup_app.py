@@ -5,7 +5,6 @@ import datetime as dt
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -13,7 +12,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import _as_text, run_query, spark_errors  # noqa: E402
+from harness import _as_text, run_query, scratch_dir, spark_errors  # noqa: E402
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 BATCHES = [[{"user": u, "ts": dt.datetime.fromtimestamp(i, dt.timezone.utc)}
@@ -61,7 +60,7 @@ def tws_count(df):
 
 def main() -> None:
     seen = {}
-    workdir = tempfile.mkdtemp(prefix="arrowstate-startup-")
+    workdir = scratch_dir("arrowstate-startup-")
 
     # 1. Spark's test mode: pyspark's worker modules load only in a marked Python worker.
     os.environ["SPARK_TESTING"] = "1"

@@ -4,9 +4,9 @@ by tests/spark/test_workers.py; prints one JSON line with what it saw."""
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import _as_text, run_query  # noqa: E402
+from harness import _as_text, run_query, scratch_dir  # noqa: E402
 from procinfo import (kill_own_state_workers, own_state_worker_pids, parent_pid,  # noqa: E402
                       rss_bytes)
 
@@ -71,7 +71,7 @@ def limits(spark, workdir, on):
 
 def main() -> None:
     seen = {}
-    workdir = tempfile.mkdtemp(prefix="arrowstate-workers-")
+    workdir = scratch_dir("arrowstate-workers-")
     batches = [[ev(f"u{i % 5}", i) for i in range(10)], [ev("a", 1), ev("u1", 2)],
                [ev("b", 3), ev("a", 4)], [ev("c", 5)]]
 
@@ -124,7 +124,7 @@ def main() -> None:
     # 4. No worker outlives its executor: the JVM is killed while one worker holds idle state
     #    and another is inside a user's function.
     run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)
-    source = tempfile.mkdtemp(prefix="arrowstate-kill-source-")
+    source = scratch_dir("arrowstate-kill-source-")
     marker = os.path.join(workdir, "function-started")
     pq.write_table(pa.Table.from_pylist(batches[0], schema=SCHEMA),
                    os.path.join(source, "0.parquet"))
@@ -150,6 +150,8 @@ def main() -> None:
     seen["workers_alive_after_kill"] = [w for w in workers if os.path.exists(f"/proc/{w}")]
     print(json.dumps(seen))
     sys.stdout.flush()
+    for directory in (workdir, source):   # os._exit skips scratch_dir's cleanup
+        shutil.rmtree(directory, ignore_errors=True)
     os._exit(0)   # the JVM is gone: no orderly py4j shutdown to wait for
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import tempfile
 
 
@@ -23,11 +24,7 @@ def running_clicks(key, pdfs, state):
 
 
 def run_demo() -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
 
     import arrowstate
 
@@ -39,6 +36,21 @@ def run_demo() -> None:
         .config("spark.sql.session.timeZone", "UTC")).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     workdir = tempfile.mkdtemp(prefix="arrowstate-demo-")
+    try:
+        _show(spark, workdir)
+    finally:   # the demo's input and checkpoints are its own: nothing is left behind
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _show(spark, workdir: str) -> None:
+    """Runs the two queries over three micro-batches, printing each one's new rows, then
+    their EXPLAIN and state figures."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
     source = os.path.join(workdir, "in")
     os.makedirs(source)
     schema = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
@@ -84,4 +96,3 @@ def run_demo() -> None:
         for op in query.lastProgress["stateOperators"]:
             print(json.dumps(op))
         query.stop()
-    spark.stop()
