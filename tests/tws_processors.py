@@ -323,3 +323,15 @@ class NotesWhereInitRuns(RunningCount):
         if driver and self.fail:
             raise ValueError("init() refuses to plan this query")
         super().init(handle)
+
+
+class CountPerKey(StatefulProcessor):
+    """Row API: rows per key so far, for keys of any type (given back as text)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(1 for _ in rows)
+        self.count.update((n,))
+        yield Row(key=None if key[0] is None else str(key[0]), count=n)

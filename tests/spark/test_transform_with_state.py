@@ -58,6 +58,29 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path):
                                    ["count", "items", "seen"], change_feed=True)
 
 
+@pytest.mark.parametrize("key, worker_sorts", [("user", True), ("v", True), ("day", True),
+                                               ("half", False)])
+def test_the_worker_sorts_keys_that_sort_alike_in_arrow(spark, spark_conf, tmp_path, key,
+                                                         worker_sorts):
+    """Keys that Arrow orders and compares as Spark does (strings, integers, dates) reach the
+    worker unsorted and the worker sorts a task's rows; a float key keeps Spark's sort. Spark's
+    answers either way: null keys, a key's rows over several Arrow batches, restarts."""
+    from pyspark.sql import functions as F
+    spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": 2})
+    batches = BATCHES + [[ev(f"u{i % 7}", 20 + i, i % 5) for i in range(40)]]
+
+    def build(df):
+        return (df.withColumn("day", F.to_date("ts")).withColumn("half", F.col("v") / 2)
+                .groupBy(key).transformWithState(procs.CountPerKey(), "key string, count long",
+                                                 "Update", "None"))
+
+    native, ours = assert_same(spark, tmp_path, EVENTS, batches, build, expect_node=NODE,
+                               output_mode="update", restart_after=[2])
+    plans = [p[p.index("ArrowTransformWithState"):] for p in ours.plans]
+    assert all(("Sort [" in p) != worker_sorts for p in plans), plans
+    assert ("Sort [" in native.plans[0]), native.plans[0]
+
+
 # the Row API: test_tws_spark_scenarios_time.py::test_non_contiguous_grouping_with_initial_state
 @pytest.mark.parametrize("api", ["pandas"])
 def test_an_initial_state_seeds_the_first_batch(spark, tmp_path, api):

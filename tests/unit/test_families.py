@@ -11,6 +11,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from arrowstate import contract
 from arrowstate.families import REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState
+from arrowstate.families.base import sorted_by_key
 from family_tasks import TS, commit, seconds as _seconds, session_task, task, tws_task
 
 def _mask(answer):
@@ -130,7 +131,7 @@ def running_count(key, pdfs, state):
     yield pd.DataFrame({"user": [key[0]], "count": [n]})
 
 
-def _flatmap(func):
+def _flatmap(func, **operator_extra):
     schema = pa.schema([("user", pa.string()), ("v", pa.int64())])
     command = base64.b64encode(CloudPickleSerializer().dumps((func, None))).decode()
     operator = {
@@ -141,7 +142,7 @@ def _flatmap(func):
                        '"nullable":true,"metadata":{}}]}',
         "outputSchema": '{"type":"struct","fields":[{"name":"user","type":"string",'
                         '"nullable":true,"metadata":{}},{"name":"count","type":"long",'
-                        '"nullable":true,"metadata":{}}]}'}
+                        '"nullable":true,"metadata":{}}]}', **operator_extra}
     return task(FlatMapGroupsWithState, operator, schema), schema
 
 
@@ -287,6 +288,49 @@ def test_transform_with_state_calls_a_key_once_when_its_rows_span_batches():
         outputs += [] if out is None else out.to_pylist()
     outputs += [r for b in family.finish(state) for r in b.to_pylist()]
     assert sorted((r["user"], r["count"]) for r in outputs) == [("a", 1), ("b", 3), ("c", 1)]
+
+
+def test_sorted_by_key_orders_as_sparks_sort_stably_nulls_first_in_batches():
+    batch = pa.record_batch([pa.array(["b", None, "a", "b", None, "ab"]), pa.array(range(6)),
+                             pa.array([2, 1, 1, 2, 1, 1])], names=["k", "v", "k"])
+    out = sorted_by_key([batch, batch.slice(0, 3)], [0, 2], 4)
+    assert [len(b) for b in out] == [4, 4, 1]
+    rows = [(k, v) for b in out for k, v in zip(b.column(0).to_pylist(),
+                                                b.column(1).to_pylist())]
+    # (key, key2) ascending, nulls first; rows of one key in the order they came
+    assert rows == [(None, 1), (None, 4), (None, 1), ("a", 2), ("a", 2), ("ab", 5),
+                    ("b", 0), ("b", 3), ("b", 0)]
+    assert sorted_by_key([], [0], 10) == []
+
+
+@pytest.mark.parametrize("sorted_input", [True, False])
+def test_function_families_group_rows_the_jvm_did_not_sort(sorted_input):
+    """inputSorted false: rows of a key come in any order over several batches; the worker
+    sorts the task's rows at its end and calls each key once with all of them."""
+    users = [["b", "a", None, "b"], ["c", "a", "b"], [None, "a"]]
+    if sorted_input:   # what the JVM's sort would send
+        flat = sorted((u for batch in users for u in batch), key=lambda u: (u is not None, u))
+        users = [flat[:4], flat[4:7], flat[7:]]
+    extra = {"inputSorted": sorted_input, "maxRecordsPerBatch": 2}
+    (family, state), schema = tws_task(**extra)
+    outputs = []
+    for batch in users:
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(batch), pa.array(batch), pa.array([1] * len(batch))], schema=schema))
+        outputs += [] if out is None else out.to_pylist()
+    outputs += [r for b in family.finish(state) for r in b.to_pylist()]
+    assert sorted(((r["user"] or ""), r["count"]) for r in outputs) == [
+        ("", 2), ("a", 3), ("b", 3), ("c", 1)]
+
+    (family, state), schema = _flatmap(running_count, **extra)
+    outputs = []
+    for batch in users:
+        out = family.process(state, pa.RecordBatch.from_arrays(
+            [pa.array(batch), pa.array([1] * len(batch))], schema=schema))
+        outputs += [] if out is None else out.to_pylist()
+    outputs += [r for b in family.finish(state) for r in b.to_pylist()]
+    assert sorted(((r["user"] or ""), r["count"]) for r in outputs) == [
+        ("", 2), ("a", 3), ("b", 3), ("c", 1)]
 
 
 class _Alarms(StatefulProcessor):

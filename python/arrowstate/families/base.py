@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Hashable, Iterable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..store import VersionedState, evolution
 from .spark_layout import SparkLayout
@@ -47,6 +48,29 @@ def gather_rows(picks: Sequence[tuple[pa.RecordBatch, int]],
         taken = run[0][0].take(pa.array([row for _, row in run]))
         parts.append(pa.RecordBatch.from_arrays(taken.columns, names=list(names)))
     return pa.concat_batches(parts) if len(parts) > 1 else parts[0]
+
+
+def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
+                  max_rows: int) -> list[pa.RecordBatch]:
+    """A task's input rows, which the JVM did not sort, sorted by their key columns as
+    Spark's sort before a grouping operator orders them (ascending, nulls first; stable),
+    in batches of at most max_rows rows. The JVM leaves the sort to the worker only for
+    keys that Arrow orders and compares as Spark does (no floats, nothing nested)."""
+    if not batches:
+        return []
+    table = pa.Table.from_batches(batches)
+    # by position: a key column may share its name with a value column
+    keys = pa.table([table.column(i) for i in key_indices],
+                    names=[f"k{j}" for j in range(len(key_indices))])
+    try:   # pyarrow 25 and later take the null placement per key
+        order = pc.sort_indices(keys, sort_keys=[(name, "ascending", "at_start")
+                                                 for name in keys.column_names])
+    except (TypeError, ValueError):
+        order = pc.sort_indices(keys, sort_keys=[(name, "ascending")
+                                                 for name in keys.column_names],
+                                null_placement="at_start")
+    table = table.take(order)
+    return table.combine_chunks().to_batches(max_chunksize=max_rows)
 
 
 def micros(ms: int | None) -> int | None:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ... import keys as keycodec
 from ...store import VersionedState
-from ..base import WATERMARK_METRICS, FamilyBase, gather_rows
+from ..base import WATERMARK_METRICS, FamilyBase, gather_rows, sorted_by_key
 from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
@@ -78,6 +78,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.value_indices = operator["valueIndices"]
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
+        # rows not sorted by the JVM wait here until the task's last one (then sorted once)
+        self._unsorted: list[pa.RecordBatch] | None = (
+            None if operator.get("inputSorted", True) else [])
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list = []   # Row API: the processor's Rows
         self._attached = False
@@ -207,6 +210,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         self._attach(state)
+        if self._unsorted is not None:
+            self._unsorted.append(batch)
+            return None
         with self.updating():
             self._seed()
             self._process(batch)
@@ -399,8 +405,14 @@ class TransformWithState(AcrossRuns, FamilyBase):
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
+        outputs = []
         with self.updating():
             self._seed()
+            if self._unsorted:
+                batches, self._unsorted = self._unsorted, []
+                for batch in sorted_by_key(batches, self.key_indices, self.input.max_rows):
+                    self._process(batch)
+                    outputs.append(self._output())
             if self._pending is not None:
                 self._call(*self._pending)
             self._expire_timers()
@@ -422,9 +434,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
         state.objects["total"] = self.total
         self.metrics["numTotalStateRows"] = self.total
         self.close_timings()
-        batch = self._output()
-        if batch is not None:
-            yield batch
+        outputs.append(self._output())
+        yield from (batch for batch in outputs if batch is not None)
 
     def _output(self) -> pa.RecordBatch | None:
         if self.pandas:

@@ -24,7 +24,7 @@ import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
-import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
+import org.apache.spark.sql.arrowstate.planning.{ArrowStateFamily, WorkerSort}
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds
@@ -66,8 +66,11 @@ case class ArrowFlatMapGroupsWithStateExec(
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
       groupingAttributes, getStateInfo, conf) :: Nil
+  // the worker sorts the rows by key where it can (WorkerSort)
+  @transient private lazy val inputSorted: Boolean =
+    !WorkerSort.applies(groupingAttributes, session)
   override def requiredChildOrdering: Seq[Seq[SortOrder]] =
-    Seq(groupingAttributes.map(SortOrder(_, Ascending)))
+    Seq(if (inputSorted) groupingAttributes.map(SortOrder(_, Ascending)) else Nil)
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean = timeoutConf match {
     case ProcessingTimeTimeout => true
@@ -114,7 +117,9 @@ case class ArrowFlatMapGroupsWithStateExec(
           child.output.exists(_.metadata.contains(EventTimeWatermark.delayKey))) ~
         ("runnerConf" -> ArrowPythonRunner.getPythonRunnerConfMap(conf)) ~
         ("stateSchema" -> stateType.json) ~
-        ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json)
+        ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json) ~
+        ("inputSorted" -> inputSorted) ~
+        ("maxRecordsPerBatch" -> conf.arrowMaxRecordsPerBatch)
     val opener =
       StatePartitionOpener.forSession(session, FlatMapGroupsWithStateFamily.name, info,
         operator, sentSchema,
@@ -176,6 +181,7 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
     ArrowFlatMapGroupsWithStateExec(p.functionExpr, p.groupingAttributes,
       p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
       p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
-      p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output, p.child)
+      p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output,
+      WorkerSort.child(p.child, p.groupingAttributes))
   }
 }

@@ -27,7 +27,7 @@ import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
-import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
+import org.apache.spark.sql.arrowstate.planning.{ArrowStateFamily, WorkerSort}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**
@@ -77,8 +77,14 @@ case class ArrowTransformWithStateExec(
 
   override def requiredChildDistribution: Seq[Distribution] =
     native.requiredChildDistribution.take(children.size)
-  override def requiredChildOrdering: Seq[Seq[SortOrder]] =
-    native.requiredChildOrdering.take(children.size)
+  // the worker sorts the rows by key where it can (WorkerSort)
+  @transient private lazy val inputSorted: Boolean =
+    !WorkerSort.applies(spark.groupingAttributes, session)
+
+  override def requiredChildOrdering: Seq[Seq[SortOrder]] = {
+    val sparks = native.requiredChildOrdering.take(children.size)
+    if (inputSorted) sparks else Nil +: sparks.drop(1)   // the initial state stays sorted
+  }
 
   override def shouldRunAnotherBatch(newInputWatermark: Long): Boolean =
     native.shouldRunAnotherBatch(newInputWatermark)
@@ -132,7 +138,8 @@ case class ArrowTransformWithStateExec(
         // Spark drops late rows in EventTime mode only
         ("lateEventsWatermarkMs" -> spark.eventTimeWatermarkForLateEvents.filter(_ => eventTimeMode)) ~
         ("eventTimeIndex" -> eventTime.map(et => sent.indexWhere(_.exprId == et.exprId)).getOrElse(-1)) ~
-        ("initialKeyCount" -> initialState.map(_ => spark.initialStateGroupingAttrs.size))
+        ("initialKeyCount" -> initialState.map(_ => spark.initialStateGroupingAttrs.size)) ~
+        ("inputSorted" -> inputSorted)
     val opener =
       StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
         sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
@@ -265,6 +272,7 @@ object TransformWithStateFamily extends ArrowStateFamily {
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
-    ArrowTransformWithStateExec(p, p.child, if (p.hasInitialState) Some(p.initialState) else None)
+    ArrowTransformWithStateExec(p, WorkerSort.child(p.child, p.groupingAttributes),
+      if (p.hasInitialState) Some(p.initialState) else None)
   }
 }
