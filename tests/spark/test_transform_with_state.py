@@ -58,15 +58,19 @@ def test_value_list_and_map_state(spark, spark_conf, tmp_path):
                                    ["count", "items", "seen"], change_feed=True)
 
 
-@pytest.mark.parametrize("key, worker_sorts", [("user", True), ("v", True), ("day", True),
-                                               ("half", False)])
+@pytest.mark.parametrize("key, budget, worker_sorts", [
+    ("user", None, True), ("v", None, True), ("day", None, True), ("half", None, False),
+    ("user", "1g", False)])
 def test_the_worker_sorts_keys_that_sort_alike_in_arrow(spark, spark_conf, tmp_path, key,
-                                                         worker_sorts):
+                                                         budget, worker_sorts):
     """Keys that Arrow orders and compares as Spark does (strings, integers, dates) reach the
-    worker unsorted and the worker sorts a task's rows; a float key keeps Spark's sort. Spark's
-    answers either way: null keys, a key's rows over several Arrow batches, restarts."""
+    worker unsorted and the worker sorts a task's rows; a float key, or a worker memory
+    budget, keeps Spark's sort (which spills). Spark's answers either way: null keys, a
+    key's rows over several Arrow batches, restarts."""
     from pyspark.sql import functions as F
     spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": 2})
+    if budget:
+        spark_conf(**{"spark.arrowstate.worker.memory": budget})
     batches = BATCHES + [[ev(f"u{i % 7}", 20 + i, i % 5) for i in range(40)]]
 
     def build(df):

@@ -73,6 +73,31 @@ def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
     return table.combine_chunks().to_batches(max_chunksize=max_rows)
 
 
+class UnsortedInput:
+    """A function family's input rows when the JVM did not sort them by key (the operator's
+    `inputSorted` false): held until the task's last batch, then sorted once."""
+
+    def __init__(self, operator: dict[str, Any], key_indices: list[int],
+                 max_rows: int) -> None:
+        self.batches: list[pa.RecordBatch] | None = (
+            None if operator.get("inputSorted", True) else [])
+        self.key_indices, self.max_rows = key_indices, max_rows
+
+    def hold(self, batch: pa.RecordBatch) -> bool:
+        """Keeps the batch for the task's end, when the rows need sorting."""
+        if self.batches is None:
+            return False
+        self.batches.append(batch)
+        return True
+
+    def sorted(self) -> list[pa.RecordBatch]:
+        """Every batch held, sorted by key (empty when none is)."""
+        if not self.batches:
+            return []
+        batches, self.batches = self.batches, []
+        return sorted_by_key(batches, self.key_indices, self.max_rows)
+
+
 def micros(ms: int | None) -> int | None:
     return None if ms is None else ms * 1000
 

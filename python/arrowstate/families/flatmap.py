@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..store import VersionedState
-from .base import STORE_METRICS, FamilyBase, gather_rows, sorted_by_key
+from .base import STORE_METRICS, FamilyBase, UnsortedInput, gather_rows
 from .flatmap_layout import LAYOUT
 from .group_state_values import StateValueWriter, arrow_fields, python_values
 from .pandas_io import PandasIO
@@ -134,11 +134,9 @@ class FlatMapGroupsWithState(FamilyBase):
         self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
         self.defined_column = self.timeout_column - 1
         self._pending: _Group | None = None
-        # rows not sorted by the JVM wait here until the task's last one (then sorted once)
-        self._unsorted: list[pa.RecordBatch] | None = (
-            None if operator.get("inputSorted", True) else [])
         records = operator.get("maxRecordsPerBatch", 0)
-        self._max_rows = records if records > 0 else 2**31 - 1
+        self._unsorted = UnsortedInput(operator, self.key_indices,
+                                       records if records > 0 else 2**31 - 1)
         self._puts: list = []      # (hkey, key batch, row, value tuple or None, timeout)
         self._removes: list = []
         self._unchanged_timeouts: list = []   # timed-out groups whose state was left alone
@@ -233,8 +231,7 @@ class FlatMapGroupsWithState(FamilyBase):
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
-        if self._unsorted is not None:
-            self._unsorted.append(batch)
+        if self._unsorted.hold(batch):
             return None
         with self.updating():
             self._process(state, batch)
@@ -297,11 +294,9 @@ class FlatMapGroupsWithState(FamilyBase):
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         outputs = []
         with self.updating():
-            if self._unsorted:
-                batches, self._unsorted = self._unsorted, []
-                for batch in sorted_by_key(batches, self.key_indices, self._max_rows):
-                    self._process(state, batch)
-                    outputs.append(self.io.output_batch())
+            for batch in self._unsorted.sorted():
+                self._process(state, batch)
+                outputs.append(self.io.output_batch())
             if self._pending is not None:
                 self._call(self._pending, timed_out=False)
                 self._pending = None

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ... import keys as keycodec
 from ...store import VersionedState
-from ..base import WATERMARK_METRICS, FamilyBase, gather_rows, sorted_by_key
+from ..base import WATERMARK_METRICS, FamilyBase, UnsortedInput, gather_rows
 from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
@@ -78,9 +78,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.value_indices = operator["valueIndices"]
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
-        # rows not sorted by the JVM wait here until the task's last one (then sorted once)
-        self._unsorted: list[pa.RecordBatch] | None = (
-            None if operator.get("inputSorted", True) else [])
+        self._unsorted = UnsortedInput(operator, self.key_indices, self.input.max_rows)
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list = []   # Row API: the processor's Rows
         self._attached = False
@@ -210,8 +208,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         self._attach(state)
-        if self._unsorted is not None:
-            self._unsorted.append(batch)
+        if self._unsorted.hold(batch):
             return None
         with self.updating():
             self._seed()
@@ -408,11 +405,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
         outputs = []
         with self.updating():
             self._seed()
-            if self._unsorted:
-                batches, self._unsorted = self._unsorted, []
-                for batch in sorted_by_key(batches, self.key_indices, self.input.max_rows):
-                    self._process(batch)
-                    outputs.append(self._output())
+            for batch in self._unsorted.sorted():
+                self._process(batch)
+                outputs.append(self._output())
             if self._pending is not None:
                 self._call(*self._pending)
             self._expire_timers()

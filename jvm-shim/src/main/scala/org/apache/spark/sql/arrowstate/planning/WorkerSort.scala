@@ -5,6 +5,8 @@ import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.execution.{SortExec, SparkPlan}
 import org.apache.spark.sql.types._
 
+import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
+
 /**
  * Grouping by key in the worker instead of Spark's sort before the node: for a function's
  * operators (transformWithState, applyInPandasWithState) the worker can sort a task's rows
@@ -12,9 +14,9 @@ import org.apache.spark.sql.types._
  * executor's time (JFR) in the Row API's running count.
  *
  * Only where keys are of types whose order and equality are the same in Arrow and in Spark
- * (equal keys must end up next to each other), and not when the function's workers have a
- * memory limit (spark.executor.pyspark.memory): Spark's sort spills, which keeps a large
- * micro-batch's rows out of the worker's bounded memory.
+ * (equal keys must end up next to each other), and not when the workers have a memory
+ * budget (spark.arrowstate.worker.memory or spark.executor.pyspark.memory): Spark's sort
+ * spills, which keeps a large micro-batch's rows out of the worker's bounded memory.
  */
 object WorkerSort {
   /** Whether keys of this type sort in Arrow as in Spark: no floats (Spark's order puts NaN
@@ -29,7 +31,7 @@ object WorkerSort {
   /** Whether the worker sorts the node's input by these grouping keys. */
   def applies(grouping: Seq[Attribute], session: SparkSession): Boolean =
     grouping.forall(a => sortsAlikeInArrow(a.dataType)) &&
-      !session.sparkContext.getConf.contains("spark.executor.pyspark.memory")
+      ArrowStateConf.workerMemoryBytes(session.sessionState.conf, session.sparkContext.conf) == 0
 
   /** The plan below a node without the sort Spark put there for the node's keys (the
    * arrowstate node replaces Spark's after Spark planned the sort for it). */
