@@ -83,7 +83,11 @@ sealed abstract class ColumnWriter {
   def writeNull(index: Int): Unit
   protected def writeValue(input: SpecializedGetters, ordinal: Int, index: Int): Unit
   def finish(count: Int): Unit = vector.setValueCount(count)
-  def reset(): Unit = { vector.reset(); refresh() }
+  /** Empties the vector for the next batch: Arrow's reset zeroes its buffers in place (a
+   * struct's, its fields' too), so the addresses stay. */
+  final def reset(): Unit = { vector.reset(); emptied() }
+  /** What the writer itself keeps about the vector's contents, forgotten. */
+  private[exec] def emptied(): Unit = ()
 }
 
 object ColumnWriter {
@@ -199,7 +203,7 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
     data = vector.getDataBufferAddress
   }
 
-  override def reset(): Unit = { super.reset(); end = 0 }
+  override private[exec] def emptied(): Unit = end = 0
 
   private def ensure(index: Int, bytes: Int): Unit =
     if (index >= capacity || end.toLong + bytes > byteCapacity) {
@@ -219,19 +223,20 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
     Platform.putInt(null, offsets + 4L * (index + 1), end)
   }
 
-  protected def writeValue(input: SpecializedGetters, ordinal: Int, index: Int): Unit = {
+  protected def writeValue(input: SpecializedGetters, ordinal: Int, index: Int): Unit =
     if (utf8) {
       val s = input.getUTF8String(ordinal)
-      val n = s.numBytes
-      ensure(index, n)
-      Platform.copyMemory(s.getBaseObject, s.getBaseOffset, null, data + end, n)
-      end += n
+      append(s.getBaseObject, s.getBaseOffset, s.numBytes, index)
     } else {
       val b = input.getBinary(ordinal)
-      ensure(index, b.length)
-      Platform.copyMemory(b, Platform.BYTE_ARRAY_OFFSET, null, data + end, b.length)
-      end += b.length
+      append(b, Platform.BYTE_ARRAY_OFFSET, b.length, index)
     }
+
+  /** A value's bytes, from memory at (base, offset), as row `index`. */
+  private def append(base: AnyRef, offset: Long, n: Int, index: Int): Unit = {
+    ensure(index, n)
+    Platform.copyMemory(base, offset, null, data + end, n)
+    end += n
     ColumnWriter.setBit(validity, index)
     Platform.putInt(null, offsets + 4L * (index + 1), end)
   }
@@ -247,6 +252,7 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
 final class StructColumn(val vector: StructVector, children: Array[ColumnWriter])
   extends ColumnWriter {
   private[exec] def refresh(): Unit = children.foreach(_.refresh())   // allocateNew: theirs too
+  override private[exec] def emptied(): Unit = children.foreach(_.emptied())
 
   def writeNull(index: Int): Unit = {
     vector.setNull(index)
@@ -268,5 +274,4 @@ final class StructColumn(val vector: StructVector, children: Array[ColumnWriter]
     vector.setValueCount(count)
   }
 
-  override def reset(): Unit = { vector.reset(); children.foreach(_.reset()) }
 }
