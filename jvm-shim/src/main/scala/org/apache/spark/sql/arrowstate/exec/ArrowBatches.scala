@@ -9,6 +9,7 @@ import org.apache.arrow.memory.BufferAllocator
 import org.apache.arrow.vector.{BitVector, VectorSchemaRoot}
 import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter}
 
+import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.types._
@@ -71,45 +72,68 @@ object ArrowBatches {
       StructField(s"c$i", a.dataType, a.nullable)
     })
 
-  private def withBatch[T](bytes: Array[Byte])(read: VectorSchemaRoot => T): T = {
-    val allocator = ArrowUtils.rootAllocator.newChildAllocator("arrowstate-read", 0, Long.MaxValue)
+  /** The batch of an IPC stream of one, loaded; `close` lets its memory go. */
+  private class LoadedBatch(bytes: Array[Byte]) extends AutoCloseable {
+    private val allocator =
+      ArrowUtils.rootAllocator.newChildAllocator("arrowstate-read", 0, Long.MaxValue)
+    private val reader = try new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
+      catch { case e: Throwable => allocator.close(); throw e }
+    private var open = true
     try {
-      val reader = new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
-      try {
-        if (!reader.loadNextBatch()) {
-          throw ArrowStateException.contract("DATA", "batch", "an Arrow stream with no batch")
-        }
-        read(reader.getVectorSchemaRoot)
-      } finally reader.close()
-    } finally allocator.close()
-  }
+      if (!reader.loadNextBatch()) {
+        throw ArrowStateException.contract("DATA", "batch", "an Arrow stream with no batch")
+      }
+    } catch { case e: Throwable => close(); throw e }
 
-  /** Reads the single boolean column of a mask batch the worker sent back. */
-  def readMask(bytes: Array[Byte]): Array[Boolean] = withBatch(bytes) { root =>
-    val v = root.getVector(0).asInstanceOf[BitVector]
-    Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
-  }
+    def root: VectorSchemaRoot = reader.getVectorSchemaRoot
 
-  /** Runs `f` on each row of a batch the worker sent back (of `width` columns; any number
-   * when negative); the rows die with the batch. */
-  def foreachRow(bytes: Array[Byte], width: Int)(f: InternalRow => Unit): Unit =
-    withBatch(bytes) { root =>
+    /** Its rows as Spark reads columnar rows (one row object, moved along). */
+    def rows(width: Int): Iterator[InternalRow] = {
       val columns: Array[ColumnVector] =
         root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
       if (width >= 0 && columns.length != width) {
         throw ArrowStateException.contract("DATA", "batch",
           s"${columns.length} columns, where the operator reads $width")
       }
-      new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala.foreach(f)
+      new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala
     }
 
-  /** The rows of a batch the worker sent back, through `project` (which must copy-free map
-   * a row of the batch's columns to an UnsafeRow), copied. */
-  def readRows(bytes: Array[Byte], width: Int, project: InternalRow => InternalRow)
-    : Iterator[InternalRow] = {
-    val rows = Array.newBuilder[InternalRow]
-    foreachRow(bytes, width)(r => rows += project(r).copy())
-    rows.result().iterator
+    override def close(): Unit = if (open) {
+      open = false
+      try reader.close() finally allocator.close()
+    }
+  }
+
+  private def withBatch[T](bytes: Array[Byte])(read: LoadedBatch => T): T = {
+    val batch = new LoadedBatch(bytes)
+    try read(batch) finally batch.close()
+  }
+
+  /** Reads the single boolean column of a mask batch the worker sent back. */
+  def readMask(bytes: Array[Byte]): Array[Boolean] = withBatch(bytes) { batch =>
+    val v = batch.root.getVector(0).asInstanceOf[BitVector]
+    Array.tabulate(v.getValueCount)(i => v.get(i) == 1)
+  }
+
+  /** Runs `f` on each row of a batch the worker sent back (of `width` columns; any number
+   * when negative); the rows die with the batch. */
+  def foreachRow(bytes: Array[Byte], width: Int)(f: InternalRow => Unit): Unit =
+    withBatch(bytes)(_.rows(width).foreach(f))
+
+  /**
+   * The rows of a batch the worker sent back (of `width` columns), read in place as they are
+   * asked for: a row is good until the next is asked for (one row object, moved along). The
+   * batch's memory goes when its last row has been read, or when the task ends.
+   */
+  def rowsInPlace(bytes: Array[Byte], width: Int): Iterator[InternalRow] = {
+    val batch = new LoadedBatch(bytes)
+    val rows = try batch.rows(width) catch { case e: Throwable => batch.close(); throw e }
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => batch.close()))
+    new Iterator[InternalRow] {
+      private var more = true
+      override def hasNext: Boolean = more && (rows.hasNext || { batch.close(); more = false; false })
+      override def next(): InternalRow = rows.next()
+    }
   }
 
   /** Why arrowstate cannot hold values of this type in state (they only round-trip). */

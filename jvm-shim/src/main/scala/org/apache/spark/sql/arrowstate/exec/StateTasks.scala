@@ -12,7 +12,7 @@ import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference}
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 import org.apache.spark.sql.types.StructType
@@ -216,9 +216,11 @@ object StateTasks {
    * `sent` columns) go to the worker, and only the function's output rows come back. */
   def functionOutput(task: StateTask, rows: Iterator[InternalRow], sent: Seq[Attribute],
       childOutput: Seq[Attribute], outputSchema: StructType): Iterator[InternalRow] = {
-    val project = UnsafeProjection.create(sent, childOutput)
-    val toOutput = UnsafeProjection.create(outputSchema)
-    val outputRows = ArrowBatches.readRows(_: Array[Byte], outputSchema.length, toOutput)
+    val project = TaskProjections.unsafe(sent, childOutput)
+    val toOutput = TaskProjections.unsafe(outputSchema.fields.toSeq.zipWithIndex.map {
+      case (f, i) => BoundReference(i, f.dataType, f.nullable)
+    })
+    val outputRows = ArrowBatches.rowsInPlace(_: Array[Byte], outputSchema.length).map(toOutput)
     new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
       passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
     ) ++ task.exchange.endInput().flatMap(outputRows)

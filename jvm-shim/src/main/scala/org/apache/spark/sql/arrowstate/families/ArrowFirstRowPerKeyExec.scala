@@ -2,10 +2,12 @@ package org.apache.spark.sql.arrowstate.families
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, Predicate, SortOrder, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, Expression, Predicate, SortOrder, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
 import org.apache.spark.sql.execution.metric.SQLMetric
+
+import org.apache.spark.sql.arrowstate.exec.TaskProjections
 
 /**
  * Below a streaming deduplication's shuffle: passes the first row of each key of a map
@@ -31,7 +33,7 @@ case class ArrowFirstRowPerKeyExec(
     val childOutput = child.output
     val dropped = this.dropped
     child.execute().mapPartitionsInternal { rows =>
-      val keyOf = UnsafeProjection.create(keys, childOutput)
+      val keyOf = TaskProjections.unsafe(keys, childOutput)
       val isLate = late.map(Predicate.create(_, childOutput))
       val seen = new java.util.HashSet[UnsafeRow]()
       var read = 0L

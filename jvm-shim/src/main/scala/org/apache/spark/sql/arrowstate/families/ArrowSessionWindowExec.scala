@@ -10,7 +10,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, SortOrder, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Ascending, Attribute, BoundReference, SortOrder}
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
@@ -20,7 +20,7 @@ import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, St
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -126,8 +126,8 @@ case class ArrowSessionWindowStateStoreRestoreExec(spec: SessionWindowStateSpec,
         TaskContext.get().addTaskCompletionListener[Unit](_ => e.close())
         e
       }
-      val project = UnsafeProjection.create(lookupColumns, childOutput)
-      val stored = UnsafeProjection.create(storedExprs)
+      val project = TaskProjections.unsafe(lookupColumns, childOutput)
+      val stored = TaskProjections.unsafe(storedExprs)
 
       def merged(rowsOfBatch: Seq[InternalRow]): Iterator[InternalRow] = {
         val group = rowsOfBatch.toIndexedSeq
@@ -217,11 +217,17 @@ case class ArrowSessionWindowStateStoreSaveExec(
     // metrics in append mode only): the same figure here
     StateTasks.rdd(this, opener, child.execute(),
         countsInstances = spec.outputMode != Complete) { (task, rows) =>
-      val fromSent = UnsafeProjection.create(childOutput, childOutput)
       val posted = new PostedRows(rows, task.exchange, task.encoder, identity, task.batchSize,
         passInput = false, keepInput = false, (_, _) => Iterator.empty)
       posted.foreach(_ => ())   // the mode's output comes once all input is stored
-      finished(task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent)))
+      // the final aggregate taken in reads the emitted rows in place; else they become rows
+      val emitted: Array[Byte] => Iterator[InternalRow] =
+        if (finalAggregate.isDefined) ArrowBatches.rowsInPlace(_, width)
+        else {
+          val fromSent = TaskProjections.unsafe(childOutput, childOutput)
+          ArrowBatches.rowsInPlace(_, width).map(fromSent)
+        }
+      finished(task.exchange.endInput().flatMap(emitted))
     }
   }
 

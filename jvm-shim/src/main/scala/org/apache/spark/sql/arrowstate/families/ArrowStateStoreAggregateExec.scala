@@ -8,7 +8,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow}
 import org.apache.spark.sql.catalyst.expressions.aggregate.PartialMerge
 import org.apache.spark.sql.catalyst.plans.physical.{AllTuples, Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
@@ -19,7 +19,7 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResul
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
@@ -110,13 +110,16 @@ case class ArrowStateStoreRestoreExec(
       else BoundReference(width + 1 + buffer.indexWhere(_.exprId == a.exprId), a.dataType, true)
     }
     val childOutput = child.output
+    // the keys lead the child's rows as Spark plans them: the encoder writes those columns
+    val keysLead = childOutput.take(keys.size).map(_.exprId) == keys.map(_.exprId)
 
     child.execute().mapPartitionsWithIndex { (partitionId, rows) =>
       val exchange = opener.open(partitionId)
       val encoder = new ArrowBatchEncoder(keySchema, timeZone)
       TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
-      val keyProjection = UnsafeProjection.create(keys, childOutput)
-      val restored = UnsafeProjection.create(restoredExprs)
+      val keyProjection: InternalRow => InternalRow =
+        if (keysLead) identity else TaskProjections.unsafe(keys, childOutput)
+      val restored = TaskProjections.unsafe(restoredExprs)
 
       /** Each row's stored row (null where none), joined while the answer is open. */
       def restore(group: Seq[InternalRow]): Array[InternalRow] = {
@@ -130,7 +133,7 @@ case class ArrowStateStoreRestoreExec(
         stored
       }
 
-      val merger = merge.map(_.newMerger(partitionId))
+      val merger = merge.map(_.newMerger())
       val out = if (!rows.hasNext && keys.isEmpty) {
         // A global aggregate with no input still restores its state, as Spark's does.
         restore(Seq(new GenericInternalRow(width))).iterator.filter(_ != null)
@@ -203,10 +206,20 @@ case class ArrowStateStoreSaveExec(
     val mode = spec.outputMode
     val waitsForMasks = mode == Update && spec.dropsLateRows
     val childOutput = child.output
+    // as Spark plans it, the child's rows are the keys then the buffer: sent as they are
+    val sentAsIs = sent.map(_.exprId) == childOutput.map(_.exprId)
 
     StateTasks.rdd(this, spec.opener(session, childOutput), child.execute()) { (task, rows) =>
-      val toSent = UnsafeProjection.create(sent, childOutput)
-      val fromSent = UnsafeProjection.create(childOutput, sent)
+      val toSent: InternalRow => InternalRow =
+        if (sentAsIs) identity else TaskProjections.unsafe(sent, childOutput)
+      // the final aggregate taken in reads the emitted rows in place; else they become rows
+      // of the child's layout
+      val emitted: Array[Byte] => Iterator[InternalRow] =
+        if (sentAsIs && finalAggregate.isDefined) ArrowBatches.rowsInPlace(_, width)
+        else {
+          val fromSent = TaskProjections.unsafe(childOutput, sent)
+          ArrowBatches.rowsInPlace(_, width).map(fromSent)
+        }
       // Only update mode with late rows to drop waits for the worker's verdict on its rows.
       val stored = new PostedRows(rows, task.exchange, task.encoder, toSent, task.batchSize,
         passInput = mode == Update && !waitsForMasks, keepInput = waitsForMasks,
@@ -220,7 +233,7 @@ case class ArrowStateStoreSaveExec(
       // Append and complete emit only after all input is stored: drain it first.
       val input = if (mode == Update) stored else { stored.foreach(_ => ()); Iterator.empty }
       finished(
-        input ++ task.exchange.endInput().flatMap(ArrowBatches.readRows(_, width, fromSent)))
+        input ++ task.exchange.endInput().flatMap(emitted))
     }
   }
 

@@ -6,7 +6,7 @@ import org.json4s.JsonDSL._
 
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.Attribute
 import org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark
 import org.apache.spark.sql.catalyst.plans.physical.{Distribution, Partitioning}
 import org.apache.spark.sql.execution.{SparkPlan, UnaryExecNode}
@@ -15,7 +15,7 @@ import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks}
+import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 import org.apache.spark.sql.arrowstate.contract.Contract
 import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
@@ -114,7 +114,7 @@ case class ArrowStreamingDeduplicateExec(
     val childOutput = child.output
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
-      val project = UnsafeProjection.create(sent, childOutput)
+      val project = TaskProjections.unsafe(sent, childOutput)
       new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
         passInput = false, keepInput = true,
         (group, answer) => answer match {

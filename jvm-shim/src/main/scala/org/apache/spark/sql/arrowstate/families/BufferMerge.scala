@@ -1,11 +1,12 @@
 package org.apache.spark.sql.arrowstate.families
 
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, EmptyRow, JoinedRow, MutableProjection, NamedExpression, SpecificInternalRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, EmptyRow, JoinedRow, NamedExpression, SpecificInternalRow}
 import org.apache.spark.sql.catalyst.expressions.aggregate.{AggregateExpression, AggregateMode, DeclarativeAggregate, Final}
-import org.apache.spark.TaskContext
 import org.apache.spark.sql.execution.{PartitioningPreservingUnaryExecNode, SparkPlan}
 import org.apache.spark.sql.execution.aggregate.HashAggregateExec
+
+import org.apache.spark.sql.arrowstate.exec.TaskProjections
 
 /**
  * What one of Spark's merging aggregates (a HashAggregateExec in PartialMerge or Final mode)
@@ -35,29 +36,28 @@ case class BufferMerge(
 
   /**
    * Merges `stored` (null when none) and then `row`, both laid out as `inputAttributes`, into
-   * one result row. One per task: the result is reused by the next call.
+   * one result row. In a task (its projections are the executor's, TaskProjections); the result is
+   * reused by the next call.
    */
-  def newMerger(partitionIndex: Int): (InternalRow, InternalRow) => InternalRow = {
+  def newMerger(): (InternalRow, InternalRow) => InternalRow = {
     val bufferAttributes = functions.flatMap(_.aggBufferAttributes)
     val buffer = new SpecificInternalRow(bufferAttributes.map(_.dataType))
-    val initialize = MutableProjection.create(functions.flatMap(_.initialValues), Nil)
-    val merge = MutableProjection.create(functions.flatMap(_.mergeExpressions),
+    val initialize = TaskProjections.mutable(functions.flatMap(_.initialValues), Nil)
+    val merge = TaskProjections.mutable(functions.flatMap(_.mergeExpressions),
       bufferAttributes ++ inputAttributes)
-    Seq(initialize, merge).foreach { p => p.initialize(partitionIndex); p.target(buffer) }
+    Seq(initialize, merge).foreach(_.target(buffer))
     val joined = new JoinedRow
     val result: InternalRow => InternalRow = if (isFinal) {
       val values = new SpecificInternalRow(aggregateAttributes.map(_.dataType))
-      val evaluate = MutableProjection.create(functions.map(_.evaluateExpression),
+      val evaluate = TaskProjections.mutable(functions.map(_.evaluateExpression),
         bufferAttributes)
-      evaluate.initialize(partitionIndex)
       evaluate.target(values)
       // grouping attributes are input attributes: their values come from the row
-      val project = UnsafeProjection.create(resultExpressions,
+      val project = TaskProjections.unsafe(resultExpressions,
         inputAttributes ++ aggregateAttributes)
-      project.initialize(partitionIndex)
       row => { evaluate(buffer); project(joined(row, values)) }
     } else {
-      val project = UnsafeProjection.create(groupingAttributes ++ bufferAttributes,
+      val project = TaskProjections.unsafe(groupingAttributes ++ bufferAttributes,
         inputAttributes ++ bufferAttributes)
       row => project(joined(row, buffer))
     }
@@ -118,7 +118,7 @@ trait FinishesAggregate extends PartitioningPreservingUnaryExecNode {
 
   /** The saved rows as the final aggregate emits them (in a task). */
   protected def finished(saved: Iterator[InternalRow]): Iterator[InternalRow] =
-    finalAggregate.map(_.newMerger(TaskContext.getPartitionId()))
+    finalAggregate.map(_.newMerger())
       .fold(saved)(f => saved.map(f(null, _)))
 }
 
