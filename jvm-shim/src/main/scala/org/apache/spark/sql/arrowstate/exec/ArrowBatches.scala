@@ -87,16 +87,19 @@ object ArrowBatches {
 
     def root: VectorSchemaRoot = reader.getVectorSchemaRoot
 
-    /** Its rows as Spark reads columnar rows (one row object, moved along). */
-    def rows(width: Int): Iterator[InternalRow] = {
+    /** It as Spark reads columns, checked to have `width` (any number when negative). */
+    def columnar(width: Int): ColumnarBatch = {
       val columns: Array[ColumnVector] =
         root.getFieldVectors.asScala.map(v => new ArrowColumnVector(v): ColumnVector).toArray
       if (width >= 0 && columns.length != width) {
         throw ArrowStateException.contract("DATA", "batch",
           s"${columns.length} columns, where the operator reads $width")
       }
-      new ColumnarBatch(columns, root.getRowCount).rowIterator().asScala
+      new ColumnarBatch(columns, root.getRowCount)
     }
+
+    /** Its rows as Spark reads columnar rows (one row object, moved along). */
+    def rows(width: Int): Iterator[InternalRow] = columnar(width).rowIterator().asScala
 
     override def close(): Unit = if (open) {
       open = false
@@ -108,6 +111,19 @@ object ArrowBatches {
     val batch = new LoadedBatch(bytes)
     try read(batch) finally batch.close()
   }
+
+  /** A batch the worker sent back, open for its rows by index (one row object, moved to the
+   * row asked for) until closed, or until the task ends. */
+  final class OpenBatch private[ArrowBatches] (loaded: LoadedBatch, width: Int)
+    extends AutoCloseable {
+    private val batch = try loaded.columnar(width) catch { case e: Throwable => loaded.close(); throw e }
+    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => loaded.close()))
+    def numRows: Int = batch.numRows
+    def row(i: Int): InternalRow = batch.getRow(i)
+    override def close(): Unit = loaded.close()
+  }
+
+  def open(bytes: Array[Byte], width: Int): OpenBatch = new OpenBatch(new LoadedBatch(bytes), width)
 
   /** Reads the single boolean column of a mask batch the worker sent back. */
   def readMask(bytes: Array[Byte]): Array[Boolean] = withBatch(bytes) { batch =>
@@ -126,9 +142,8 @@ object ArrowBatches {
    * batch's memory goes when its last row has been read, or when the task ends.
    */
   def rowsInPlace(bytes: Array[Byte], width: Int): Iterator[InternalRow] = {
-    val batch = new LoadedBatch(bytes)
-    val rows = try batch.rows(width) catch { case e: Throwable => batch.close(); throw e }
-    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => batch.close()))
+    val batch = open(bytes, width)
+    val rows = Iterator.range(0, batch.numRows).map(batch.row)
     new Iterator[InternalRow] {
       private var more = true
       override def hasNext: Boolean = more && (rows.hasNext || { batch.close(); more = false; false })

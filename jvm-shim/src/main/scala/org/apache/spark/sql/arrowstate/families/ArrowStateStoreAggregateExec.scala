@@ -8,7 +8,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, GenericInternalRow, JoinedRow}
+import org.apache.spark.sql.catalyst.expressions.{Attribute, AttributeReference, BoundReference, GenericInternalRow, JoinedRow}
 import org.apache.spark.sql.catalyst.expressions.aggregate.PartialMerge
 import org.apache.spark.sql.catalyst.plans.physical.{AllTuples, Distribution, Partitioning}
 import org.apache.spark.sql.catalyst.streaming.InternalOutputModes.{Append, Complete, Update}
@@ -17,6 +17,8 @@ import org.apache.spark.sql.execution.metric.SQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.IntegerType
+import org.apache.spark.util.CompletionIterator
 import org.apache.spark.sql.streaming.OutputMode
 
 import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
@@ -112,6 +114,10 @@ case class ArrowStateStoreRestoreExec(
     val childOutput = child.output
     // the keys lead the child's rows as Spark plans them: the encoder writes those columns
     val keysLead = childOutput.take(keys.size).map(_.exprId) == keys.map(_.exprId)
+    // then the merge reads a stored buffer where it is, in the answer (pos, buffer)
+    val answerLayout = merge.filter(m => keysLead && m.inputBuffer.size == width - keys.size)
+      .map(m => AttributeReference("pos", IntegerType, nullable = false)() +:
+        m.inputAttributes.drop(keys.size))
 
     child.execute().mapPartitionsWithIndex { (partitionId, rows) =>
       val exchange = opener.open(partitionId)
@@ -133,18 +139,38 @@ case class ArrowStateStoreRestoreExec(
         stored
       }
 
-      val merger = merge.map(_.newMerger())
+      val merger = merge.map(m => m.newMerger(answerLayout.getOrElse(m.inputAttributes)))
+
+      /** The group merged with the stored buffers, read in place in the worker's answer. */
+      def mergedInPlace(group: Seq[InternalRow], m: (InternalRow, InternalRow) => InternalRow)
+        : Iterator[InternalRow] =
+        exchange.lookup(encoder.encode(group.iterator.map(keyProjection))) match {
+          case None => group.iterator.map(m(null, _))
+          case Some(answer) =>
+            val stored = ArrowBatches.open(answer, answerWidth)
+            val at = Array.fill(group.size)(-1)
+            (0 until stored.numRows).foreach(j => at(stored.row(j).getInt(0)) = j)
+            val merged = group.iterator.zipWithIndex.map { case (row, i) =>
+              m(if (at(i) < 0) null else stored.row(at(i)), row)
+            }
+            CompletionIterator[InternalRow, Iterator[InternalRow]](merged, stored.close())
+        }
+
       val out = if (!rows.hasNext && keys.isEmpty) {
         // A global aggregate with no input still restores its state, as Spark's does.
         restore(Seq(new GenericInternalRow(width))).iterator.filter(_ != null)
       } else {
         rows.map(_.copy()).grouped(batchSize).flatMap { group =>
-          val stored = restore(group)
           merger match {
-            case Some(m) => group.iterator.zipWithIndex.map { case (row, i) => m(stored(i), row) }
-            case None => group.iterator.zipWithIndex.flatMap { case (row, i) =>
-              if (stored(i) == null) Iterator.single(row) else Iterator(stored(i), row)
-            }
+            case Some(m) if answerLayout.isDefined => mergedInPlace(group, m)
+            case Some(m) =>
+              val stored = restore(group)
+              group.iterator.zipWithIndex.map { case (row, i) => m(stored(i), row) }
+            case None =>
+              val stored = restore(group)
+              group.iterator.zipWithIndex.flatMap { case (row, i) =>
+                if (stored(i) == null) Iterator.single(row) else Iterator(stored(i), row)
+              }
           }
         }
       }

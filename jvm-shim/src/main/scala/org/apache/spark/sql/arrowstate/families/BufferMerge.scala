@@ -34,18 +34,27 @@ case class BufferMerge(
   override def toString: String =
     s"${if (isFinal) "finishing" else "merging"} ${aggregateExpressions.mkString(", ")}"
 
+  /** The aggregation buffer's columns among `inputAttributes`: what a merge reads of a row. */
+  def inputBuffer: Seq[Attribute] =
+    aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+
   /**
-   * Merges `stored` (null when none) and then `row`, both laid out as `inputAttributes`, into
-   * one result row. In a task (its projections are the executor's, TaskProjections); the result is
-   * reused by the next call.
+   * Merges `stored` (null when none), laid out as `storedLayout` (any columns among which
+   * `inputBuffer`'s), and then `row`, laid out as `inputAttributes`, into one result row. In a
+   * task (its projections are the executor's, TaskProjections); the result is reused by the
+   * next call.
    */
-  def newMerger(): (InternalRow, InternalRow) => InternalRow = {
+  def newMerger(storedLayout: Seq[Attribute] = inputAttributes)
+    : (InternalRow, InternalRow) => InternalRow = {
     val bufferAttributes = functions.flatMap(_.aggBufferAttributes)
     val buffer = new SpecificInternalRow(bufferAttributes.map(_.dataType))
     val initialize = TaskProjections.mutable(functions.flatMap(_.initialValues), Nil)
     val merge = TaskProjections.mutable(functions.flatMap(_.mergeExpressions),
       bufferAttributes ++ inputAttributes)
-    Seq(initialize, merge).foreach(_.target(buffer))
+    val mergeStored = if (storedLayout == inputAttributes) merge
+      else TaskProjections.mutable(functions.flatMap(_.mergeExpressions),
+        bufferAttributes ++ storedLayout)
+    Seq(initialize, merge, mergeStored).foreach(_.target(buffer))
     val joined = new JoinedRow
     val result: InternalRow => InternalRow = if (isFinal) {
       val values = new SpecificInternalRow(aggregateAttributes.map(_.dataType))
@@ -63,7 +72,7 @@ case class BufferMerge(
     }
     (stored, row) => {
       initialize(EmptyRow)
-      if (stored != null) merge(joined(buffer, stored))
+      if (stored != null) mergeStored(joined(buffer, stored))
       merge(joined(buffer, row))
       result(row)
     }
