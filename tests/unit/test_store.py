@@ -236,3 +236,34 @@ def test_pick_gathers_keys_at_positions_in_any_order():
         picked = KeyedRows.pick(keys, positions)
         assert picked == [keys[i] for i in positions]
         assert picked is not keys
+
+
+def test_first_absent_keys_are_stored_in_one_pass_as_the_two_steps_store_them():
+    """put_first_absent keeps each key's first candidate that is not in state, stores those
+    rows (the dict's one-pass claim and the tier's and hash table's two steps alike), and a
+    failure while making the rows leaves the state as it was."""
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    state = VersionedState([schema.field(0)], [schema.field(1)])
+    state.put_rows(state.keys([pa.array(["b"])], 1),
+                   pa.RecordBatch.from_arrays([pa.array(["b"]), pa.array([0])], schema=schema))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["a", "b", "a", "c", "d", "c", "e"]), pa.array([1, 2, 3, 4, 5, 6, 7])],
+        schema=schema)
+    candidates = np.array([0, 1, 2, 3, 5, 6])   # row 4 ("d") is not a candidate (late)
+    keys_ = state.keys(batch.columns[:1], batch.num_rows)
+
+    def rows_of(positions):
+        return batch.take(pa.array(positions))
+
+    with pytest.raises(RuntimeError):
+        state.put_first_absent(keys_, candidates, lambda p: (_ for _ in ()).throw(
+            RuntimeError("disk full")))
+    assert sorted(state.rows.data) == [b"b"] and len(state) == 1
+    positions, new_keys, rows = state.put_first_absent(keys_, candidates, rows_of)
+    assert positions.tolist() == [0, 3, 6] and new_keys == [b"a", b"c", b"e"]
+    assert rows.column(1).to_pylist() == [1, 4, 7]
+    found = state.rows.lookup(state.keys([pa.array(["a", "b", "c", "d", "e"])], 5))
+    assert state.rows.take(found[found >= 0]).column(1).to_pylist() == [1, 0, 4, 7]
+    assert found[3] == -1
+    again, _, _ = state.put_first_absent(keys_, candidates, rows_of)
+    assert len(again) == 0

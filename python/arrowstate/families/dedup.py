@@ -67,15 +67,19 @@ class Deduplicate(FamilyBase):
 
             row_keys = state.keys(batch.columns[: self.key_count], n)
             candidates = np.flatnonzero(keep)
-            new_rows = state.rows.first_absent(row_keys, candidates)  # each new key's first row
-            new_keys = state.rows.pick(row_keys, new_rows)
+
+            def stored_rows(new_rows: np.ndarray) -> pa.RecordBatch:
+                columns = [c.take(new_rows) for c in batch.columns[: self.key_count]]
+                if self.within_watermark:
+                    columns.append(pa.array(event_micros[new_rows] + self.delay_micros,
+                                            pa.int64()))
+                return pa.RecordBatch.from_arrays(columns, schema=state.schema)
+
+            # each new key's first row, stored
+            new_rows, new_keys, stored = state.put_first_absent(row_keys, candidates,
+                                                                stored_rows)
             keep[:] = False
             keep[new_rows] = True
-            columns = [c.take(new_rows) for c in batch.columns[: self.key_count]]
-            if self.within_watermark:
-                columns.append(pa.array(event_micros[new_rows] + self.delay_micros, pa.int64()))
-            stored = pa.RecordBatch.from_arrays(columns, schema=state.schema)
-            state.put_rows(new_keys, stored)
             self.index_rows(state, new_keys, stored)
             self.metrics["numUpdatedStateRows"] += len(new_keys)
             self.metrics["numDroppedDuplicateRows"] += len(candidates) - len(new_rows)

@@ -117,6 +117,31 @@ class KeyedRows:
         positions = np.fromiter(first.values(), np.int64, len(first))
         return np.sort(positions[~present])
 
+    def insert_first_absent(self, keys: Sequence[Hashable], candidates: np.ndarray,
+                            rows_of: Callable[[np.ndarray], pa.RecordBatch]
+                            ) -> tuple[np.ndarray, list, pa.RecordBatch]:
+        """`first_absent` and then `insert` of those positions' keys with their rows
+        (`rows_of(positions)`), in one dict operation per candidate and one per new key
+        where the two take three: each candidate claims its key with a placeholder id of its
+        own (`setdefault`), and a candidate that gets its own back holds the first occurrence
+        of a key not in state; those keys then get their rows' ids. Returns the positions,
+        their keys and their rows."""
+        picked = self.pick(keys, candidates)
+        offered = np.arange(-1, -len(picked) - 1, -1)
+        got = np.fromiter(map(self.data.setdefault, picked, offered.tolist()), np.int64,
+                          len(picked))
+        is_new = got == offered
+        new_keys = self.pick(picked, np.flatnonzero(is_new))
+        positions = candidates[is_new]
+        try:
+            rows = rows_of(positions)
+            start = self._rows.append(rows)
+        except BaseException:   # no placeholder outlives the call
+            collections.deque(map(self.data.__delitem__, new_keys), maxlen=0)
+            raise
+        self.data.update(zip(new_keys, range(start, start + len(new_keys))))
+        return positions, new_keys, rows
+
     # -- reading ----------------------------------------------------------------------------
     def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
         """Each key's row id, -1 where the key is absent."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -116,9 +116,30 @@ class VersionedState:
         `present`: whether each key is stored already, where the caller knows."""
         if len(keys) == 0:
             return
-        batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        batch = self._as_stored(batch)
         self.rows.insert(keys, batch, present)
         self._changes.append(files.with_op(batch, files.OP_PUT))
+
+    def put_first_absent(self, keys: Sequence[Hashable], candidates: np.ndarray,
+                         rows_of: Callable[[np.ndarray], pa.RecordBatch]
+                         ) -> tuple[np.ndarray, Sequence[Hashable], pa.RecordBatch]:
+        """Stores, for each key not in state, the row `rows_of` makes of its first position
+        among `candidates` (ascending); returns those positions, their keys and rows."""
+        if isinstance(self.rows, KeyedRows):   # the dict does both in fewer operations
+            positions, new_keys, rows = self.rows.insert_first_absent(
+                keys, candidates, lambda p: self._as_stored(rows_of(p)))
+        else:
+            positions = self.rows.first_absent(keys, candidates)
+            new_keys = self.rows.pick(keys, positions)
+            rows = self._as_stored(rows_of(positions))
+            if len(new_keys):
+                self.rows.insert(new_keys, rows)
+        if len(new_keys):
+            self._changes.append(files.with_op(rows, files.OP_PUT))
+        return positions, new_keys, rows
+
+    def _as_stored(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
 
     def pop_present(self, keys: Sequence[Hashable]) -> pa.RecordBatch:
         """Removes those of the keys that are present (repeats count once); returns their rows."""
