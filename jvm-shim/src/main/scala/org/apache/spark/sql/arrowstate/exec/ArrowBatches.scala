@@ -76,9 +76,10 @@ object ArrowBatches {
   private class LoadedBatch(bytes: Array[Byte]) extends AutoCloseable {
     private val allocator =
       ArrowUtils.rootAllocator.newChildAllocator("arrowstate-read", 0, Long.MaxValue)
-    private val reader = try new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
+    // let go of when closed: a task keeps a closed batch until it ends (its listener), and
+    // the reader keeps the stream's bytes
+    private var reader = try new ArrowStreamReader(new ByteArrayInputStream(bytes), allocator)
       catch { case e: Throwable => allocator.close(); throw e }
-    private var open = true
     try {
       if (!reader.loadNextBatch()) {
         throw ArrowStateException.contract("DATA", "batch", "an Arrow stream with no batch")
@@ -101,9 +102,11 @@ object ArrowBatches {
     /** Its rows as Spark reads columnar rows (one row object, moved along). */
     def rows(width: Int): Iterator[InternalRow] = columnar(width).rowIterator().asScala
 
-    override def close(): Unit = if (open) {
-      open = false
-      try reader.close() finally allocator.close()
+    override def close(): Unit = if (reader != null) {
+      try reader.close() finally {
+        reader = null
+        allocator.close()
+      }
     }
   }
 
@@ -116,7 +119,8 @@ object ArrowBatches {
    * row asked for) until closed, or until the task ends. */
   final class OpenBatch private[ArrowBatches] (loaded: LoadedBatch, width: Int)
     extends AutoCloseable {
-    private val batch = try loaded.columnar(width) catch { case e: Throwable => loaded.close(); throw e }
+    private val batch =
+      try loaded.columnar(width) catch { case e: Throwable => loaded.close(); throw e }
     Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => loaded.close()))
     def numRows: Int = batch.numRows
     def row(i: Int): InternalRow = batch.getRow(i)
@@ -146,7 +150,8 @@ object ArrowBatches {
     val rows = Iterator.range(0, batch.numRows).map(batch.row)
     new Iterator[InternalRow] {
       private var more = true
-      override def hasNext: Boolean = more && (rows.hasNext || { batch.close(); more = false; false })
+      override def hasNext: Boolean =
+        more && (rows.hasNext || { batch.close(); more = false; false })
       override def next(): InternalRow = rows.next()
     }
   }

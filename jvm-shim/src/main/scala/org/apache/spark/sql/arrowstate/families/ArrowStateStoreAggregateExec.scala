@@ -125,7 +125,7 @@ case class ArrowStateStoreRestoreExec(
       TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
       val keyProjection: InternalRow => InternalRow =
         if (keysLead) identity else TaskProjections.unsafe(keys, childOutput)
-      val restored = TaskProjections.unsafe(restoredExprs)
+      lazy val restored = TaskProjections.unsafe(restoredExprs)   // where not read in place
 
       /** Each row's stored row (null where none), joined while the answer is open. */
       def restore(group: Seq[InternalRow]): Array[InternalRow] = {
