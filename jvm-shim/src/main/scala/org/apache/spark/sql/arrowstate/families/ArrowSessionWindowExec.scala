@@ -220,13 +220,9 @@ case class ArrowSessionWindowStateStoreSaveExec(
       val posted = new PostedRows(rows, task.exchange, task.encoder, identity, task.batchSize,
         passInput = false, keepInput = false, (_, _) => Iterator.empty)
       posted.foreach(_ => ())   // the mode's output comes once all input is stored
-      // the final aggregate taken in reads the emitted rows in place; else they become rows
-      val emitted: Array[Byte] => Iterator[InternalRow] =
-        if (finalAggregate.isDefined) ArrowBatches.rowsInPlace(_, width)
-        else {
-          val fromSent = TaskProjections.unsafe(childOutput, childOutput)
-          ArrowBatches.rowsInPlace(_, width).map(fromSent)
-        }
+      // the emitted rows become Spark's rows, read in place (each good until the next)
+      val fromSent = TaskProjections.unsafe(childOutput, childOutput)
+      val emitted = ArrowBatches.rowsInPlace(_: Array[Byte], width).map(fromSent)
       finished(task.exchange.endInput().flatMap(emitted))
     }
   }

@@ -126,6 +126,9 @@ case class ArrowStateStoreRestoreExec(
       val keyProjection: InternalRow => InternalRow =
         if (keysLead) identity else TaskProjections.unsafe(keys, childOutput)
       lazy val restored = TaskProjections.unsafe(restoredExprs)   // where not read in place
+      lazy val answerRow = TaskProjections.unsafe(answerLayout.get.zipWithIndex.map {
+        case (a, i) => BoundReference(i, a.dataType, a.nullable)
+      })
 
       /** Each row's stored row (null where none), joined while the answer is open. */
       def restore(group: Seq[InternalRow]): Array[InternalRow] = {
@@ -150,8 +153,10 @@ case class ArrowStateStoreRestoreExec(
             val stored = ArrowBatches.open(answer, answerWidth)
             val at = Array.fill(group.size)(-1)
             (0 until stored.numRows).foreach(j => at(stored.row(j).getInt(0)) = j)
+            // as an UnsafeRow (not copied): Spark's rows of generated code stay of the two
+            // kinds its JIT has seen (a third makes their calls megamorphic everywhere)
             val merged = group.iterator.zipWithIndex.map { case (row, i) =>
-              m(if (at(i) < 0) null else stored.row(at(i)), row)
+              m(if (at(i) < 0) null else answerRow(stored.row(at(i))), row)
             }
             CompletionIterator[InternalRow, Iterator[InternalRow]](merged, stored.close())
         }
@@ -238,14 +243,10 @@ case class ArrowStateStoreSaveExec(
     StateTasks.rdd(this, spec.opener(session, childOutput), child.execute()) { (task, rows) =>
       val toSent: InternalRow => InternalRow =
         if (sentAsIs) identity else TaskProjections.unsafe(sent, childOutput)
-      // the final aggregate taken in reads the emitted rows in place; else they become rows
-      // of the child's layout
-      val emitted: Array[Byte] => Iterator[InternalRow] =
-        if (sentAsIs && finalAggregate.isDefined) ArrowBatches.rowsInPlace(_, width)
-        else {
-          val fromSent = TaskProjections.unsafe(childOutput, sent)
-          ArrowBatches.rowsInPlace(_, width).map(fromSent)
-        }
+      // the emitted rows become rows of the child's layout, read in place (each good until
+      // the next: the final aggregate taken in, or the operator above, takes one at a time)
+      val fromSent = TaskProjections.unsafe(childOutput, sent)
+      val emitted = ArrowBatches.rowsInPlace(_: Array[Byte], width).map(fromSent)
       // Only update mode with late rows to drop waits for the worker's verdict on its rows.
       val stored = new PostedRows(rows, task.exchange, task.encoder, toSent, task.batchSize,
         passInput = mode == Update && !waitsForMasks, keepInput = waitsForMasks,
