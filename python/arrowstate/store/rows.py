@@ -135,7 +135,8 @@ class KeyedRows:
         positions = candidates[is_new]
         try:
             rows = rows_of(positions)
-            start = self._rows.append(rows)
+            # no empty chunk (the next append would copy itself to merge it)
+            start = self._rows.append(rows) if new_keys else self._rows.next_id
         except BaseException:   # no placeholder outlives the call
             collections.deque(map(self.data.__delitem__, new_keys), maxlen=0)
             raise
