@@ -116,8 +116,7 @@ case class ArrowStateStoreRestoreExec(
     val keysLead = childOutput.take(keys.size).map(_.exprId) == keys.map(_.exprId)
     // then the merge reads a stored buffer where it is, in the answer (pos, buffer)
     val answerLayout = merge.filter(m => keysLead && m.inputBuffer.size == width - keys.size)
-      .map(m => AttributeReference("pos", IntegerType, nullable = false)() +:
-        m.inputAttributes.drop(keys.size))
+      .map(m => AttributeReference("pos", IntegerType, nullable = false)() +: m.inputBuffer)
 
     child.execute().mapPartitionsWithIndex { (partitionId, rows) =>
       val exchange = opener.open(partitionId)

@@ -35,8 +35,7 @@ case class BufferMerge(
     s"${if (isFinal) "finishing" else "merging"} ${aggregateExpressions.mkString(", ")}"
 
   /** The aggregation buffer's columns among `inputAttributes`: what a merge reads of a row. */
-  def inputBuffer: Seq[Attribute] =
-    aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+  def inputBuffer: Seq[Attribute] = BufferMerge.inputBufferOf(aggregateExpressions)
 
   /**
    * Merges `stored` (null when none), laid out as `storedLayout` (any columns among which
@@ -80,6 +79,9 @@ case class BufferMerge(
 }
 
 object BufferMerge {
+  private def inputBufferOf(functions: Seq[AggregateExpression]): Seq[Attribute] =
+    functions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+
   /**
    * The merge of a HashAggregateExec over `child`'s rows when it may run row by row: every
    * function declarative (their merges are expressions), in one mode, `mode`, with no distinct
@@ -97,8 +99,7 @@ object BufferMerge {
         agg.groupingExpressions.map(_.exprId).toSet == unique.map(_.exprId).toSet =>
       // as BaseAggregateExec binds merges: the functions' own input buffer attributes
       // (SPARK-31620: they may be copies of those below)
-      val inputBuffer =
-        agg.aggregateExpressions.flatMap(_.aggregateFunction.inputAggBufferAttributes)
+      val inputBuffer = inputBufferOf(agg.aggregateExpressions)
       Some(BufferMerge(agg.groupingExpressions.map(_.toAttribute), agg.aggregateExpressions,
         child.output.dropRight(inputBuffer.size) ++ inputBuffer, agg.aggregateAttributes,
         agg.resultExpressions))
