@@ -17,14 +17,25 @@ MICROS = [1_700_000_000_123_456, None, 0, -1, -62135000000000000, 25340200000000
           1_699_165_800_000_000]   # 2023-11-05 06:30 UTC: 01:30 in New York a second time
 
 
-@pytest.mark.parametrize("zone", ["UTC", "Etc/UTC", "+00:00", "America/New_York",
-                                  "Asia/Kolkata", "-03:30", None])
-def test_timestamps_as_arrow_makes_them(zone):
-    array = pa.array(MICROS, pa.timestamp("us", tz=zone))
+ZONES = ["UTC", "Etc/UTC", "+00:00", "America/New_York", "Asia/Kolkata", "-03:30", "+05:45",
+         "Etc/GMT+5", "Etc/GMT-14", "GMT", "Zulu", None]
+# random instants over datetime's whole range and within a day of the epoch
+RANDOM = np.random.default_rng(5)
+MANY = (RANDOM.integers(-62135596800000000 + 2 * 86_400_000_000,
+                        253402300799999999 - 2 * 86_400_000_000, 20_000).tolist()
+        + RANDOM.integers(-86_400_000_000, 86_400_000_000, 5_000).tolist())
+
+
+@pytest.mark.parametrize("zone", ZONES)
+@pytest.mark.parametrize("micros", [MICROS, MANY], ids=["edges", "random"])
+def test_timestamps_as_arrow_makes_them(zone, micros):
+    array = pa.array(micros, pa.timestamp("us", tz=zone))
     fast, arrow = python_column(array), array.to_pylist()
     assert fast == arrow
-    assert [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in fast] == \
-        [None if v is None else (v.tzinfo, v.utcoffset(), v.fold) for v in arrow]
+    assert [None if v is None else (v.tzinfo, v.utcoffset(), v.fold, v.replace(tzinfo=None))
+            for v in fast] == \
+        [None if v is None else (v.tzinfo, v.utcoffset(), v.fold, v.replace(tzinfo=None))
+         for v in arrow]
     # where Arrow gives every value one zone object (not for a fixed offset other than
     # UTC: a new one each), that very object, as a processor comparing zones by identity
     if len({id(a.tzinfo) for a in arrow if a is not None}) == 1:
@@ -32,7 +43,9 @@ def test_timestamps_as_arrow_makes_them(zone):
 
 
 @pytest.mark.parametrize("micros,zone", [(-62135596800000001, "UTC"),
-                                         (-62135596800000000, "America/New_York")])
+                                         (-62135596800000000, "America/New_York"),
+                                         (-62135596800000000, "Etc/GMT+5"),
+                                         (253402300799999999, "+05:00")])
 def test_timestamps_past_datetime_fail_as_arrow_fails(micros, zone):
     array = pa.array([micros], pa.timestamp("us", tz=zone))
     with pytest.raises(Exception) as arrow:
