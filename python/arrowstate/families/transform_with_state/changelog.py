@@ -65,21 +65,29 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
     """A map's change records when each key's operations are one run of one kind (entries
     written, or removed), as they mostly are: one record a key, its entries flattened in
     bulk rather than paired per key; False (nothing recorded) otherwise."""
-    runs = [records[0::3] for _, records in logged]
-    if not all(ops.count(ops[0]) == len(ops) for ops in runs):
-        return False
-    entries = [pa.array([0, *itertools.accumulate(map(len, runs))], pa.int32()),
-               var.key_codec.stored_to_arrow(list(itertools.chain.from_iterable(
-                   records[1::3] for _, records in logged))),
-               _with_nulls(var, list(itertools.chain.from_iterable(
-                   records[2::3] for _, records in logged)))]
-    array = pa.ListArray.from_arrays(
-        entries[0], pa.StructArray.from_arrays(entries[1:], fields=list(var.type.value_type)),
-        type=var.type)
+    chain = itertools.chain.from_iterable
+    flat = list(chain(records for _, records in logged))   # op, user key, element, ...
+    ops = flat[0::3]
+    if ops.count(ops[0]) == len(ops):   # one kind in all: one run a key (in C, no loop)
+        record_ops = [ops[0]] * len(logged)
+        sizes = [len(records) // 3 for _, records in logged]
+        user_keys, elements = flat[1::3], flat[2::3]
+    else:
+        runs = [records[0::3] for _, records in logged]
+        if not all(ops.count(ops[0]) == len(ops) for ops in runs):
+            return False
+        record_ops, sizes = [ops[0] for ops in runs], list(map(len, runs))
+        user_keys = list(chain(records[1::3] for _, records in logged))
+        elements = list(chain(records[2::3] for _, records in logged))
+    entries = pa.StructArray.from_arrays(
+        [var.key_codec.stored_to_arrow(user_keys), _with_nulls(var, elements)],
+        fields=list(var.type.value_type))
+    array = pa.ListArray.from_arrays(pa.array([0, *itertools.accumulate(sizes)], pa.int32()), entries,
+                                     type=var.type)
     state.record_changes(pa.RecordBatch.from_arrays(
         family.store_columns(var.name, [g for g, _ in logged])
         + family.value_columns(column, array),
-        schema=state.schema), pa.array([ops[0] for ops in runs], pa.int8()))
+        schema=state.schema), pa.array(record_ops, pa.int8()))
     return True
 
 
