@@ -79,9 +79,9 @@ def _fixed_offset(zone) -> int | None:
     else None."""
     if isinstance(zone, datetime.timezone):
         return zone.utcoffset(None) // datetime.timedelta(microseconds=1)
-    if isinstance(zone, zoneinfo.ZoneInfo) and (
-            zone.key in ("UTC", "UCT", "GMT", "Universal", "Zulu", "Greenwich")
-            or zone.key.startswith("Etc/")):
+    key = getattr(zone, "key", None) if isinstance(zone, zoneinfo.ZoneInfo) else None
+    if key is not None and (key in ("UTC", "UCT", "GMT", "Universal", "Zulu", "Greenwich")
+                            or key.startswith("Etc/")):
         return zone.utcoffset(datetime.datetime(2000, 1, 1)) // datetime.timedelta(
             microseconds=1)
     return None
