@@ -82,8 +82,8 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
     entries = pa.StructArray.from_arrays(
         [var.key_codec.stored_to_arrow(user_keys), _with_nulls(var, elements)],
         fields=list(var.type.value_type))
-    array = pa.ListArray.from_arrays(pa.array([0, *itertools.accumulate(sizes)], pa.int32()), entries,
-                                     type=var.type)
+    offsets = pa.array([0, *itertools.accumulate(sizes)], pa.int32())
+    array = pa.ListArray.from_arrays(offsets, entries, type=var.type)
     state.record_changes(pa.RecordBatch.from_arrays(
         family.store_columns(var.name, [g for g, _ in logged])
         + family.value_columns(column, array),

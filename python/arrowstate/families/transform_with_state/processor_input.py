@@ -88,7 +88,7 @@ def _fixed_offset(zone) -> int | None:
 
 
 def _datetime_states(wall: np.ndarray) -> list[bytes]:
-    """Wall-clock times (microseconds since 0001-01-01 less the epoch's) as the 10-byte
+    """Wall-clock times (microseconds from 1970-01-01 00:00 on that clock) as the 10-byte
     states datetime's own constructor takes (its pickled form: year in two bytes, month,
     day, hour, minute, second, microsecond in three), the calendar fields computed in numpy
     (days to a civil date: H. Hinnant's algorithm)."""
