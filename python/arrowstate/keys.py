@@ -287,9 +287,13 @@ def key_array(columns: Sequence[pa.Array], num_rows: int, dtype: np.dtype,
 
 
 def _arrow_keys(keys: np.ndarray) -> pa.Array:
-    """`key_array`'s keys as an Arrow array over the same memory."""
+    """`key_array`'s keys as an Arrow array over the same memory; 8-byte keys as int64,
+    whose hash table Arrow builds and probes in about two thirds of the time it takes
+    for fixed-width binary (the same bytes: equal keys are equal words)."""
     if keys.dtype == np.int64:
         return pa.array(keys)
+    if keys.dtype.itemsize == 8:
+        return pa.array(np.ascontiguousarray(keys).view(np.int64))
     return _binary(np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), -1))
 
 

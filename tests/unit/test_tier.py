@@ -392,3 +392,18 @@ def test_membership_and_unique_of_tier_keys_are_numpys(fields):
         first.setdefault(k, i)
     assert once.tolist() == sorted(first, key=first.get)   # in the order they first come
     assert len(keys.unique(a[:0])) == 0
+
+
+def test_membership_and_unique_of_eight_byte_keys_are_numpys():
+    """Keys of eight bytes (a grouping prefix of one long key, say), which Arrow hashes as
+    int64 words: as `np.isin` and `np.unique`, trailing zero bytes and repeats included."""
+    rng = np.random.default_rng(12)
+    raw = rng.choice([0, 1, 255], (4000, 8)).astype(np.uint8)
+    raw[rng.random(4000) < 0.3, 4:] = 0   # keys alike but for their trailing zeros
+    both = raw.view("S8").ravel()
+    a, b = both[:2000], both[2000:][rng.random(2000) < 0.5]
+    assert keys.is_in(a, b).tolist() == np.isin(a, b).tolist()
+    assert keys.is_in(b, a[::3]).tolist() == np.isin(b, a[::3]).tolist()
+    once = keys.unique(a)
+    assert once.dtype == a.dtype and sorted(once.tolist()) == np.unique(a).tolist()
+    assert len(once) == len({bytes(k) for k in raw[:2000]})
