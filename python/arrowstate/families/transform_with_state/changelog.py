@@ -65,20 +65,17 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
     """A map's change records when each key's operations are one run of one kind (entries
     written, or removed), as they mostly are: one record a key, its entries flattened in
     bulk rather than paired per key; False (nothing recorded) otherwise."""
-    chain = itertools.chain.from_iterable
-    flat = list(chain(records for _, records in logged))   # op, user key, element, ...
-    ops = flat[0::3]
+    flat = list(itertools.chain.from_iterable(records for _, records in logged))
+    ops = flat[0::3]   # flat: op, user key, element, ... (every key's records in turn)
     if ops.count(ops[0]) == len(ops):   # one kind in all: one run a key (in C, no loop)
         record_ops = [ops[0]] * len(logged)
-        sizes = [len(records) // 3 for _, records in logged]
-        user_keys, elements = flat[1::3], flat[2::3]
     else:
         runs = [records[0::3] for _, records in logged]
-        if not all(ops.count(ops[0]) == len(ops) for ops in runs):
+        if not all(run.count(run[0]) == len(run) for run in runs):
             return False
-        record_ops, sizes = [ops[0] for ops in runs], list(map(len, runs))
-        user_keys = list(chain(records[1::3] for _, records in logged))
-        elements = list(chain(records[2::3] for _, records in logged))
+        record_ops = [run[0] for run in runs]
+    sizes = [len(records) // 3 for _, records in logged]
+    user_keys, elements = flat[1::3], flat[2::3]
     entries = pa.StructArray.from_arrays(
         [var.key_codec.stored_to_arrow(user_keys), _with_nulls(var, elements)],
         fields=list(var.type.value_type))

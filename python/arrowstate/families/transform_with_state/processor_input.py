@@ -78,13 +78,14 @@ def _fixed_offset(zone) -> int | None:
     `timezone`, UTC, or a zone of tzdata's "Etc" area, which holds fixed offsets only),
     else None."""
     if isinstance(zone, datetime.timezone):
-        return zone.utcoffset(None) // datetime.timedelta(microseconds=1)
-    key = getattr(zone, "key", None) if isinstance(zone, zoneinfo.ZoneInfo) else None
-    if key is not None and (key in ("UTC", "UCT", "GMT", "Universal", "Zulu", "Greenwich")
-                            or key.startswith("Etc/")):
-        return zone.utcoffset(datetime.datetime(2000, 1, 1)) // datetime.timedelta(
-            microseconds=1)
-    return None
+        offset = zone.utcoffset(None)
+    elif isinstance(zone, zoneinfo.ZoneInfo) and zone.key is not None and (
+            zone.key in ("UTC", "UCT", "GMT", "Universal", "Zulu", "Greenwich")
+            or zone.key.startswith("Etc/")):
+        offset = zone.utcoffset(datetime.datetime(2000, 1, 1))
+    else:
+        return None
+    return offset // datetime.timedelta(microseconds=1)
 
 
 def _datetime_states(wall: np.ndarray) -> list[bytes]:
