@@ -407,3 +407,40 @@ def test_membership_and_unique_of_eight_byte_keys_are_numpys():
     once = keys.unique(a)
     assert once.dtype == a.dtype and sorted(once.tolist()) == np.unique(a).tolist()
     assert len(once) == len({bytes(k) for k in raw[:2000]})
+
+
+@pytest.mark.parametrize("dtype", ["S9", "int64"])
+def test_searching_and_merging_sorted_keys_agree_with_a_dict(dtype):
+    """A run's key search, by binary search (few probes) and by merging (many), and the
+    merge of sorted pieces where the newest entry of a key wins: as a dict says, with
+    repeated probes, probes past either end and keys alike but for trailing zero bytes."""
+    rng = np.random.default_rng(5)
+
+    def sorted_keys(n):
+        if dtype == "int64":
+            return np.unique(rng.integers(-500, 500, n))
+        raw = rng.choice([0, 1, 7], (n, 9)).astype(np.uint8)
+        raw[rng.random(n) < 0.3, 5:] = 0
+        return np.unique(raw.view("S9").ravel())
+
+    for n_keys, n_probes in [(600, 20), (600, 400), (50, 300), (0, 10), (40, 0)]:
+        run_keys = sorted_keys(n_keys) if n_keys else sorted_keys(1)[:0]
+        probes = np.sort(np.concatenate([sorted_keys(n_probes), run_keys[::4]]))
+        where = {k: i for i, k in enumerate(run_keys.tolist())}
+        found, pos = np.zeros(len(probes), bool), np.zeros(len(probes), np.int64)
+        runs._search(run_keys, probes, found, pos)
+        assert found.tolist() == [p in where for p in probes.tolist()]
+        assert pos[found].tolist() == [where[p] for p in probes[found].tolist()]
+
+    pieces, newest = [], {}
+    for age in range(4):
+        piece = sorted_keys(300)
+        alive = rng.random(len(piece)) < 0.8
+        pieces.append((piece, alive, pa.record_batch({"age": np.full(len(piece), age),
+                                                      "i": np.arange(len(piece))})))
+        newest.update({k: (a, age, i) for i, (k, a) in enumerate(zip(piece.tolist(),
+                                                                      alive.tolist()))})
+    merged_keys, alive, rows = runs.merge_sorted(pieces)
+    assert merged_keys.tolist() == sorted(newest)
+    assert list(zip(alive.tolist(), rows.column("age").to_pylist(),
+                    rows.column("i").to_pylist())) == [newest[k] for k in sorted(newest)]

@@ -28,6 +28,8 @@ from .bloom import BLOOM_MIN_KEYS, Bloom, BloomBuilder
 BLOCK = 4096              # keys per block of a run on disk (one Arrow record batch each)
 SPAN_BLOCKS = 256         # the most blocks of keys one lookup reads at once (1M keys)
 MERGE_ROWS = 1 << 17      # rows a merge or scan reads from each run at a time
+# probes that many times fewer than the keys or more are merged with them, not searched
+_MERGE_SEARCH_RATIO = 8
 DIR_SETTING = "spark.arrowstate.worker.localDir"
 
 
@@ -267,11 +269,22 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
 
 
 def _search(keys: np.ndarray, probes: np.ndarray, found: np.ndarray, pos: np.ndarray) -> None:
-    """Fills found/pos (views) for probes in sorted keys."""
-    at = np.searchsorted(keys, probes)
-    inside = at < len(keys)
-    hit = np.zeros(len(probes), dtype=bool)
-    hit[inside] = keys[at[inside]] == probes[inside]
+    """Fills found/pos (views) for sorted probes in sorted keys. Where the probes are many
+    against the keys, the two are merged by a stable sort of both (numpy's merges sorted
+    runs: for fixed-width bytes about three times faster than a binary search per probe),
+    which places each key before the probes equal to it; else each probe is searched."""
+    if len(probes) * _MERGE_SEARCH_RATIO >= len(keys):
+        order = np.argsort(np.concatenate([keys, probes]), kind="stable")
+        is_probe = order >= len(keys)
+        # per probe, in their order (a stable sort keeps it): the keys at or below it
+        at = np.cumsum(~is_probe)[is_probe] - 1
+        hit = at >= 0
+        hit[hit] = keys[at[hit]] == probes[hit]
+    else:
+        at = np.searchsorted(keys, probes)
+        inside = at < len(keys)
+        hit = np.zeros(len(probes), dtype=bool)
+        hit[inside] = keys[at[inside]] == probes[inside]
     found |= hit
     pos[hit] = at[hit]
 
@@ -329,10 +342,7 @@ def merged(readers: Sequence[RunReader], chunk: int, keep_dead: bool
         if not active:
             return
         bound = min(c.keys[-1] for c in active)
-        parts = [c.take_to(bound) for c in active]
-        keys, alive, rows = parts[0]
-        for newer in parts[1:]:
-            keys, alive, rows = merge_two((keys, alive, rows), newer)
+        keys, alive, rows = merge_sorted([c.take_to(bound) for c in active])
         if not keep_dead and not alive.all():
             keys, rows = keys[alive], rows.filter(pa.array(alive))
             alive = alive[alive]
@@ -340,33 +350,24 @@ def merged(readers: Sequence[RunReader], chunk: int, keep_dead: bool
             yield keys, alive, rows
 
 
-def merge_two(older, newer):
-    """Two sorted pieces of unique keys as one, the newer entry of a key winning: the newer
-    keys' places found by binary search, not by sorting both again."""
-    a_keys, a_alive, a_rows = older
-    b_keys, b_alive, b_rows = newer
-    if not len(a_keys):
-        return newer
-    if not len(b_keys):
-        return older
-    at = np.searchsorted(a_keys, b_keys)
-    inside = at < len(a_keys)
-    replaced = np.zeros(len(a_keys), dtype=bool)
-    dup = np.zeros(len(b_keys), dtype=bool)
-    dup[inside] = a_keys[at[inside]] == b_keys[inside]
-    replaced[at[dup]] = True
-    kept_a = np.flatnonzero(~replaced)
-    # each newer key goes before the older keys at or after it that are kept
-    b_place = np.searchsorted(kept_a, at) + np.arange(len(b_keys))
-    total = len(kept_a) + len(b_keys)
-    source = np.empty(total, dtype=np.int64)     # index into concat(kept older, newer)
-    is_b = np.zeros(total, dtype=bool)
-    is_b[b_place] = True
-    source[~is_b] = np.arange(len(kept_a))
-    source[b_place] = len(kept_a) + np.arange(len(b_keys))
-    keys = np.concatenate([a_keys[kept_a], b_keys])[source]
-    alive = np.concatenate([a_alive[kept_a], b_alive])[source]
-    rows = pa.concat_batches([a_rows.take(pa.array(kept_a)), b_rows]).take(pa.array(source))
+def merge_sorted(parts: list) -> tuple[np.ndarray, np.ndarray, pa.RecordBatch]:
+    """Sorted pieces of unique keys (oldest first) as one, the newest entry of a key
+    winning. The pieces' keys are concatenated and sorted stably: numpy's stable sort
+    finds the sorted runs and merges them, about three times faster for fixed-width bytes
+    than searching one piece's keys in the other's, and a key's entries come out oldest
+    first, so the last of each is kept. The rows are taken once, from all pieces."""
+    parts = [p for p in parts if len(p[0])]   # one at least: the piece up to the bound
+    if len(parts) == 1:
+        return parts[0]
+    keys = np.concatenate([k for k, _, _ in parts])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    last = np.ones(len(keys), dtype=bool)
+    last[:-1] = keys[1:] != keys[:-1]
+    if not last.all():
+        order, keys = order[last], keys[last]
+    alive = np.concatenate([a for _, a, _ in parts])[order]
+    rows = pa.concat_batches([r for _, _, r in parts]).take(pa.array(order))
     return keys, alive, rows
 
 
