@@ -258,11 +258,10 @@ class SessionWindow(FamilyBase):
             stored_runs, stored_starts = stored_runs[take_stored], stored_starts[take_stored]
 
         m = len(take_stored)
-        order = np.lexsort((
-            np.concatenate([np.arange(m), kept]),                          # then as they came
-            np.concatenate([np.zeros(m, np.int8), np.ones(len(kept), np.int8)]),  # stored first
-            np.concatenate([stored_starts, starts[kept]]),
-            np.concatenate([stored_runs, run_of])))
+        # by key and start; on a tie the stored session first, then as they came: a stable
+        # sort of the stored rows followed by the input rows
+        order = _stable_order(np.concatenate([stored_runs, run_of]),
+                              np.concatenate([stored_starts, starts[kept]]))
         pos = np.concatenate([np.full(m, -1, np.int32), kept.astype(np.int32)])[order]
         take = np.concatenate([take_stored, np.full(len(kept), -1)])[order]
         return self._answer(pos, stored, take)
@@ -471,6 +470,19 @@ def _runs(group_of, kept: np.ndarray) -> tuple[list, np.ndarray]:
     step = np.zeros(len(kept), np.int64)
     step[firsts[1:]] = 1
     return runs, np.cumsum(step)
+
+
+def _stable_order(runs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The stable order by (run, start) of run numbers (-1 and up) and microseconds: one
+    sort of both packed into one int64 where they fit (each side comes sorted, so numpy's
+    stable sort merges two runs), else numpy's lexsort of the two."""
+    if not len(runs):
+        return np.zeros(0, np.int64)
+    low = int(starts.min())
+    shift = (int(starts.max()) - low).bit_length()
+    if (int(runs.max()) + 1).bit_length() + shift <= 62:
+        return np.argsort(((runs + 1) << shift) | (starts - low), kind="stable")
+    return np.lexsort((starts, runs))
 
 
 def _scanned(state: VersionedState) -> bool:
