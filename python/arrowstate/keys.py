@@ -307,6 +307,15 @@ def is_in(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
         zero_copy_only=False)
 
 
+def index_in(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """Each of `key_array`'s keys' position among `of`'s (the first, if repeated), -1 where
+    it is not there (Arrow's hash table, as `is_in`)."""
+    if not len(keys) or not len(of):
+        return np.full(len(keys), -1, np.int64)
+    found = pc.index_in(_arrow_keys(keys), value_set=_arrow_keys(of))
+    return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def unique(keys: np.ndarray) -> np.ndarray:
     """`key_array`'s keys once each, in the order they first come (Arrow's hash table,
     not `np.unique`'s sort)."""

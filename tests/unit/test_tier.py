@@ -361,8 +361,8 @@ def test_hashed_keys_are_equal_exactly_when_the_values_are():
     [pa.field("k", pa.int64()), pa.field("start", pa.timestamp("us"))],
     [pa.field("k", pa.float64()), pa.field("flag", pa.bool_())]])
 def test_membership_and_unique_of_tier_keys_are_numpys(fields):
-    """`keys.is_in` and `keys.unique` (Arrow's hash table over the key bytes) answer as
-    `np.isin` and `np.unique` (but in the order keys first come) for keys
+    """`keys.is_in`, `keys.index_in` and `keys.unique` (Arrow's hash table over the key
+    bytes) answer as `np.isin`, a dict and `np.unique` (but in the order keys first come) for keys
     in each `key_dtype` form (int64, and bytes with validity and normalised bits): nulls
     against zeros, -0.0 and 0.0, NaN, repeats, and either side empty."""
     rng = np.random.default_rng(11)
@@ -385,6 +385,11 @@ def test_membership_and_unique_of_tier_keys_are_numpys(fields):
     assert keys.is_in(b, a).tolist() == np.isin(b, a).tolist()
     assert keys.is_in(a, a[:0]).tolist() == [False] * n
     assert keys.is_in(a[:0], a).tolist() == []
+    first_in_b = {}
+    for i, k in enumerate(b.tolist()):
+        first_in_b.setdefault(k, i)
+    assert keys.index_in(a, b).tolist() == [first_in_b.get(k, -1) for k in a.tolist()]
+    assert keys.index_in(a, a[:0]).tolist() == [-1] * n
     once = keys.unique(a)
     assert once.dtype == a.dtype and sorted(once.tolist()) == np.unique(a).tolist()
     first = {}

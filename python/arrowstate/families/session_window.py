@@ -356,8 +356,12 @@ class SessionWindow(FamilyBase):
                 parts[0] = parts[0][~mine]
         else:
             old_keys, ids = new_keys[:0], np.zeros(0, np.int64)
-        gone = ~keycodec.is_in(old_keys, new_keys)
-        stored = keycodec.is_in(new_keys, old_keys)   # the prefix scan saw every stored one
+        # which saved sessions are stored (the prefix scan saw every stored one, each once)
+        # and which stored ones are not saved again: one hash table of the stored keys
+        at = keycodec.index_in(new_keys, old_keys)
+        stored = at >= 0
+        gone = np.ones(len(old_keys), bool)
+        gone[at[stored]] = False
         changes = self._tier_changes
         changes["gone_keys"].append(old_keys[gone])
         changes["gone_ids"].append(ids[gone])
