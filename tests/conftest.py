@@ -9,11 +9,27 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Spark-free tests run first; every test under tests/spark is marked `spark`."""
+    """Spark-free tests run first; every test under tests/spark is marked `spark`.
+
+    Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`, pyproject.toml) files are
+    handed out in this order instead: the files with a `slow` test first (one application of
+    their own each, 50-150 s in one file), then the other Spark files, most tests first, the
+    Spark-free ones last, so that the two processes end on short files and finish together
+    (xdist's own order, most tests first, left the long one-test files for the end)."""
     for item in items:
         if f"{os.sep}spark{os.sep}" in str(item.fspath):
             item.add_marker(pytest.mark.spark)
     items.sort(key=lambda item: ("spark" in item.keywords, "slow" in item.keywords))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        files: dict[str, list] = {}
+        for item in items:
+            files.setdefault(str(item.fspath), []).append(item)
+
+        def rank(tests):
+            return (not any("slow" in t.keywords for t in tests),
+                    "spark" not in tests[0].keywords, -len(tests))
+
+        items[:] = [t for tests in sorted(files.values(), key=rank) for t in tests]
 
 
 @pytest.fixture(scope="session")
@@ -22,15 +38,31 @@ def test_jar(tmp_path_factory):
     file manager) and tests/jvm/unit/*.scala (Scala unit tests and their runner, run by
     tests/spark/test_jvm_units.py), compiled in one scalac run against Spark and the shim:
     kept out of the shipped jar."""
+    import fcntl
+    import tempfile
     from pathlib import Path
 
     from arrowstate.shim import compile_scala, jar_path, write_jar
 
-    out = tmp_path_factory.mktemp("test-jar")
     jvm = Path(__file__).parent / "jvm"
     sources = sorted(jvm.glob("*.scala")) + sorted((jvm / "unit").glob("*.scala"))
-    compile_scala(sources, out, [jar_path()])
-    return str(write_jar(out, out / "arrowstate-tests.jar"))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        out = tmp_path_factory.mktemp("test-jar")
+        compile_scala(sources, out, [jar_path()])
+        return str(write_jar(out, out / "arrowstate-tests.jar"))
+    # under pytest-xdist: compiled once for the run, by the first worker to need it, in the
+    # run's own base directory (the workers' common parent); the others wait for it and use
+    # the same jar (two scalac runs at once took the two cores for about 35 s)
+    shared = tmp_path_factory.getbasetemp().parent / "test-jar"
+    shared.mkdir(exist_ok=True)
+    jar = shared / "arrowstate-tests.jar"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not jar.exists():
+            out = Path(tempfile.mkdtemp(prefix="classes-", dir=shared))
+            compile_scala(sources, out, [jar_path()])
+            write_jar(out, jar)   # whole or not at all (written aside, then renamed)
+    return str(jar)
 
 
 @pytest.fixture(scope="session")
