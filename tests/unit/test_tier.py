@@ -169,19 +169,19 @@ def test_a_prefix_scan_finds_each_groups_live_rows(tmp_path, group_type):
         asked = np.unique(rng.integers(0, 420, 60))
         asked_col = pa.array(asked, group_type, mask=asked == 0)
         owner, ids = rows.scan_prefixes(state.prefix_keys([asked_col], len(asked)))
-        found = rows.take(ids).to_pylist()
+        found = rows.take(ids)
         want_groups = {-1 if a == 0 else int(a): i for i, a in enumerate(asked)}
-        got = sorted((-1 if r["k0"] is None else r["k0"], _micros(r["k1"]), r["v0"], asked_index)
-                     for r, asked_index in zip(found, owner.tolist()))
+        # the session starts as microseconds, cast once for the whole answer
+        got = sorted((-1 if k0 is None else k0, k1, v0, asked_index)
+                     for k0, k1, v0, asked_index in zip(
+                         found.column("k0").to_pylist(),
+                         found.column("k1").cast(pa.int64()).to_pylist(),
+                         found.column("v0").to_pylist(), owner.tolist()))
         want = sorted((gk, s, v, want_groups[gk]) for (gk, s), v in live.items()
                       if gk in want_groups)
         assert got == want, step
     assert any(run.on_disk for run in rows.runs)
     state.close()
-
-
-def _micros(t):
-    return int(pa.scalar(t, pa.timestamp("us")).cast(pa.int64()).as_py())
 
 
 def test_a_frozen_view_reads_runs_that_merges_have_since_deleted(tmp_path):
