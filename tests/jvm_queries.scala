@@ -27,7 +27,11 @@ val realTime = source.toDF().dropDuplicates().writeStream.format("console")
   .outputMode("update").trigger(Trigger.RealTime("5 seconds"))
   .option("checkpointLocation", sys.env("ARROWSTATE_TEST_CHECKPOINT") + "/realtime").start()
 source.addData(Seq(1, 2, 3, 1))
-Thread.sleep(12000)
+// until two real-time batches (5 s each) have reported, the first with the rows: what a
+// fixed 12 s sleep gave on an idle machine, and not too little on a busy one
+val realTimeDeadline = System.currentTimeMillis() + 120000
+while (realTime.exception.isEmpty && realTime.recentProgress.length < 2 &&
+       System.currentTimeMillis() < realTimeDeadline) Thread.sleep(200)
 realTime.explain()
 println(s"REALTIME EXCEPTION ${realTime.exception}")
 println(s"REALTIME ROWS ${realTime.recentProgress.map(_.numInputRows).sum}")
