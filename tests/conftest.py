@@ -75,12 +75,6 @@ def spark(test_jar):
     builder = (SparkSession.builder
                # on the JVM's class path: Hadoop loads the filesystem below before jars
                .config("spark.driver.extraClassPath", test_jar)
-               # the JIT's first tier only (C1): this JVM runs many small batches, each
-               # new plan's code briefly, and C2 compiling it competed with the work for
-               # the two cores (test_deduplicate.py about a fifth faster; the code run is
-               # the same). Not in the apps that start their own Spark: no gain measured
-               # there, and worker_app.py's million keys ran slower
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
                # Hadoop's local filesystem without a child process per file written
                # (tests/jvm/NoForkLocalFileSystem.scala: about half of a small batch)
                .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
