@@ -77,7 +77,7 @@ def spark(test_jar):
                .config("spark.driver.extraClassPath", test_jar)
                # the JIT's first tier only and the serial collector: this JVM runs hundreds
                # of small queries, each new plan's code briefly, and the optimising
-               # compiler took about a third of the suite's CPU on two cores, G1's
+               # compiler took 30% of the suite's CPU on two cores (823 of 2,752 s), G1's
                # concurrent threads another 4% (five Spark files under -n 2: 430 s, 403
                # with C1 only, 382 with both). The code run is the same; the apps that
                # start a Spark of their own keep the JVM's defaults, as users have them

@@ -177,8 +177,8 @@ def native_run(spark: SparkSession, workdir, schema: pa.Schema,
     if any(kwargs.get(name) is not None for name in _CALLBACKS):
         return run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
                          **kwargs)
-    # arrowstate's own settings cannot change a run with it off (tests that differ only in
-    # them, such as a memory budget, share the oracle's run)
+    # arrowstate's own settings cannot change a run with it off: runs of the same query
+    # function that differ only in them (a memory budget, a local dir) share the oracle's
     settings = sorted((k, v) for k, v in spark.conf.getAll.items()
                       if not k.startswith("spark.arrowstate."))
     key = (build, repr((str(schema), batches, sorted(kwargs.items()), settings)))
