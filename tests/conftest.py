@@ -66,10 +66,18 @@ def test_jar(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def spark(test_jar):
+def spark(test_jar, tmp_path_factory):
     from pyspark.sql import SparkSession
 
     import arrowstate
+    import harness
+
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # the oracle's runs shared by the run's processes, in their common parent directory
+        # (test_tws_on_disk.py runs again the queries three other files run natively)
+        shared = tmp_path_factory.getbasetemp().parent / "oracle-runs"
+        shared.mkdir(exist_ok=True)
+        harness.shared_oracle_dir = str(shared)
 
     testing = "org.apache.spark.sql.arrowstate.testing"
     builder = (SparkSession.builder

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
+import fcntl
+import hashlib
 import itertools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -163,29 +166,104 @@ def write_source_file(table: pa.Table, path: str) -> None:
     os.replace(partial, path)
 
 
-_native_runs: dict[tuple[Callable, str], Run] = {}
+_native_runs: dict[str, Run] = {}
 _CALLBACKS = ("between_batches", "on_restart", "recover")
+# where pytest-xdist's processes share the oracle's runs (set by tests/conftest.py): a run
+# made by one is read by the other, its checkpoint included (both live until the run ends)
+shared_oracle_dir: str | None = None
+# settings that differ between two processes' sessions and cannot change a query's run
+_PER_PROCESS = {"spark.app.id", "spark.app.startTime", "spark.app.submitTime",
+                "spark.driver.port", "spark.app.initial.jar.urls"}
+
+
+def _fingerprint(obj, depth: int = 0):
+    """What a query function (and what it captures) is, by structure: equal fingerprints
+    build the same query. Functions by their code and captured values, instances by their
+    class and attributes, values by their repr; None where that cannot be told (an object
+    whose repr is its address, or too deep), and then the run is not shared."""
+    if depth > 6:
+        return None
+    if callable(obj) and hasattr(obj, "__code__"):
+        code = obj.__code__
+        parts = [_fingerprint(c.cell_contents, depth + 1) for c in obj.__closure__ or ()]
+        parts += [_fingerprint(d, depth + 1) for d in obj.__defaults__ or ()]
+        if any(p is None for p in parts):
+            return None
+        return ("fn", _code(code), tuple(parts))
+    if isinstance(obj, (list, tuple)):
+        parts = tuple(_fingerprint(v, depth + 1) for v in obj)
+        return None if None in parts else (type(obj).__name__, parts)
+    if isinstance(obj, dict):
+        parts = tuple((repr(k), _fingerprint(v, depth + 1)) for k, v in sorted(
+            obj.items(), key=lambda kv: repr(kv[0])))
+        return None if any(p is None for _, p in parts) else ("dict", parts)
+    text = repr(obj)
+    if " at 0x" not in text:
+        return (type(obj).__qualname__, text)
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        attrs = _fingerprint(vars(obj), depth + 1)
+        return None if attrs is None else (
+            "obj", type(obj).__module__, type(obj).__qualname__, attrs)
+    return None
+
+
+def _code(code) -> tuple:
+    """A code object by what it does: its bytecode, names and constants (nested code too)."""
+    return (code.co_filename, code.co_firstlineno, code.co_name, code.co_code.hex(),
+            code.co_names, tuple(_code(c) if hasattr(c, "co_code") else repr(c)
+                                 for c in code.co_consts))
 
 
 def native_run(spark: SparkSession, workdir, schema: pa.Schema,
                batches: Sequence[Sequence[dict]], build: Callable[[DataFrame], DataFrame],
                **kwargs) -> Run:
     """Spark's own run (the oracle) of a query: run once per test session for the same
-    query function, input, options and session settings, so that tests differing only in
-    what befalls the arrowstate run share it. Callers only read the Run and its checkpoint.
-    A run with callbacks (they may act on the native run too) is never shared."""
+    query (function by structure, input, options and session settings), so that tests
+    differing only in what befalls the arrowstate run share it, across pytest-xdist's
+    processes too. Callers only read the Run and its checkpoint. A run with callbacks
+    (they may act on the native run too) is never shared."""
     if any(kwargs.get(name) is not None for name in _CALLBACKS):
         return run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
                          **kwargs)
     # arrowstate's own settings cannot change a run with it off: runs of the same query
-    # function that differ only in them (a memory budget, a local dir) share the oracle's
+    # that differ only in them (a memory budget, a local dir) share the oracle's
     settings = sorted((k, v) for k, v in spark.conf.getAll.items()
-                      if not k.startswith("spark.arrowstate."))
-    key = (build, repr((str(schema), batches, sorted(kwargs.items()), settings)))
-    if key not in _native_runs:
-        _native_runs[key] = run_query(spark, str(workdir), schema, batches, build,
-                                      arrowstate=False, **kwargs)
-    return _native_runs[key]
+                      if not k.startswith("spark.arrowstate.") and k not in _PER_PROCESS)
+    shape = _fingerprint(build)
+    if shape is None:   # not told apart by structure: shared within this process only
+        shape = ("object", id(build))
+        _keep_alive.append(build)
+    key = hashlib.sha256(repr((shape, str(schema), batches, sorted(kwargs.items()),
+                               settings)).encode()).hexdigest()
+    if key in _native_runs:
+        return _native_runs[key]
+    if shared_oracle_dir is None or shape[0] == "object":
+        run = run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
+                        **kwargs)
+    else:
+        path = os.path.join(shared_oracle_dir, key + ".pickle")
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # the other process may be running it
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    run = pickle.load(f)
+            else:
+                run = run_query(spark, str(workdir), schema, batches, build,
+                                arrowstate=False, **kwargs)
+                try:
+                    data = pickle.dumps(run)
+                except (pickle.PicklingError, TypeError, AttributeError):
+                    data = None   # values pickle cannot carry: the other process runs it
+                if data is not None:
+                    with open(path + ".partial", "wb") as f:
+                        f.write(data)
+                    os.replace(path + ".partial", path)
+    _native_runs[key] = run
+    return run
+
+
+# functions keyed by id() must outlive the test, or a new one could take the id
+_keep_alive: list = []
 
 
 def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
