@@ -32,6 +32,14 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [t for tests in sorted(files.values(), key=rank) for t in tests]
 
 
+def _run_shared_dir(tmp_path_factory, name: str):
+    """A directory shared by a pytest-xdist run's processes: in their base directories'
+    common parent, which lives as long as the run."""
+    shared = tmp_path_factory.getbasetemp().parent / name
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 @pytest.fixture(scope="session")
 def test_jar(tmp_path_factory):
     """tests/jvm/*.scala (test-only JVM helpers such as the failure-injecting checkpoint
@@ -53,8 +61,7 @@ def test_jar(tmp_path_factory):
     # under pytest-xdist: compiled once for the run, by the first worker to need it, in the
     # run's own base directory (the workers' common parent); the others wait for it and use
     # the same jar (two scalac runs at once took the two cores for about 35 s)
-    shared = tmp_path_factory.getbasetemp().parent / "test-jar"
-    shared.mkdir(exist_ok=True)
+    shared = _run_shared_dir(tmp_path_factory, "test-jar")
     jar = shared / "arrowstate-tests.jar"
     with open(shared / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -75,9 +82,7 @@ def spark(test_jar, tmp_path_factory):
     if "PYTEST_XDIST_WORKER" in os.environ:
         # the oracle's runs shared by the run's processes, in their common parent directory
         # (test_tws_on_disk.py runs again the queries three other files run natively)
-        shared = tmp_path_factory.getbasetemp().parent / "oracle-runs"
-        shared.mkdir(exist_ok=True)
-        harness.shared_oracle_dir = str(shared)
+        harness.shared_oracle_dir = str(_run_shared_dir(tmp_path_factory, "oracle-runs"))
 
     testing = "org.apache.spark.sql.arrowstate.testing"
     builder = (SparkSession.builder

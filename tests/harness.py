@@ -167,6 +167,9 @@ def write_source_file(table: pa.Table, path: str) -> None:
 
 
 _native_runs: dict[str, Run] = {}
+# functions keyed by id() must outlive the test, or a new one could take the id
+_keep_alive: list = []
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 _CALLBACKS = ("between_batches", "on_restart", "recover")
 # where pytest-xdist's processes share the oracle's runs (set by tests/conftest.py): a run
 # made by one is read by the other, its checkpoint included (both live until the run ends)
@@ -206,9 +209,6 @@ def _fingerprint(obj, depth: int = 0):
         return None if attrs is None else (
             "obj", type(obj).__module__, type(obj).__qualname__, attrs)
     return None
-
-
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _code(code) -> tuple:
@@ -264,10 +264,6 @@ def native_run(spark: SparkSession, workdir, schema: pa.Schema,
                     os.replace(path + ".partial", path)
     _native_runs[key] = run
     return run
-
-
-# functions keyed by id() must outlive the test, or a new one could take the id
-_keep_alive: list = []
 
 
 def assert_same(spark: SparkSession, tmp_path, schema: pa.Schema,
