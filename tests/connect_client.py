@@ -1,8 +1,10 @@
 """Two Spark Connect client sessions, each running applyInPandasWithState on the same
-server (started by tests/spark/test_connect.py with arrowstate). Prints one JSON line."""
+server (started by tests/spark/test_connect.py with arrowstate), and a query that leaves
+arrowstate there. Prints one JSON line."""
 import json
 import os
 import sys
+import traceback
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -37,6 +39,27 @@ def run(spark, name, users):
     return query, rows
 
 
+def leave(spark):
+    """A deduplication run on arrowstate, then restarted with arrowstate switched off: the
+    server's driver, which serves no Python driver, converts the state at planning. The
+    rows written after each run, and what the checkpoint holds after."""
+    source, checkpoint = scratch_dir("connect-leave-"), scratch_dir("connect-leave-ck-")
+    out = os.path.join(scratch_dir("connect-leave-out-"), "rows")
+    rows = []
+    for i, (users, on) in enumerate([(["a", "b", "a"], True), (["a", "c"], False)]):
+        spark.conf.set("spark.arrowstate.enabled", str(on).lower())
+        partial = os.path.join(source, f".{i}.parquet.partial")
+        pq.write_table(pa.table({"user": users}), partial)
+        os.replace(partial, os.path.join(source, f"{i}.parquet"))
+        query = (spark.readStream.schema("user string").parquet(source)
+                 .dropDuplicates(["user"]).writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", checkpoint).start())
+        query.processAllAvailable()
+        query.stop()
+        rows.append(sorted(r[0] for r in spark.read.parquet(out).collect()))
+    return rows, sorted(os.listdir(checkpoint))
+
+
 def main(url: str) -> None:
     alice = SparkSession.builder.remote(url).create()
     bob = SparkSession.builder.remote(url).create()
@@ -45,8 +68,15 @@ def main(url: str) -> None:
     # both queries still running: their state is loaded in the server's workers
     alice_query.stop()
     bob_query.stop()
-    print(json.dumps({"alice": alice_rows, "bob": bob_rows}))
+    left, checkpoint = leave(alice)
+    print(json.dumps({"alice": alice_rows, "bob": bob_rows, "left": left,
+                      "checkpoint": checkpoint}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    except BaseException:   # a failure ends the client at once (gRPC's threads would hold it)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

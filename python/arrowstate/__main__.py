@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--operator", type=int, help="convert this operator's state only")
     export.add_argument("--planning-batch", type=int, metavar="N",
                         help="the query is planning batch N (its offsets written, not its "
-                             "commit): how the shim converts when a query leaves arrowstate")
+                             "commit): how the shim converts when a query leaves arrowstate "
+                             "(in its driver, through the py4j gateway PYSPARK_GATEWAY_PORT "
+                             "names, if set)")
     imp = state_sub.add_parser(
         "import", help="convert the Spark state store (HDFS-backed or RocksDB) state of a "
                        "stopped query's checkpoint to arrowstate's format, to continue on "

@@ -1,5 +1,6 @@
 """Isolation on a shared Spark Connect server: two client sessions run applyInPandasWithState
-on one server with arrowstate; each function's process holds its own query's state only."""
+on one server with arrowstate; each function's process holds its own query's state only.
+A query leaving arrowstate there has its state converted by the server's driver."""
 import json
 import os
 import subprocess
@@ -48,5 +49,8 @@ def test_two_connect_sessions_never_see_each_others_state(tmp_path):
             assert rows and any(own > 0 for _, own, _ in rows), seen
             # ... and never another session's
             assert all(foreign == 0 for _, _, foreign in rows), seen
+        # restarted without arrowstate, the query goes on from the state arrowstate kept
+        assert seen["left"] == [["a", "b"], ["a", "b", "c"]], seen
+        assert "arrowstate-exported-1" in seen["checkpoint"], seen
     finally:
         stop(server)

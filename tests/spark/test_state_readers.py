@@ -175,6 +175,8 @@ def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_co
     build, mode = CASES[name]
     native = native_run(spark, tmp_path, EVENTS, BATCHES, build, output_mode=mode,
                         restart_after=[1])
+    sessions = spark._jvm.org.apache.spark.sql.classic.SparkSession
+    default = sessions.getDefaultSession().get()
 
     def switch_off(i, checkpoint):
         spark.conf.set(switch, "false")
@@ -189,6 +191,8 @@ def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_co
     [moved] = [n for n in os.listdir(ours.checkpoint) if n.startswith("arrowstate-exported-")]
     assert moved == "arrowstate-exported-2"   # the state after the two batches before
     assert describe(ours.checkpoint)["operators"][0]["engine"].startswith("spark")
+    # converted in this driver (through a gateway of its own), which keeps its default session
+    assert sessions.getDefaultSession().get().equals(default)
 
 
 HDFS, ROCKSDB = "HDFSBackedStateStoreProvider", "RocksDBStateStoreProvider"

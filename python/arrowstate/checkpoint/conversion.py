@@ -85,15 +85,20 @@ def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def conversion_session(app: str, conf: dict):
+def conversion_session(app: str, conf: dict, on_driver: bool = False):
     """The Spark session a conversion reads and writes state with. Called from a process
     whose active session runs arrowstate (a notebook, an application): a new session of its
     SparkContext, so no second Spark starts, with the checkpoint's store settings as its
-    own. Else (the command line) a local Spark, started for it and stopped after."""
+    own. `on_driver` (the shim's conversion of a query leaving arrowstate, from a process it
+    starts on the driver): a new session of the planning query's SparkContext, reached
+    through the py4j gateway the shim opens for it (PYSPARK_GATEWAY_PORT/SECRET). Else (the
+    command line) a local Spark, started for it and stopped after."""
     from pyspark.sql import SparkSession
 
     from .. import EXTENSION_CLASS, configure
     active = SparkSession.getActiveSession()
+    if active is None and on_driver and "PYSPARK_GATEWAY_PORT" in os.environ:
+        active = _driver_session()
     if (getattr(active, "_jsparkSession", None) is not None
             and EXTENSION_CLASS in active.conf.get("spark.sql.extensions", "")):
         session = active.newSession()
@@ -115,6 +120,30 @@ def conversion_session(app: str, conf: dict):
         yield spark
     finally:
         spark.stop()
+
+
+def _driver_session():
+    """The planning query's session on the driver that started this process, wrapped by
+    pyspark through the gateway in PYSPARK_GATEWAY_PORT/SECRET, with no SparkContext
+    started: pyspark's objects around the driver's own (which this process never stops),
+    and the driver's default session left as it was."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    gateway = launch_gateway()
+    planning = gateway.entry_point.session()
+    jsc = gateway.jvm.org.apache.spark.api.java.JavaSparkContext(planning.sparkContext())
+    context = SparkContext(gateway=gateway, jsc=jsc, conf=SparkConf(_jconf=jsc.getConf()))
+    sessions = SparkSession._get_j_spark_session_class(gateway.jvm)
+    default = sessions.getDefaultSession()
+    try:
+        return SparkSession(context, jsparkSession=planning)
+    finally:   # pyspark makes the first session it wraps the JVM's default
+        if default.isDefined():
+            sessions.setDefaultSession(default.get())
+        else:
+            sessions.clearDefaultSession()
 
 
 def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) -> None:
@@ -161,7 +190,8 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
     version = last + 1
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
-    with conversion_session(f"arrowstate state {direction}", _store_settings(conf)) as spark:
+    with conversion_session(f"arrowstate state {direction}", _store_settings(conf),
+                            on_driver=planning is not None) as spark:
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         for o in chosen:

@@ -1,6 +1,7 @@
 package org.apache.spark.sql.arrowstate.tools
 
 import java.io.InputStream
+import java.net.InetAddress
 import java.nio.charset.StandardCharsets
 
 import scala.jdk.CollectionConverters._
@@ -10,6 +11,7 @@ import org.apache.hadoop.fs.Path
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.util.Utils
 
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
@@ -19,9 +21,12 @@ import org.apache.spark.sql.arrowstate.errors.ArrowStateException
  * arrowstate wrote. At planning, as a query adopting arrowstate converts Spark's state on its
  * first load, the state is converted to Spark's store: by the project's one export
  * (`python -m arrowstate state export --operator N --planning-batch B`, with its checks and
- * its move of arrowstate's files aside), run on the driver in a process of its own (it starts
- * a local Spark of its own: the conversion is Python's as much as the JVM's, and this JVM
- * may serve no Python driver, as under Spark Connect). The planning batch then loads the
+ * its move of arrowstate's files aside), run on the driver in a process of its own (the
+ * conversion is Python's as much as the JVM's, and this JVM may serve no Python driver, as
+ * under Spark Connect). That process starts no Spark of its own: it reaches this JVM through
+ * a py4j server opened for it alone (loopback, a secret of its own, shut after), and
+ * converts in a new session of the planning query's SparkContext (a second local Spark
+ * would take 15-30 s and a JVM's memory on the driver). The planning batch then loads the
  * converted version; the conversion is logged. A checkpoint that is not on the local
  * filesystem, or a conversion that fails, fails the query with ARROWSTATE_STATE_NEEDS_EXPORT
  * naming why and the command.
@@ -56,12 +61,25 @@ object LeaveArrowState extends Logging {
       s"Spark's state store: ${command.mkString(" ")}")
     val builder = new ProcessBuilder(command.asJava)
     GatewayEnv.foreach(builder.environment().remove(_))
-    val process = builder.start()
-    process.getOutputStream.close()
-    val stderr = drained(process.getErrorStream)
-    val stdout = new String(process.getInputStream.readAllBytes(), StandardCharsets.UTF_8)
-    val exit = process.waitFor()
-    stderr.join()
+    val session = SparkSession.active
+    val secret = Utils.createSecret(session.sparkContext.getConf)
+    // ClientServer: the child's Python thread keeps one JVM thread (its active session)
+    val gateway = new py4j.ClientServer.ClientServerBuilder(new DriverSession(session))
+      .authToken(secret).javaPort(0).javaAddress(InetAddress.getLoopbackAddress)
+      .autoStartJavaServer(false).build()
+    val (stdout, stderr, exit) = try {
+      gateway.startServer()
+      builder.environment().putAll(Map(
+        "PYSPARK_GATEWAY_PORT" -> gateway.getJavaServer.getListeningPort.toString,
+        "PYSPARK_GATEWAY_SECRET" -> secret, "PYSPARK_PIN_THREAD" -> "true").asJava)
+      val process = builder.start()
+      process.getOutputStream.close()
+      val stderr = drained(process.getErrorStream)
+      val stdout = new String(process.getInputStream.readAllBytes(), StandardCharsets.UTF_8)
+      val exit = process.waitFor()
+      stderr.join()
+      (stdout, stderr, exit)
+    } finally gateway.shutdown()
     if (exit != 0) {
       val said = stderr.text.linesIterator.filter(_.startsWith("arrowstate:")).toSeq
       fail(s"converting it at planning (`${command.mkString(" ")}`) failed with exit code " +
@@ -70,6 +88,10 @@ object LeaveArrowState extends Logging {
     logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) now runs on Spark's " +
       s"state store; its state was converted: ${stdout.replaceAll("\\s+", " ").trim}")
   }
+
+  /** What the conversion's process reaches through its py4j server: the planning query's
+   * session (`session()`), whose SparkContext it converts with. */
+  final class DriverSession(val session: SparkSession)
 
   /** The driver's Python, as Spark picks it for the driver. */
   private def pythonExec(): String = {
