@@ -42,8 +42,9 @@ def test_dead_workers_new_sessions_and_memory_after_stop():
     assert seen["workers_after_spark_stop"] == 0, seen
     # spark.executor.pyspark.memory=6g: the function's process is limited as natively
     assert seen["memory_limits_arrowstate"] == seen["memory_limits_native"] == [6 << 30], seen
-    # 1M keys held after the query's last batch; dropped and the workers stopped after
-    assert seen["rss_after_stop_mb"] > seen["fresh_worker_rss_mb"] + 100, seen
+    # 400K keys held after the query's last batch (about 40 MB beyond the workers' fresh
+    # size); dropped and the workers stopped after
+    assert seen["held_after_stop_mb"] > 20, seen
     assert seen["workers_left"] == 0 and seen["rss_later_mb"] == 0, seen
     # the JVM killed: the idle worker and the one inside a function both exit
     assert seen["function_running_at_kill"] and seen["workers_at_kill"] >= 2, seen
