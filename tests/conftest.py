@@ -88,14 +88,8 @@ def spark(test_jar, tmp_path_factory):
     builder = (SparkSession.builder
                # on the JVM's class path: Hadoop loads the filesystem below before jars
                .config("spark.driver.extraClassPath", test_jar)
-               # the JIT's first tier only and the serial collector: this JVM runs hundreds
-               # of small queries, each new plan's code briefly, and the optimising
-               # compiler took 30% of the suite's CPU on two cores (823 of 2,752 s), G1's
-               # concurrent threads another 4% (five Spark files under -n 2: 430 s, 403
-               # with C1 only, 382 with both). The code run is the same; the apps that
-               # start a Spark of their own keep the JVM's defaults, as users have them
-               .config("spark.driver.extraJavaOptions",
-                       "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+               # this JVM runs hundreds of small queries, each new plan's code briefly
+               .config("spark.driver.extraJavaOptions", harness.QUICK_JVM)
                # Hadoop's local filesystem without a child process per file written
                # (tests/jvm/NoForkLocalFileSystem.scala: about half of a small batch)
                .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")

@@ -29,6 +29,14 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+# JVM options for the JVMs the tests start that run many small jobs or compile much code
+# briefly: the JIT's first tier only and the serial collector. The code run is the same; on
+# two cores the optimising compiler took 30% of the suite's CPU (823 of 2,752 s), G1's
+# concurrent threads another 4% (five Spark files under -n 2: 430 s, 403 with C1 only, 382
+# with both; Spark's StreamingDeduplicationSuite 105 -> 92 s alone; spark-shell's run of
+# tests/jvm_queries.scala 46 -> 36 s). The apps whose subject is how users start Spark (a
+# distribution's scripts, a standalone cluster, Spark Connect) keep the JVM's defaults.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",
                  "numRowsDroppedByWatermark")
 # the tests' usual input: a user's event at a time, with a value

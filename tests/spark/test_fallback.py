@@ -15,7 +15,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from arrowstate import EXPLAIN_CLASS, EXTENSION_CLASS
 from arrowstate.shim import jar_path
 
-from harness import assert_same, run_query
+from harness import QUICK_JVM, assert_same, run_query
 
 EVENTS = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
                     ("v", pa.int64()), ("x", pa.float64())])
@@ -120,6 +120,7 @@ def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path)
     done = subprocess.run(
         # real-time mode runs its stages at once: it needs more task slots than local[2]
         [shell, "--master", "local[6]", "--jars", str(jar_path()),
+         "--driver-java-options", QUICK_JVM,   # the REPL compiles much code once
          "--conf", f"spark.sql.extensions={EXTENSION_CLASS}",
          "--conf", f"spark.sql.extendedExplainProviders={EXPLAIN_CLASS}",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",

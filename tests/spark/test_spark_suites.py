@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import QUICK_JVM
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "spark_suites.py"
 SUITE = "org.apache.spark.sql.streaming.StreamingDeduplicationSuite"
 NO_TEST_JARS = 3   # the script's exit code when the test jars cannot be had
@@ -29,11 +31,8 @@ def test_streaming_deduplication_suite_has_no_unexpected_regressions(tmp_path):
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--suites", SUITE, "--modes", "on", "--out", str(out),
          "--timeout", "1800"],
-        # Spark's JVM options, plus the JIT's first tier and the serial collector, as the
-        # shared sessions run (tests/conftest.py): the code run is the same, the suite takes
-        # 92 s instead of 105 alone on two cores, and its JIT competes with the other pytest
-        # process's work here
-        env=dict(os.environ, JDK_JAVA_OPTIONS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"),
+        # Spark's JVM options, and harness.QUICK_JVM's (the code run is the same)
+        env=dict(os.environ, JDK_JAVA_OPTIONS=QUICK_JVM),
         capture_output=True, text=True, timeout=2400)
     assert (out / "report.json").is_file(), run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
