@@ -12,7 +12,6 @@ import time
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
