@@ -86,11 +86,12 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
               restart_after: Sequence[int] = (), custom_metrics: Sequence[str] = (),
               between_batches: Callable[[int, str], None] | None = None,
               on_restart: Callable[[int, str], None] | None = None,
-              recover: Callable[[], None] | None = None) -> Run:
+              recover: Callable[[StreamingQueryException], None] | None = None) -> Run:
     """Runs the query over `batches`; restarts it from its checkpoint after the given ones
     (calling `on_restart(i, checkpoint)` while it is stopped; while it returns True the
     query runs once more over the input there is). With `recover`, a query that
-    fails is recovered (`recover()`) and restarted, as an operator would."""
+    fails is recovered (`recover(failure)`, the failure carrying its `batch_errors`) and
+    restarted, as an operator would."""
     run_dir = os.path.join(workdir, f"run{next(_run_ids)}-{'on' if arrowstate else 'off'}")
     source, checkpoint = os.path.join(run_dir, "in"), os.path.join(run_dir, "ck")
     os.makedirs(source)
@@ -141,11 +142,11 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
             try:
                 query.processAllAvailable()
             except StreamingQueryException as failed:
+                failed.batch_errors = list(batch_errors)
                 if recover is None:
-                    failed.batch_errors = list(batch_errors)
                     raise
                 harvest(query)
-                recover()
+                recover(failed)
                 query = start()
                 query.processAllAvailable()
             if i in restart_after:

@@ -92,7 +92,8 @@ def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, inject
     # runs once
     native = native_run(spark, tmp_path, EVENTS, BATCHES, dedup)
     ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, dedup, arrowstate=True,
-                     between_batches=arm_before_third, recover=injection.disarm)
+                     between_batches=arm_before_third,
+                     recover=lambda failure: injection.disarm())
     assert_runs_same(native, ours, NODE)
     assert injection.failures(op) > 0, "the failure was never injected"
     await_maintenance(spark)

@@ -305,26 +305,23 @@ def test_a_full_local_disk_fails_clearly_and_the_restart_continues(spark, spark_
                   "spark.arrowstate.worker.stateMemoryPercent": "0",
                   "spark.arrowstate.worker.localDir": str(small_disk)})
     batches = _batches(5, 20000, 400000, seed=8)
-    errors = []
+    failures = []
 
-    def recover():
+    def recover(failure):
         # the operator frees room (here: points the tier at a roomy disk) and restarts
-        errors.append(True)
+        failures.append(failure)
         spark.conf.set("spark.arrowstate.worker.localDir", str(tmp_path / "roomy"))
 
     spark_run = run_query(spark, str(tmp_path), EVENTS, batches,
                           lambda df: df.dropDuplicates(["k"]), arrowstate=False)
-    with pytest.raises(StreamingQueryException) as failure:
-        run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
-                  arrowstate=True)
-    found = spark_errors(failure.value)
+    ours = run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
+                     arrowstate=True, recover=recover)
+    assert failures, "the small disk did not fill"
+    found = spark_errors(failures[0])
     assert "ARROWSTATE_LOCAL_STATE_WRITE_FAILED" in found, found
     parameters = found["ARROWSTATE_LOCAL_STATE_WRITE_FAILED"]["parameters"]
     assert parameters["path"].startswith(str(small_disk))
     assert parameters["setting"] == "spark.arrowstate.worker.localDir"
     assert "full" in parameters["reason"]
-    ours = run_query(spark, str(tmp_path), EVENTS, batches, lambda df: df.dropDuplicates(["k"]),
-                     arrowstate=True, recover=recover)
-    assert errors, "the small disk did not fill"
     from harness import assert_runs_same
     assert_runs_same(spark_run, ours, DEDUP)
