@@ -190,7 +190,8 @@ def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_co
     [moved] = [n for n in os.listdir(ours.checkpoint) if n.startswith("arrowstate-exported-")]
     assert moved == "arrowstate-exported-2"   # the state after the two batches before
     assert describe(ours.checkpoint)["operators"][0]["engine"].startswith("spark")
-    # converted in this driver (through a gateway of its own), which keeps its default session
+    # the conversion wraps this driver's SparkContext from a process of its own: the driver's
+    # default session stays this one
     assert sessions.getDefaultSession().get().equals(default)
 
 
