@@ -52,5 +52,9 @@ def test_two_connect_sessions_never_see_each_others_state(tmp_path):
         # restarted without arrowstate, the query goes on from the state arrowstate kept
         assert seen["left"] == [["a", "b"], ["a", "b", "c"]], seen
         assert "arrowstate-exported-1" in seen["checkpoint"], seen
+        # ... converted with the server's own SparkContext, through the gateway it opened
+        converted = [line for line in (tmp_path / "connect-server.log").read_text().splitlines()
+                     if "its state was converted" in line]
+        assert converted and '"session": "driver"' in converted[0], converted
     finally:
         stop(server)

@@ -190,8 +190,8 @@ def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_co
     [moved] = [n for n in os.listdir(ours.checkpoint) if n.startswith("arrowstate-exported-")]
     assert moved == "arrowstate-exported-2"   # the state after the two batches before
     assert describe(ours.checkpoint)["operators"][0]["engine"].startswith("spark")
-    # the conversion wraps this driver's SparkContext from a process of its own: the driver's
-    # default session stays this one
+    # the conversion wraps this driver's SparkContext from a process of its own (the server's
+    # log says so in test_connect.py): the driver's default session stays this one
     assert sessions.getDefaultSession().get().equals(default)
 
 
@@ -229,6 +229,8 @@ def test_export_and_import_move_a_checkpoint_between_engines(spark, spark_conf, 
                      output_mode=mode, restart_after=[1], on_restart=convert_then_switch)
     [converted] = said[command + "ed"]
     assert converted["version"] >= 2 and converted["rows"] > 0
+    # as users run it, a local Spark of its own; else this process's session's context
+    assert said["session"] == ("local" if (command, name) in CLI_CASES else "active"), said
     assert ours.outputs == native.outputs
     assert ours.figures == native.figures
     before, after = ours.plans[0], ours.plans[-1]

@@ -92,13 +92,14 @@ def conversion_session(app: str, conf: dict, on_driver: bool = False):
     own. `on_driver` (the shim's conversion of a query leaving arrowstate, from a process it
     starts on the driver): a new session of the planning query's SparkContext, reached
     through the py4j gateway the shim opens for it (PYSPARK_GATEWAY_PORT/SECRET). Else (the
-    command line) a local Spark, started for it and stopped after."""
+    command line) a local Spark, started for it and stopped after. Yields the session and
+    which of the three it is ("active", "driver", "local")."""
     from pyspark.sql import SparkSession
 
     from .. import EXTENSION_CLASS, configure
-    active = SparkSession.getActiveSession()
+    active, kind = SparkSession.getActiveSession(), "active"
     if active is None and on_driver and "PYSPARK_GATEWAY_PORT" in os.environ:
-        active = _driver_session()
+        active, kind = _driver_session(), "driver"
     if (getattr(active, "_jsparkSession", None) is not None
             and EXTENSION_CLASS in active.conf.get("spark.sql.extensions", "")):
         session = active.newSession()
@@ -107,7 +108,7 @@ def conversion_session(app: str, conf: dict, on_driver: bool = False):
         jvm_session = session._jvm.org.apache.spark.sql.SparkSession
         jvm_session.setActiveSession(session._jsparkSession)   # what SQLConf.get reads
         try:
-            yield session
+            yield session, kind
         finally:
             jvm_session.setActiveSession(active._jsparkSession)
         return
@@ -117,7 +118,7 @@ def conversion_session(app: str, conf: dict, on_driver: bool = False):
         builder = builder.config(k, v)
     spark = configure(builder).getOrCreate()
     try:
-        yield spark
+        yield spark, "local"
     finally:
         spark.stop()
 
@@ -191,7 +192,7 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     converted = []
     with conversion_session(f"arrowstate state {direction}", _store_settings(conf),
-                            on_driver=planning is not None) as spark:
+                            on_driver=planning is not None) as (spark, session):
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         for o in chosen:
@@ -211,7 +212,7 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
             last, ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
     backup = os.path.join(checkpoint, f"{backup_prefix}{version}")
     _move_aside(checkpoint, [o["operator_id"] for o in chosen], backup, is_moved)
-    return {"checkpoint": described["checkpoint"], direction: converted,
+    return {"checkpoint": described["checkpoint"], direction: converted, "session": session,
             "message": f"the old engine's files were moved to {backup}{message}"}
 
 

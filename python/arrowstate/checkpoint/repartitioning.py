@@ -57,7 +57,7 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
     version = last + 2
     state_root = os.path.abspath(os.path.join(checkpoint, "state"))
     done = []
-    with conversion_session("arrowstate state repartition", {}) as spark:
+    with conversion_session("arrowstate state repartition", {}) as (spark, _):
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         for o in stateful:
