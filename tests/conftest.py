@@ -84,16 +84,8 @@ def spark(test_jar, tmp_path_factory):
         # (test_tws_on_disk.py runs again the queries three other files run natively)
         harness.shared_oracle_dir = str(_run_shared_dir(tmp_path_factory, "oracle-runs"))
 
-    testing = "org.apache.spark.sql.arrowstate.testing"
-    builder = (SparkSession.builder
-               # on the JVM's class path: Hadoop loads the filesystem below before jars
-               .config("spark.driver.extraClassPath", test_jar)
-               # this JVM runs hundreds of small queries, each new plan's code briefly
-               .config("spark.driver.extraJavaOptions", harness.QUICK_JVM)
-               # Hadoop's local filesystem without a child process per file written
-               # (tests/jvm/NoForkLocalFileSystem.scala: about half of a small batch)
-               .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
-               .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs")
+    # this JVM runs hundreds of small queries, each new plan's code briefly
+    builder = (harness.quick_local(SparkSession.builder, test_jar)
                # local[N, F]: a failed task is retried, as on a cluster
                .master("local[2,3]")
                .appName("arrowstate-tests")

@@ -34,9 +34,28 @@ from pyspark.sql.pandas.types import from_arrow_schema
 # two cores the optimising compiler took 30% of the suite's CPU (823 of 2,752 s), G1's
 # concurrent threads another 4% (five Spark files under -n 2: 430 s, 403 with C1 only, 382
 # with both; Spark's StreamingDeduplicationSuite 105 -> 92 s alone; spark-shell's run of
-# tests/jvm_queries.scala 46 -> 36 s). The apps whose subject is how users start Spark (a
-# distribution's scripts, a standalone cluster, Spark Connect) keep the JVM's defaults.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# tests/jvm_queries.scala 46 -> 36 s). With the first tier only the JVM reserves 48 MB for
+# compiled code (240 with both), which the tests' session filled within two minutes
+# (`jcmd PID Compiler.codecache`), and then flushes and compiles again: 256 MB. The apps
+# whose subject is how users start Spark (a distribution's scripts, a standalone cluster,
+# Spark Connect) keep the JVM's defaults.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
+# where test_workers.py and test_worker_startup.py tell their apps the test jar is
+TEST_JAR_ENV = "ARROWSTATE_TEST_JAR"
+
+
+def quick_local(builder, test_jar: str):
+    """A local Spark builder set up as the tests' own sessions are: the test jar on the
+    driver's class path (Hadoop loads a filesystem before `spark.jars`), QUICK_JVM, and
+    Hadoop's local filesystem without a child process per file written
+    (tests/jvm/NoForkLocalFileSystem.scala: without it Hadoop forks `chmod` and `readlink`
+    twice per file in pyspark, about half of a small batch's time). For the tests' session
+    and the apps whose subject is not how Spark starts or writes files."""
+    testing = "org.apache.spark.sql.arrowstate.testing"
+    return (builder.config("spark.driver.extraClassPath", test_jar)
+            .config("spark.driver.extraJavaOptions", QUICK_JVM)
+            .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
+            .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs"))
 STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",
                  "numRowsDroppedByWatermark")
 # the tests' usual input: a user's event at a time, with a value

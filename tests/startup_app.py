@@ -12,7 +12,8 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import _as_text, run_query, scratch_dir, spark_errors  # noqa: E402
+from harness import (TEST_JAR_ENV, _as_text, quick_local, run_query, scratch_dir,  # noqa: E402
+                     spark_errors)
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 BATCHES = [[{"user": u, "ts": dt.datetime.fromtimestamp(i, dt.timezone.utc)}
@@ -20,7 +21,8 @@ BATCHES = [[{"user": u, "ts": dt.datetime.fromtimestamp(i, dt.timezone.utc)}
 
 
 def session(**settings):
-    builder = (SparkSession.builder.master("local[2]").appName("arrowstate-startup-test")
+    builder = (quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV])
+               .master("local[2]").appName("arrowstate-startup-test")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC"))

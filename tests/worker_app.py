@@ -16,7 +16,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import _as_text, run_query, scratch_dir  # noqa: E402
+from harness import TEST_JAR_ENV, _as_text, quick_local, run_query, scratch_dir  # noqa: E402
 from procinfo import (kill_own_state_workers, own_state_worker_pids, parent_pid,  # noqa: E402
                       rss_bytes)
 
@@ -29,7 +29,8 @@ def ev(u, s):
 
 def session():
     spark = arrowstate.configure(
-        SparkSession.builder.master("local[2]").appName("arrowstate-worker-test")
+        quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV])
+        .master("local[2]").appName("arrowstate-worker-test")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")

@@ -8,8 +8,8 @@ from test_workers import seen_by_app
 
 
 @pytest.mark.slow
-def test_workers_start_under_spark_testing_and_say_why_they_cannot():
-    seen = seen_by_app("startup_app.py")
+def test_workers_start_under_spark_testing_and_say_why_they_cannot(test_jar):
+    seen = seen_by_app("startup_app.py", test_jar)
     # as Spark's own suites run: pyspark's worker modules load in our marked workers
     assert seen["spark_testing_dedup_same"] and seen["spark_testing_flatmap_same"], seen
     # Python workers over Unix domain sockets: state, functions, init() on the driver

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import fmgws_functions as fns
-from harness import run_query, spark_errors
+from harness import TEST_JAR_ENV, run_query, spark_errors
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(fns)
@@ -23,10 +23,12 @@ def ev(user, second):
     return {"user": user, "ts": dt.datetime.fromtimestamp(second, dt.timezone.utc)}
 
 
-def seen_by_app(name: str) -> dict:
-    """Runs tests/<name> in a process of its own; what it saw (its last JSON line)."""
+def seen_by_app(name: str, test_jar: str) -> dict:
+    """Runs tests/<name> in a process of its own, its Spark set up as the tests' own
+    (harness.quick_local); what it saw (its last JSON line)."""
     app = os.path.join(os.path.dirname(__file__), "..", name)
-    done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **{TEST_JAR_ENV: test_jar}))
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     seen = json.loads(lines[-1])
@@ -34,8 +36,8 @@ def seen_by_app(name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_dead_workers_new_sessions_and_memory_after_stop():
-    seen = seen_by_app("worker_app.py")
+def test_dead_workers_new_sessions_and_memory_after_stop(test_jar):
+    seen = seen_by_app("worker_app.py", test_jar)
     assert seen["killed"] and seen["dead_worker_same_outputs"], seen
     assert seen["reloaded_after_kill"] > 0, seen
     assert seen["new_session_same_outputs"], seen
