@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import run_query  # noqa: E402
+from harness import TEST_JAR_ENV, quick_local, run_query  # noqa: E402
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 
@@ -73,7 +73,8 @@ def main() -> None:
     workdir = sys.argv[1]
     events = os.path.join(workdir, "events")
     os.makedirs(events, exist_ok=True)
-    builder = (SparkSession.builder.master("local[2]").appName("arrowstate-ui-test")
+    builder = (quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV])
+               .master("local[2]").appName("arrowstate-ui-test")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "true")
                .config("spark.ui.port", "0")   # a free port: uiWebUrl says which

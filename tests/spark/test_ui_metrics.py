@@ -25,6 +25,7 @@ from collections import defaultdict
 import pytest
 
 from arrowstate import contract
+from harness import TEST_JAR_ENV
 from procinfo import stop
 
 TESTS = os.path.join(os.path.dirname(__file__), "..")
@@ -137,12 +138,14 @@ def check_nodes(nodes: dict, source: str, zeros_shown: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    """Runs tests/ui_app.py; reads the live UI's SQL data while it is up, then stops it."""
+def app(tmp_path_factory, test_jar):
+    """Runs tests/ui_app.py (its Spark set up as the tests' own: harness.quick_local); reads
+    the live UI's SQL data while it is up, then stops it."""
     workdir = str(tmp_path_factory.mktemp("ui-app"))
     log = open(os.path.join(workdir, "app.log"), "w")
     proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "ui_app.py"), workdir],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                            env=dict(os.environ, **{TEST_JAR_ENV: test_jar}))
     try:
         seen, deadline = None, time.monotonic() + 600
         with selectors.DefaultSelector() as sel:
