@@ -230,7 +230,7 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     # beside it: the same with Spark's own trip of the rows to a Python worker and back
     # (mapInArrow of the batches as they are), which any engine of Python functions in
     # Spark pays and the floor does not
-    trip, trip_steady = pipeline_figures(lambda df: df.mapInArrow(_as_they_are, df.schema))
+    trip, trip_steady = pipeline_figures(lambda df: df.mapInArrow(functions.as_they_are, df.schema))
     zone = spark.conf.get("spark.sql.session.timeZone")
     floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
                                    event_time, zone) for _ in range(args.runs)]
@@ -241,10 +241,6 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
             "floor_steady_batch_ms": round(steady + per_batch * 1000),
             "floor_with_python_trip_s": round(trip + python, 3),
             "floor_with_python_trip_steady_batch_ms": round(trip_steady + per_batch * 1000)}
-
-
-def _as_they_are(batches):
-    yield from batches
 
 
 def _timed_state_operations():

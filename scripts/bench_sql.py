@@ -5,6 +5,9 @@ micro-batch with no state at all: each micro-batch deduplicated or aggregated al
 batch query, through foreachBatch into a no-op sink (read, shuffle and the batch plan's own
 work, nothing carried between batches). Its time is what a state operator that cost nothing
 would take; the state operator's own cost per input row is each engine's time less it.
+Beside it the same with each batch's result rows taken to a Python worker and back as they
+are (`mapInArrow`, Spark's own trip): what an operator whose state lives in Python pays at
+least once for the rows it stores, were its Python free (`python_trip_us_per_row`).
 
 `small_batches`: many micro-batches of few rows at Spark's default 200 shuffle partitions,
 where per-task costs (a worker hand-off per partition, commit, file writes, metrics)
@@ -18,16 +21,22 @@ import statistics
 import tempfile
 import time
 
+from bench_functions import as_they_are
+
 SMALL_BATCH_CASES = ("agg_update", "dedup", "apply_in_pandas_with_state")
 
 
-def _each_batch_alone(spark, source: str, build) -> float:
+def _each_batch_alone(spark, source: str, build, python_trip: bool = False) -> float:
     """Seconds to run `build` over every file of `source`, each micro-batch as a batch
-    query of its own (foreachBatch into the noop sink)."""
+    query of its own (foreachBatch into the noop sink); with `python_trip`, its result rows
+    go to a Python worker and back on the way."""
     checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
 
     def alone(df, _batch_id):
-        build(df).write.format("noop").mode("overwrite").save()
+        out = build(df)
+        if python_trip:
+            out = out.mapInArrow(as_they_are, out.schema)
+        out.write.format("noop").mode("overwrite").save()
 
     try:
         stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")
@@ -46,11 +55,16 @@ def no_state_figures(spark, source: str, case, rows: int, runs: int,
     """The case's work with no state (medians of `runs`), and each engine's state cost in
     microseconds per input row against it."""
     spark.conf.set("spark.arrowstate.enabled", "false")
-    _each_batch_alone(spark, source, case[0])   # warm-up, as the engines' runs have
-    seconds = statistics.median(_each_batch_alone(spark, source, case[0])
-                                for _ in range(runs))
+    medians = {}
+    for trip in (False, True):
+        _each_batch_alone(spark, source, case[0], trip)   # warm-up, as the engines' runs have
+        medians[trip] = statistics.median(_each_batch_alone(spark, source, case[0], trip)
+                                          for _ in range(runs))
+    seconds = medians[False]
     return {"no_state_rows_per_s": round(rows / seconds),
             "no_state_s": round(seconds, 3),
+            "no_state_with_python_trip_s": round(medians[True], 3),
+            "python_trip_us_per_row": round((medians[True] - seconds) / rows * 1e6, 3),
             "native_state_us_per_row": round((native_s - seconds) / rows * 1e6, 3),
             "arrowstate_state_us_per_row": round((arrowstate_s - seconds) / rows * 1e6, 3)}
 
