@@ -16,7 +16,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import TEST_JAR_ENV, _as_text, quick_local, run_query, scratch_dir  # noqa: E402
+from harness import (QUICK_JVM, TEST_JAR_ENV, _as_text, quick_local, run_query,  # noqa: E402
+                     scratch_dir)
 from procinfo import (kill_own_state_workers, own_state_worker_pids, parent_pid,  # noqa: E402
                       rss_bytes)
 
@@ -27,9 +28,12 @@ def ev(u, s):
     return {"user": u, "ts": dt.datetime.fromtimestamp(s, dt.timezone.utc)}
 
 
-def session():
+def session(jvm_temp: str):
     spark = arrowstate.configure(
         quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV])
+        # the JVM's temporary files (Spark's block manager, the workers' fault logs) in the
+        # app's scratch directory: the JVM is killed at the end, before it can remove them
+        .config("spark.driver.extraJavaOptions", f"{QUICK_JVM} -Djava.io.tmpdir={jvm_temp}")
         .master("local[2]").appName("arrowstate-worker-test")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
@@ -73,12 +77,14 @@ def limits(spark, workdir, on):
 def main() -> None:
     seen = {}
     workdir = scratch_dir("arrowstate-workers-")
+    jvm_temp = os.path.join(workdir, "jvm-tmp")
+    os.makedirs(jvm_temp)
     batches = [[ev(f"u{i % 5}", i) for i in range(10)], [ev("a", 1), ev("u1", 2)],
                [ev("b", 3), ev("a", 4)], [ev("c", 5)]]
 
     # 1. Workers killed while idle are not handed out: with no task retries, the query
     #    would die on a dead one.
-    spark = session()
+    spark = session(jvm_temp)
 
     def kill_idle_workers(i, _checkpoint):
         if i == 2:
@@ -103,7 +109,7 @@ def main() -> None:
     while own_state_worker_pids() and time.time() < deadline:
         time.sleep(0.2)
     seen["workers_after_spark_stop"] = len(own_state_worker_pids())
-    spark = session()
+    spark = session(jvm_temp)
     again = run_query(spark, workdir, SCHEMA, batches, dedup, arrowstate=True)
     seen["new_session_same_outputs"] = _as_text(again.outputs) == _as_text(off.outputs)
 
