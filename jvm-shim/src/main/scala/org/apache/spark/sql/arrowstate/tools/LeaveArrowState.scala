@@ -40,7 +40,8 @@ object LeaveArrowState extends Logging {
       stateDir: Path): Unit = {
     val checkpoint = new Path(info.checkpointLocation).getParent
     val uri = checkpoint.toUri
-    val command = Seq(pythonExec(), "-m", "arrowstate", "state", "export", uri.getPath,
+    val session = SparkSession.active   // the planning query's
+    val command = Seq(pythonExec(session), "-m", "arrowstate", "state", "export", uri.getPath,
       "--operator", info.operatorId.toString, "--planning-batch", info.storeVersion.toString)
 
     def fail(why: String): Nothing = throw new ArrowStateException(
@@ -61,7 +62,6 @@ object LeaveArrowState extends Logging {
       s"Spark's state store: ${command.mkString(" ")}")
     val builder = new ProcessBuilder(command.asJava)
     GatewayEnv.foreach(builder.environment().remove(_))
-    val session = SparkSession.active
     val secret = Utils.createSecret(session.sparkContext.getConf)
     // ClientServer: the child's Python thread keeps one JVM thread (its active session)
     val gateway = new py4j.ClientServer.ClientServerBuilder(new DriverSession(session))
@@ -94,8 +94,8 @@ object LeaveArrowState extends Logging {
   final class DriverSession(val session: SparkSession)
 
   /** The driver's Python, as Spark picks it for the driver. */
-  private def pythonExec(): String = {
-    val conf = SparkSession.active.sparkContext.getConf
+  private def pythonExec(session: SparkSession): String = {
+    val conf = session.sparkContext.getConf
     Seq("spark.arrowstate.pythonExec", "spark.pyspark.driver.python", "spark.pyspark.python")
       .flatMap(conf.getOption).headOption
       .orElse(sys.env.get("PYSPARK_DRIVER_PYTHON")).orElse(sys.env.get("PYSPARK_PYTHON"))
