@@ -230,7 +230,8 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     # beside it: the same with Spark's own trip of the rows to a Python worker and back
     # (mapInArrow of the batches as they are), which any engine of Python functions in
     # Spark pays and the floor does not
-    trip, trip_steady = pipeline_figures(lambda df: df.mapInArrow(functions.as_they_are, df.schema))
+    trip, trip_steady = pipeline_figures(
+        lambda df: df.mapInArrow(functions.as_they_are, df.schema))
     zone = spark.conf.get("spark.sql.session.timeZone")
     floors = [floor_python_seconds(source, kind, function, args.shuffle_partitions,
                                    event_time, zone) for _ in range(args.runs)]

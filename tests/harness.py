@@ -40,7 +40,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 # whose subject is how users start Spark (a distribution's scripts, a standalone cluster,
 # Spark Connect) keep the JVM's defaults.
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
-# where test_workers.py and test_worker_startup.py tell their apps the test jar is
+# where the tests tell the apps they start (workers, start-up, UI) where the test jar is
 TEST_JAR_ENV = "ARROWSTATE_TEST_JAR"
 
 
@@ -56,6 +56,8 @@ def quick_local(builder, test_jar: str):
             .config("spark.driver.extraJavaOptions", QUICK_JVM)
             .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
             .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs"))
+
+
 STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",
                  "numRowsDroppedByWatermark")
 # the tests' usual input: a user's event at a time, with a value
