@@ -325,6 +325,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--arrowstate-only", action="store_true",
+                        help="leave out Spark's own runs (for long runs of the cases Spark "
+                             "runs slowly: transformWithState natively takes 10-20x longer)")
     parser.add_argument("--cases", default=None,
                         help="default: every case (--shapes: every user-function case)")
     parser.add_argument("--scaling", action="store_true")
@@ -434,30 +437,37 @@ def main() -> None:
     try:
         for name in args.cases.split(","):
             case = CASES[name]
-            run_once(spark, source, case, True)  # warm-up: JIT, worker start
-            run_once(spark, source, case, False)
-            times, progress = {False: [], True: []}, {False: [], True: []}
-            cpu = {False: [], True: []}   # CPU seconds of the JVM and its Python workers
+            engines = (True,) if args.arrowstate_only else (True, False)
+            for on in engines:
+                run_once(spark, source, case, on)  # warm-up: JIT, worker start
+            times = {on: [] for on in engines}
+            progress = {on: [] for on in engines}
+            cpu = {on: [] for on in engines}   # CPU seconds of the JVM and its Python workers
             for i in range(args.runs):
-                for on in ((False, True) if i % 2 == 0 else (True, False)):
+                for on in (engines[::-1] if i % 2 == 0 else engines):
                     before = descendants_cpu_seconds()
                     seconds, batches = run_once(spark, source, case, on)
                     cpu[on].append(descendants_cpu_seconds() - before)
                     times[on].append(seconds)
                     progress[on].append(batches)
-            native = args.rows / statistics.median(times[False])
-            ours = args.rows / statistics.median(times[True])
+            median = {on: statistics.median(times[on]) for on in engines}
+            median_cpu = {on: statistics.median(cpu[on]) for on in engines}
+            ours = args.rows / median[True]
             floor = (floor_figures(spark, source, name, args) if name in FLOORS else {})
             no_state = (no_state_figures(spark, source, case, args.rows, args.runs,
-                                         statistics.median(times[False]),
-                                         statistics.median(times[True]))
+                                         median.get(False), median[True])
                         if is_sql_case(case) else {})
             batches = batch_times(progress)
+            native = {} if args.arrowstate_only else {
+                "native_rows_per_s": round(args.rows / median[False]),
+                "ratio": round(median[False] / median[True], 3),
+                "native_s": [round(t, 2) for t in times[False]],
+                "native_cpu_s": round(median_cpu[False], 2),
+                # beside wall time, less moved by what else the machine runs
+                "cpu_ratio": round(median_cpu[False] / max(median_cpu[True], 1e-9), 3)}
             print(json.dumps({
                 "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
-                "runs": args.runs,
-                "native_rows_per_s": round(native), "arrowstate_rows_per_s": round(ours),
-                "ratio": round(ours / native, 3),
+                "runs": args.runs, "arrowstate_rows_per_s": round(ours), **native,
                 **({"floor_rows_per_s": round(args.rows / floor["floor_s"]),
                     "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3),
                     "arrowstate_vs_floor_steady": round(
@@ -466,13 +476,8 @@ def main() -> None:
                     "arrowstate_vs_floor_with_python_trip": round(
                         ours * floor["floor_with_python_trip_s"] / args.rows, 3)}
                    if floor else {}),
-                "native_s": [round(t, 2) for t in times[False]],
                 "arrowstate_s": [round(t, 2) for t in times[True]],
-                # beside wall time, less moved by what else the machine runs
-                "native_cpu_s": round(statistics.median(cpu[False]), 2),
-                "arrowstate_cpu_s": round(statistics.median(cpu[True]), 2),
-                "cpu_ratio": round(statistics.median(cpu[False])
-                                   / max(statistics.median(cpu[True]), 1e-9), 3),
+                "arrowstate_cpu_s": round(median_cpu[True], 2),
                 **floor, **no_state, **batches,
                 **memory()}), flush=True)
     finally:
