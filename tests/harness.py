@@ -44,16 +44,17 @@ QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=
 TEST_JAR_ENV = "ARROWSTATE_TEST_JAR"
 
 
-def quick_local(builder, test_jar: str):
+def quick_local(builder, test_jar: str, java_options: str = ""):
     """A local Spark builder set up as the tests' own sessions are: the test jar on the
     driver's class path (Hadoop loads a filesystem before `spark.jars`), QUICK_JVM, and
     Hadoop's local filesystem without a child process per file written
     (tests/jvm/NoForkLocalFileSystem.scala: without it Hadoop forks `chmod` and `readlink`
     twice per file in pyspark, about half of a small batch's time). For the tests' session
-    and the apps whose subject is not how Spark starts or writes files."""
+    and the apps whose subject is not how Spark starts or writes files; `java_options` go
+    on the driver's JVM beside QUICK_JVM."""
     testing = "org.apache.spark.sql.arrowstate.testing"
     return (builder.config("spark.driver.extraClassPath", test_jar)
-            .config("spark.driver.extraJavaOptions", QUICK_JVM)
+            .config("spark.driver.extraJavaOptions", f"{QUICK_JVM} {java_options}".strip())
             .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
             .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs"))
 

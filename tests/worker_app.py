@@ -16,8 +16,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
-from harness import (QUICK_JVM, TEST_JAR_ENV, _as_text, quick_local, run_query,  # noqa: E402
-                     scratch_dir)
+from harness import TEST_JAR_ENV, _as_text, quick_local, run_query, scratch_dir  # noqa: E402
 from procinfo import (kill_own_state_workers, own_state_worker_pids, parent_pid,  # noqa: E402
                       rss_bytes)
 
@@ -30,10 +29,10 @@ def ev(u, s):
 
 def session(jvm_temp: str):
     spark = arrowstate.configure(
-        quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV])
         # the JVM's temporary files (Spark's block manager, the workers' fault logs) in the
         # app's scratch directory: the JVM is killed at the end, before it can remove them
-        .config("spark.driver.extraJavaOptions", f"{QUICK_JVM} -Djava.io.tmpdir={jvm_temp}")
+        quick_local(SparkSession.builder, os.environ[TEST_JAR_ENV],
+                    java_options=f"-Djava.io.tmpdir={jvm_temp}")
         .master("local[2]").appName("arrowstate-worker-test")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
