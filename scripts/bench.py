@@ -196,6 +196,13 @@ def run_once(spark, source: str, case, arrowstate: bool):
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
+def jit_seconds(spark) -> float:
+    """Seconds the driver's JVM (local mode: the executor's too) has spent compiling, over
+    all its compiler threads."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+    return bean.getTotalCompilationTime() / 1000
+
+
 def batch_times(progress: dict) -> dict:
     """Each engine's first batch of a run apart from its steady batches (the later ones
     with input rows): medians over the runs, ms."""
@@ -221,6 +228,8 @@ def floor_figures(spark, source: str, name: str, args) -> dict:
     def pipeline_figures(build):
         query = (lambda df: build(df.repartition(args.shuffle_partitions, "key")), "append",
                  None)
+        for _ in range(args.warmup):
+            run_once(spark, source, query, False)
         runs = [run_once(spark, source, query, False) for _ in range(args.runs)]
         return (statistics.median(seconds for seconds, _ in runs),
                 statistics.median(p["durationMs"]["triggerExecution"] for _, batches in runs
@@ -325,6 +334,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=6,
+                        help="rounds of unmeasured runs first (each engine in turn; the "
+                             "no-state and floor runs as many): the JVM compiles Spark's "
+                             "code over a dozen runs, and a run measured before that "
+                             "settles carries whichever compiling falls in it")
     parser.add_argument("--arrowstate-only", action="store_true",
                         help="leave out Spark's own runs (for long runs of the cases Spark "
                              "runs slowly: transformWithState natively takes 10-20x longer)")
@@ -438,23 +452,26 @@ def main() -> None:
         for name in args.cases.split(","):
             case = CASES[name]
             engines = (True,) if args.arrowstate_only else (True, False)
-            for on in engines:
-                run_once(spark, source, case, on)  # warm-up: JIT, worker start
+            for i in range(args.warmup):   # worker start, and the JIT settling (--warmup)
+                for on in (engines if i % 2 == 0 else engines[::-1]):
+                    run_once(spark, source, case, on)
             times = {on: [] for on in engines}
             progress = {on: [] for on in engines}
             cpu = {on: [] for on in engines}   # CPU seconds of the JVM and its Python workers
+            jit = {on: [] for on in engines}   # of it, the JVM's compiling
             for i in range(args.runs):
                 for on in (engines[::-1] if i % 2 == 0 else engines):
-                    before = descendants_cpu_seconds()
+                    before, compiled = descendants_cpu_seconds(), jit_seconds(spark)
                     seconds, batches = run_once(spark, source, case, on)
                     cpu[on].append(descendants_cpu_seconds() - before)
+                    jit[on].append(jit_seconds(spark) - compiled)
                     times[on].append(seconds)
                     progress[on].append(batches)
             median = {on: statistics.median(times[on]) for on in engines}
             median_cpu = {on: statistics.median(cpu[on]) for on in engines}
             ours = args.rows / median[True]
             floor = (floor_figures(spark, source, name, args) if name in FLOORS else {})
-            no_state = (no_state_figures(spark, source, case, args.rows, args.runs,
+            no_state = (no_state_figures(spark, source, case, args.rows, args.runs, args.warmup,
                                          median.get(False), median[True])
                         if is_sql_case(case) else {})
             batches = batch_times(progress)
@@ -464,7 +481,8 @@ def main() -> None:
                 "native_s": [round(t, 2) for t in times[False]],
                 "native_cpu_s": round(median_cpu[False], 2),
                 # beside wall time, less moved by what else the machine runs
-                "cpu_ratio": round(median_cpu[False] / max(median_cpu[True], 1e-9), 3)}
+                "cpu_ratio": round(median_cpu[False] / max(median_cpu[True], 1e-9), 3),
+                "native_jit_s": round(statistics.median(jit[False]), 2)}
             print(json.dumps({
                 "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
                 "runs": args.runs, "arrowstate_rows_per_s": round(ours), **native,
@@ -478,6 +496,7 @@ def main() -> None:
                    if floor else {}),
                 "arrowstate_s": [round(t, 2) for t in times[True]],
                 "arrowstate_cpu_s": round(median_cpu[True], 2),
+                "arrowstate_jit_s": round(statistics.median(jit[True]), 2),
                 **floor, **no_state, **batches,
                 **memory()}), flush=True)
     finally:

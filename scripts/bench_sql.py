@@ -50,14 +50,17 @@ def _each_batch_alone(spark, source: str, build, python_trip: bool = False) -> f
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def no_state_figures(spark, source: str, case, rows: int, runs: int,
+def no_state_figures(spark, source: str, case, rows: int, runs: int, warmup: int,
                      native_s: float | None, arrowstate_s: float) -> dict:
-    """The case's work with no state (medians of `runs`), and each engine's state cost in
-    microseconds per input row against it (Spark's left out without `native_s`)."""
+    """The case's work with no state (medians of `runs` after `warmup` rounds, as the
+    engines' runs have), and each engine's state cost in microseconds per input row against
+    it (Spark's left out without `native_s`)."""
     spark.conf.set("spark.arrowstate.enabled", "false")
     medians = {}
+    for _ in range(warmup):
+        for trip in (False, True):
+            _each_batch_alone(spark, source, case[0], trip)
     for trip in (False, True):
-        _each_batch_alone(spark, source, case[0], trip)   # warm-up, as the engines' runs have
         medians[trip] = statistics.median(_each_batch_alone(spark, source, case[0], trip)
                                           for _ in range(runs))
     seconds = medians[False]
