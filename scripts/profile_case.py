@@ -1,7 +1,7 @@
 """Where one bench case's time goes, for a developer: CPU by thread of the JVM, CPU of the
 state workers, and optionally JFR's executor samples grouped by operator and py-spy's
 worker profile. Runs the case (bench.py's CASES) in one local[2] session like bench.py,
-runs each mode asked for once to warm up, then measures --runs more runs of each.
+runs each mode asked for --warmup times to warm up, then measures --runs more runs of each.
 
     python scripts/profile_case.py agg_append                     # arrowstate on and off
     python scripts/profile_case.py dedup_watermark --modes on --jfr /tmp/dw.jfr
@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("case")
     parser.add_argument("--modes", default="on,off", help="on, off (comma-separated)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=6,
+                        help="unmeasured rounds of the modes first (see bench.py's)")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
@@ -117,8 +119,9 @@ def main() -> None:
     bench.write_batches(source, args.rows, args.batches, args.keys)
     case = bench.CASES[args.case]
     modes = args.modes.split(",")
-    for mode in modes:   # warm-up: the JIT compiles Spark's code once for all modes
-        bench.run_once(spark, source, case, mode == "on")
+    for _ in range(args.warmup):   # the JIT compiles Spark's code over a dozen runs
+        for mode in modes:
+            bench.run_once(spark, source, case, mode == "on")
     for i, mode in enumerate(modes):
         on = mode == "on"
         recording = args.jfr if args.jfr and i == 0 else None
