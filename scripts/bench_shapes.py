@@ -25,12 +25,15 @@ def shapes(spark, args, cases: dict, run_once, write_batches, floor_figures) -> 
                 try:
                     rows = keys * r * args.batches
                     write_batches(source, rows, args.batches, keys, rows_per_key=r)
-                    if not warmed:   # JIT, worker start
+                    # the JIT settling and the workers' start, once a case (--warmup),
+                    # for arrowstate and the floor's Spark runs alike
+                    warmup = 0 if warmed else args.warmup
+                    for _ in range(warmup):
                         run_once(spark, source, cases[name], True)
-                        warmed = True
+                    warmed = True
                     ours = statistics.median(run_once(spark, source, cases[name], True)[0]
                                              for _ in range(args.runs))
-                    shape_args = type(args)(**{**vars(args), "rows": rows})
+                    shape_args = type(args)(**{**vars(args), "rows": rows, "warmup": warmup})
                     floor = floor_figures(spark, source, name, shape_args)
                     per_key = 1e6 / (keys * args.batches)
                     print(json.dumps({
