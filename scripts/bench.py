@@ -14,6 +14,7 @@ CPU seconds a run costs the JVM and its Python workers (median) and their ratio,
                             [--scaling-case agg|agg_string_keys|tws_pandas_value_count]
     python scripts/bench.py --small-batches [--small-batch-rows 1000] [--small-batch-count 20]
                             [--small-batch-partitions 200] [--cases agg_update,dedup,...]
+    python scripts/bench.py --exchange [--cases agg_append,session_window_append,...]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
@@ -24,7 +25,9 @@ against it over shapes of input (bench_shapes.py).
 
 The SQL cases (deduplication, aggregation, session windows) print beside them the same work
 with no state (each micro-batch alone) and each engine's state cost per input row against it;
---small-batches runs many small micro-batches at 200 shuffle partitions (bench_sql.py).
+--small-batches runs many small micro-batches at 200 shuffle partitions (bench_sql.py);
+--exchange splits their state cost into the exchange with the worker and Python's state
+work, beside Spark's own trip to Python (bench_exchange.py).
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
 mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a
@@ -286,6 +289,10 @@ def main() -> None:
     parser.add_argument("--small-batch-rows", type=int, default=1000)
     parser.add_argument("--small-batch-count", type=int, default=20)
     parser.add_argument("--small-batch-partitions", type=int, default=200)
+    parser.add_argument("--exchange", action="store_true",
+                        help="Spark's SQL operators: arrowstate beside itself with its "
+                             "workers doing no state work, no state, and Spark's trip to "
+                             "Python (see bench_exchange.py)")
     parser.add_argument("--state-load", action="store_true",
                         help="time state loads and the part spent verifying files (no Spark)")
     parser.add_argument("--tier-ops", action="store_true",
@@ -339,15 +346,19 @@ def main() -> None:
     from procinfo import descendants_cpu_seconds, rss_bytes, state_worker_pids
 
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
+    exchange_settings = {}
+    if args.exchange:   # before Spark starts: its workers' interpreter and environment
+        from bench_exchange import session_settings
+        exchange_settings = session_settings()
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
-
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "8g")
         .config(map={"spark.executor.pyspark.memory": budget} if budget else {})
-        .config(map=dict(c.split("=", 1) for c in args.conf))).getOrCreate()
+        .config(map=dict(c.split("=", 1) for c in args.conf))
+    ).config(map=exchange_settings).getOrCreate()   # after configure's own interpreter
     spark.sparkContext.setLogLevel("ERROR")
 
     def memory() -> dict:
@@ -355,9 +366,12 @@ def main() -> None:
                 "python_workers_rss_mb":
                     round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
 
-    if args.scaling or args.shapes or args.release or args.small_batches:
+    if args.scaling or args.shapes or args.release or args.small_batches or args.exchange:
         try:
-            if args.small_batches:
+            if args.exchange:
+                from bench_exchange import exchange
+                exchange(spark, args, CASES, run_once, write_batches)
+            elif args.small_batches:
                 small_batches(spark, args, CASES, run_once, write_batches)
             elif args.scaling:
                 scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
