@@ -348,8 +348,8 @@ def main() -> None:
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
     if args.exchange:   # before Spark starts: its workers' interpreter and environment
-        from bench_exchange import session_settings
-        exchange_settings = session_settings()
+        from bench_worker import session_settings
+        exchange_settings = session_settings(skip=True)
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))

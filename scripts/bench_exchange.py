@@ -11,35 +11,22 @@ Each one's cost per input row over no state says where a state cost goes: the ex
 and Python's state work (arrowstate less the exchange). The run with no state work gives
 wrong answers on purpose: it is a measurement, never a query's result.
 
-The workers of this mode start through `bench_exchange_python` (as
-`spark.arrowstate.pythonExec`), which runs this module instead of `arrowstate.worker`; it
-wraps each family's calls and skips their work while the marker file named by
-ARROWSTATE_BENCH_SKIP_FILE exists, so one process runs both without restarting Spark.
+The workers of this mode are bench_worker's, which skip the state work while a marker
+file exists, so one process runs both without restarting Spark.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
-import runpy
 import statistics
-import sys
 import tempfile
-
-SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
-WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_exchange_python")
-
-
-def session_settings() -> dict:
-    """The settings and environment a session of this mode starts with (before Spark)."""
-    marker = os.path.join(tempfile.mkdtemp(prefix="bench-exchange-"), "skip")
-    os.environ[SKIP_FILE] = marker
-    os.environ["ARROWSTATE_BENCH_PYTHON"] = sys.executable
-    return {"spark.arrowstate.pythonExec": WRAPPER}
 
 
 def exchange(spark, args, cases: dict, run_once, write_batches) -> list[dict]:
+    """Per SQL case of --cases, one JSON line of the four kinds of run (medians, seconds)
+    and their costs per input row over no state."""
     from bench_sql import _each_batch_alone, is_sql_case
+    from bench_worker import SKIP_FILE
     marker = os.environ[SKIP_FILE]
     source = tempfile.mkdtemp(prefix="bench-in-")
     write_batches(source, args.rows, args.batches, args.keys)
@@ -88,30 +75,3 @@ def exchange(spark, args, cases: dict, run_once, write_batches) -> list[dict]:
         print(json.dumps(figures), flush=True)
         results.append(figures)
     return results
-
-
-def _skipping(method, empty):
-    """The family method, or `empty` of its arguments while the marker file exists."""
-    marker = os.environ.get(SKIP_FILE, "")
-
-    @functools.wraps(method)
-    def call(self, *args):
-        if marker and os.path.exists(marker):
-            return empty()
-        return method(self, *args)
-    return call
-
-
-def _worker() -> None:
-    """A state worker whose families skip their work while the marker file exists."""
-    from arrowstate.families import REGISTRY
-    for family in set(REGISTRY.values()):
-        for name, empty in (("lookup", lambda: None), ("process", lambda: None),
-                            ("initial_state", lambda: None), ("finish", lambda: iter(()))):
-            if hasattr(family, name):
-                setattr(family, name, _skipping(getattr(family, name), empty))
-    runpy.run_module("arrowstate.worker", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    _worker()

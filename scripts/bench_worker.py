@@ -1,0 +1,83 @@
+"""State workers for measurements: `arrowstate.worker` with its families wrapped, started
+through `bench_worker_python` (as `spark.arrowstate.pythonExec`, see `session_settings`).
+
+- ARROWSTATE_BENCH_SKIP_FILE: while that file exists the families do no state work: each
+  frame is read and answered "nothing stored", nothing is stored or emitted (bench.py
+  --exchange; wrong answers on purpose, a measurement only).
+- ARROWSTATE_BENCH_RECORD_DIR: every task's header, input schema and the batches its family
+  was handed are appended to <dir>/<pid>.pkl, for replay_tasks.py to run again without
+  Spark.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+import tempfile
+import time
+
+SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
+RECORD_DIR = "ARROWSTATE_BENCH_RECORD_DIR"
+WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_worker_python")
+HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
+
+
+def session_settings(skip: bool = False, record_dir: str | None = None) -> dict:
+    """The Spark settings of a session whose state workers are these, and their environment
+    (set here: call it before Spark starts). Returns the settings."""
+    if skip:
+        os.environ[SKIP_FILE] = os.path.join(tempfile.mkdtemp(prefix="bench-skip-"), "skip")
+    if record_dir:
+        os.environ[RECORD_DIR] = record_dir
+    os.environ["ARROWSTATE_BENCH_PYTHON"] = sys.executable
+    return {"spark.arrowstate.pythonExec": WRAPPER}
+
+
+_task: dict = {}   # the task being served: its header, input schema and calls (recording)
+
+
+def _wrapped(method, name: str, empty):
+    marker = os.environ.get(SKIP_FILE, "")
+    recording = bool(os.environ.get(RECORD_DIR)) and name in HANDED
+
+    @functools.wraps(method)
+    def call(self, state, *args):
+        if recording:
+            from arrowstate import protocol
+            _task["calls"].append((name, protocol.batch_to_ipc(args[0])))
+        if marker and os.path.exists(marker):
+            return empty()
+        return method(self, state, *args)
+    return call
+
+
+def _recording_tasks(serve_task, directory: str):
+    @functools.wraps(serve_task)
+    def serve(self, f, header, input_schema):
+        _task.update(header=header, schema=input_schema.serialize().to_pybytes(), calls=[])
+        try:
+            return serve_task(self, f, header, input_schema)
+        finally:
+            with open(os.path.join(directory, f"{os.getpid()}.pkl"), "ab") as out:
+                pickle.dump((time.time(), _task["header"], _task["schema"], _task["calls"]),
+                            out)
+    return serve
+
+
+def main() -> None:
+    from arrowstate import worker
+    from arrowstate.families import REGISTRY
+    for family in set(REGISTRY.values()):
+        for name, empty in (("lookup", lambda: None), ("process", lambda: None),
+                            ("initial_state", lambda: None), ("finish", lambda: iter(()))):
+            if hasattr(family, name):
+                setattr(family, name, _wrapped(getattr(family, name), name, empty))
+    if os.environ.get(RECORD_DIR):
+        worker.Worker.serve_task = _recording_tasks(worker.Worker.serve_task,
+                                                    os.environ[RECORD_DIR])
+    worker.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""A bench case's state work again, without Spark: record what its workers' families are
+handed in one run, then replay those tasks in this process as often as needed, timing each
+phase (a second or two a replay, where a profiled Spark run takes a minute).
+
+    python scripts/replay_tasks.py record DIR --case session_window_append [--rows 1000000]
+                                   [--batches 5] [--keys 50000]
+    python scripts/replay_tasks.py replay DIR [--repeat 3] [--profile 30]
+
+`record` runs the case once with arrowstate on, its state workers started by bench_worker
+(ARROWSTATE_BENCH_RECORD_DIR). `replay` runs every recorded task in order of state and
+version, as the worker runs it with its state kept in memory between tasks: the family
+made from the task's header, each lookup and process call with the recorded batch, finish,
+and the commit's file encoding (no checkpoint is written). It prints the seconds per phase
+for each repeat, and with --profile the functions with the most own time under cProfile.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import glob
+import json
+import os
+import pickle
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+
+
+def record(args) -> None:
+    from pyspark.sql import SparkSession
+
+    import arrowstate
+    import bench
+    from bench_worker import session_settings
+
+    os.makedirs(args.dir, exist_ok=True)
+    settings = session_settings(record_dir=os.path.abspath(args.dir))
+    spark = arrowstate.configure(
+        SparkSession.builder.master("local[2]").appName("arrowstate-record")
+        .config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    ).config(map=settings).getOrCreate()
+    source = tempfile.mkdtemp(prefix="record-in-")
+    try:
+        bench.write_batches(source, args.rows, args.batches, args.keys)
+        seconds, _ = bench.run_once(spark, source, bench.CASES[args.case], True)
+        print(json.dumps({"case": args.case, "recorded_to": args.dir,
+                          "run_s": round(seconds, 2)}))
+    finally:
+        spark.stop()
+        shutil.rmtree(source, ignore_errors=True)
+
+
+def load(directory: str) -> list:
+    tasks = []
+    for path in glob.glob(os.path.join(directory, "*.pkl")):
+        with open(path, "rb") as f:
+            while True:
+                try:
+                    tasks.append(pickle.load(f))
+                except EOFError:
+                    break
+    tasks.sort(key=lambda t: (t[1]["stateKey"], t[1]["version"]))
+    return tasks
+
+
+def replay(tasks: list, timing: collections.Counter) -> None:
+    from arrowstate import protocol
+    from arrowstate.families import REGISTRY
+    from arrowstate.store import VersionedState
+    from arrowstate.store.budget import MemoryBudget
+
+    budget = MemoryBudget()
+    states: dict = {}
+    snapshots = tempfile.mkdtemp(prefix="replay-snapshots-")
+    try:
+        for _, header, schema, calls in tasks:
+            family = REGISTRY[header["family"]](header["operator"],
+                                                pa.ipc.read_schema(pa.py_buffer(schema)))
+            key, version, conf = header["stateKey"], header["version"], header["conf"]
+            budget.configure(header)
+            state = states.get(key)
+            if state is None:   # as the worker makes a partition's state
+                state = VersionedState(
+                    family.key_fields, family.value_fields,
+                    named_columns=family.named_columns, dropped_columns=family.dropped_columns,
+                    evolve=family.evolve_column,
+                    tier=(budget.place(key, family.runs_without_budget) if family.tiered
+                          else None),
+                    prefix_count=family.prefix_count, hashed=family.hashed_keys)
+                family.rebuild_index(state)
+            for name, payload in calls:
+                batch = protocol.ipc_to_batch(payload)
+                start = time.perf_counter()
+                getattr(family, name)(state, batch)
+                timing[name] += time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in family.finish(state):
+                pass
+            timing["finish"] += time.perf_counter() - start
+            start = time.perf_counter()
+            state.commit_files(version + 1, int(conf["minVersionsToRetain"]), {})
+            timing["commit"] += time.perf_counter() - start
+            state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]), snapshots)
+            states[key] = state
+    finally:
+        for state in states.values():
+            state.close()
+        shutil.rmtree(snapshots, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("record", "replay"))
+    parser.add_argument("dir")
+    parser.add_argument("--case", default="session_window_append")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="one more replay under cProfile: its N functions of most own time")
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if args.what == "record":
+        record(args)
+        return
+    tasks = load(args.dir)
+    print(json.dumps({"tasks": len(tasks), "calls": sum(len(t[3]) for t in tasks)}))
+    for _ in range(args.repeat):
+        timing: collections.Counter = collections.Counter()
+        replay(tasks, timing)
+        print(json.dumps({**{k: round(v, 3) for k, v in timing.items()},
+                          "total": round(sum(timing.values()), 3)}), flush=True)
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        replay(tasks, collections.Counter())
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()
