@@ -72,8 +72,8 @@ def load(directory: str) -> list:
 def replay(tasks: list, timing: collections.Counter) -> None:
     from arrowstate import protocol
     from arrowstate.families import REGISTRY
-    from arrowstate.store import VersionedState
     from arrowstate.store.budget import MemoryBudget
+    from arrowstate.worker import new_state
 
     budget = MemoryBudget()
     states: dict = {}
@@ -85,14 +85,8 @@ def replay(tasks: list, timing: collections.Counter) -> None:
             key, version, conf = header["stateKey"], header["version"], header["conf"]
             budget.configure(header)
             state = states.get(key)
-            if state is None:   # as the worker makes a partition's state
-                state = VersionedState(
-                    family.key_fields, family.value_fields,
-                    named_columns=family.named_columns, dropped_columns=family.dropped_columns,
-                    evolve=family.evolve_column,
-                    tier=(budget.place(key, family.runs_without_budget) if family.tiered
-                          else None),
-                    prefix_count=family.prefix_count, hashed=family.hashed_keys)
+            if state is None:
+                state = new_state(family, key, budget)
                 family.rebuild_index(state)
             for name, payload in calls:
                 batch = protocol.ipc_to_batch(payload)

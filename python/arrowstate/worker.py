@@ -68,6 +68,18 @@ def committed_here(state: VersionedState, files: JvmFiles) -> bool:
             == state.last_uid)
 
 
+def new_state(family, state_key: str, budget: MemoryBudget) -> VersionedState:
+    """An empty partition state of the family's layout, in the store the budget places it
+    in (scripts/replay_tasks.py makes its states here too)."""
+    return VersionedState(family.key_fields, family.value_fields,
+                          named_columns=family.named_columns,
+                          dropped_columns=family.dropped_columns,
+                          evolve=family.evolve_column,
+                          tier=(budget.place(state_key, family.runs_without_budget)
+                                if family.tiered else None),
+                          prefix_count=family.prefix_count, hashed=family.hashed_keys)
+
+
 class Worker:
     def __init__(self) -> None:
         self.states: dict[str, VersionedState] = {}
@@ -112,14 +124,7 @@ class Worker:
                     family.keep_columns(state_data.stored_schema(files, version))
                 except store_files.CorruptStateFile:
                     pass   # damage is the load's to handle (it may load older files)
-            state = VersionedState(family.key_fields, family.value_fields,
-                                   named_columns=family.named_columns,
-                                   dropped_columns=family.dropped_columns,
-                                   evolve=family.evolve_column,
-                                   tier=(self.budget.place(key, family.runs_without_budget)
-                                         if family.tiered else None),
-                                   prefix_count=family.prefix_count,
-                                   hashed=family.hashed_keys)
+            state = new_state(family, key, self.budget)
             state.run_id = run_id
             if version > 0:
                 state.load(files, version)
