@@ -7,7 +7,8 @@ phase (a second or two a replay, where a profiled Spark run takes a minute).
     python scripts/replay_tasks.py replay DIR [--repeat 3] [--profile 30]
 
 `record` runs the case once with arrowstate on, its state workers started by bench_worker
-(ARROWSTATE_BENCH_RECORD_DIR). `replay` runs every recorded task in order of state and
+(ARROWSTATE_BENCH_RECORD_DIR): Spark's SQL operators' cases only (a user function's workers
+start with the function's own interpreter, which bench_worker does not wrap). `replay` runs every recorded task in order of state and
 version, as the worker runs it with its state kept in memory between tasks: the family
 made from the task's header, each lookup and process call with the recorded batch, finish,
 and the commit's file encoding (no checkpoint is written). It prints the seconds per phase
@@ -49,6 +50,9 @@ def record(args) -> None:
     try:
         bench.write_batches(source, args.rows, args.batches, args.keys)
         seconds, _ = bench.run_once(spark, source, bench.CASES[args.case], True)
+        if not glob.glob(os.path.join(args.dir, "*.pkl")):
+            raise SystemExit(f"replay_tasks: nothing recorded for {args.case}: only the SQL "
+                             "operators' workers are bench_worker's")
         print(json.dumps({"case": args.case, "recorded_to": args.dir,
                           "run_s": round(seconds, 2)}))
     finally:
