@@ -38,14 +38,14 @@ _task: dict = {}   # the task being served: its header, input schema and calls (
 
 
 def _wrapped(method, name: str, empty):
+    from arrowstate.protocol import batch_to_ipc
     marker = os.environ.get(SKIP_FILE, "")
     recording = bool(os.environ.get(RECORD_DIR)) and name in HANDED
 
     @functools.wraps(method)
     def call(self, state, *args):
         if recording:
-            from arrowstate import protocol
-            _task["calls"].append((name, protocol.batch_to_ipc(args[0])))
+            _task["calls"].append((name, batch_to_ipc(args[0])))
         if marker and os.path.exists(marker):
             return empty()
         return method(self, state, *args)
