@@ -5,7 +5,6 @@ their variable.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Iterator
 
@@ -39,12 +38,12 @@ class _Client:
 
     def bind(self, state, methods: dict[str, str]) -> None:
         """Makes `methods` of pyspark's state object (its name -> this client's) instance
-        attributes that call this client's at once: one Python call a state operation
-        rather than two (pyspark's method, then the client's). Bound again when the
-        client's class changes (deleteIfExists)."""
+        attributes that are this client's bound methods: one Python call a state operation
+        rather than two (pyspark's method, then the client's with the variable's name).
+        Bound again when the client's class changes (deleteIfExists)."""
         self._bound = (state, methods)
         for public, own in methods.items():
-            setattr(state, public, functools.partial(getattr(self, own), state._stateName))
+            setattr(state, public, getattr(self, own))
 
     def rebind(self) -> None:
         if self._bound is not None:
@@ -53,19 +52,19 @@ class _Client:
 
 class ValueClient(_Client):
 
-    def exists(self, _name: str) -> bool:
+    def exists(self) -> bool:
         var = self.var
         key = var.family._current
         value = var.data.get(var._key() if key is NO_KEY else key)
         return (value if var.ttl is None else var.visible(value)) is not None
 
-    def get(self, _name: str):
+    def get(self):
         var = self.var
         key = var.family._current
         value = var.data.get(var._key() if key is NO_KEY else key)
         return value if var.ttl is None else var.visible(value)
 
-    def update(self, _name: str, value) -> None:
+    def update(self, value) -> None:
         var = self.var
         key = var.family._current
         if key is NO_KEY:
@@ -90,7 +89,7 @@ class ValueClient(_Client):
         var.logged(key, CHANGE_UPDATE, element)
         var._set(key, element)
 
-    def clear(self, _name: str) -> None:
+    def clear(self) -> None:
         var = self.var
         key = var._key()
         if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
@@ -101,7 +100,7 @@ class ValueClient(_Client):
 
 class ListClient(_Client):
 
-    def exists(self, _name: str) -> bool:
+    def exists(self) -> bool:
         var = self.var
         if var.ttl is None:
             return var._key() in var.data
@@ -126,7 +125,7 @@ class ListClient(_Client):
             return [stored(v) for v in values]
         return [var.element(stored(v)) for v in values]
 
-    def put(self, _name: str, values) -> None:
+    def put(self, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
         var._set(key, stored)
@@ -138,7 +137,7 @@ class ListClient(_Client):
             var.family.metrics["numUpdatedStateRows"] += len(stored)
             var.indexed(key)
 
-    def append_value(self, _name: str, value) -> None:
+    def append_value(self, value) -> None:
         var = self.var
         element = var.codec.stored(value)
         if var.ttl is not None:
@@ -155,7 +154,7 @@ class ListClient(_Client):
         records.append(element)
         var.family.metrics["numUpdatedStateRows"] += 1
 
-    def append_list(self, _name: str, values) -> None:
+    def append_list(self, values) -> None:
         var, stored = self.var, self._checked(values)
         key = var._key()
         current = var.data.get(key)
@@ -169,7 +168,7 @@ class ListClient(_Client):
         if var.ttl is not None:
             var.indexed(key)
 
-    def clear(self, _name: str) -> None:
+    def clear(self) -> None:
         var = self.var
         key = var._key()
         removed = len(var.data.get(key, ()))
@@ -187,10 +186,10 @@ class MapClient(_Client):
             return entries
         return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
 
-    def exists(self, _name: str) -> bool:
+    def exists(self) -> bool:
         return bool(self._map())
 
-    def get_value(self, _name: str, key):
+    def get_value(self, key):
         var = self.var
         if var.ttl is None:   # the common case, inline: two dict reads
             group = var.family._current
@@ -198,10 +197,10 @@ class MapClient(_Client):
             return None if entries is None else entries.get(var.key_codec.stored(key))
         return self._map().get(var.key_codec.stored(key))
 
-    def contains_key(self, _name: str, key) -> bool:
+    def contains_key(self, key) -> bool:
         return self.var.key_codec.stored(key) in self._map()
 
-    def update_value(self, _name: str, key, value) -> None:
+    def update_value(self, key, value) -> None:
         var = self.var
         user_key, element = var.key_codec.stored(key), var.codec.stored(value)
         family = var.family
@@ -226,7 +225,7 @@ class MapClient(_Client):
                 family.total += 1
             entries[user_key] = element
 
-    def remove_key(self, _name: str, key) -> None:
+    def remove_key(self, key) -> None:
         var = self.var
         user_key, group = var.key_codec.stored(key), var._key()
         entries = var.data.get(group)
@@ -236,7 +235,7 @@ class MapClient(_Client):
         var.logged_entry(group, CHANGE_DELETE, user_key)
         var.family.metrics["numRemovedStateRows"] += 1
 
-    def clear(self, _name: str) -> None:
+    def clear(self) -> None:
         var = self.var
         group = var._key()
         entries = var.data.get(group, {})
