@@ -73,7 +73,7 @@ def load(directory: str) -> list:
     return tasks
 
 
-def replay(tasks: list, timing: collections.Counter) -> None:
+def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -> None:
     from arrowstate import protocol
     from arrowstate.families import REGISTRY
     from arrowstate.store.budget import MemoryBudget
@@ -105,6 +105,8 @@ def replay(tasks: list, timing: collections.Counter) -> None:
             state.commit_files(version + 1, int(conf["minVersionsToRetain"]), {})
             timing["commit"] += time.perf_counter() - start
             state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]), snapshots)
+            if state.move_to_hash_table(hash_table_min_keys):   # as the worker does
+                family.rebuild_index(state)
             states[key] = state
     finally:
         for state in states.values():
@@ -121,6 +123,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hash-table-min-keys", type=int, default=None,
+                        help="keys from which a state moves to the compiled hash table "
+                             "(default: the worker's HASH_TABLE_MIN_KEYS)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="one more replay under cProfile: its N functions of most own time")
     args = parser.parse_args()
@@ -128,17 +133,20 @@ def main() -> None:
     if args.what == "record":
         record(args)
         return
+    if args.hash_table_min_keys is None:
+        from arrowstate.worker import HASH_TABLE_MIN_KEYS
+        args.hash_table_min_keys = HASH_TABLE_MIN_KEYS
     tasks = load(args.dir)
     print(json.dumps({"tasks": len(tasks), "calls": sum(len(t[3]) for t in tasks)}))
     for _ in range(args.repeat):
         timing: collections.Counter = collections.Counter()
-        replay(tasks, timing)
+        replay(tasks, timing, args.hash_table_min_keys)
         print(json.dumps({**{k: round(v, 3) for k, v in timing.items()},
                           "total": round(sum(timing.values()), 3)}), flush=True)
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
-        replay(tasks, collections.Counter())
+        replay(tasks, collections.Counter(), args.hash_table_min_keys)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
