@@ -125,7 +125,9 @@ class FamilyBase:
     runs_without_budget: ClassVar[bool] = False
     # whether its state without a budget moves fixed-width keys from the dict to a hash
     # table in compiled code (store.hashed) once large: for a tiered family whose batches
-    # look up, store and remove many keys and that does no Python work per key
+    # look up, store and remove many keys and that does no Python work per key. With
+    # runs_without_budget and a prefix, the state starts in such a table that also finds
+    # a prefix's rows (store.prefixed) rather than in runs, where pandas has the table
     hashed_keys: ClassVar[bool] = False
     # the key fields, first of the key, whose rows the family finds together on the tier
     # (VersionedState's prefix_count)

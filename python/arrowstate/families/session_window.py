@@ -61,8 +61,10 @@ class SessionWindow(FamilyBase):
     name = "sessionWindow"
     layout = LAYOUT
     # every batch saves its keys' sessions again and evicts many: sorted runs (Arrow's hash
-    # table for membership) cost about 40% less Python time than the dict per session
+    # table for membership) cost about 40% less Python time than the dict per session, and
+    # the compiled hash table with a prefix index (store.prefixed) about 30% less than runs
     runs_without_budget = True
+    hashed_keys = True
 
     def __init__(self, operator: dict[str, Any], input_schema: pa.Schema):
         super().__init__(operator, WATERMARK_METRICS)

@@ -38,6 +38,11 @@ class TierPlace:
     directory: str
     memory_cap: int
 
+    @property
+    def spills(self) -> bool:
+        """Whether runs may leave memory (a worker with a budget)."""
+        return self.memory_cap < sys.maxsize
+
 
 def resident_bytes() -> int:
     """This process's resident memory (Linux /proc; 0 where that is not there)."""

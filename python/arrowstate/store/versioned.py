@@ -17,6 +17,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from . import evolution, files
 from .hashed import HashedRows, available as hash_table_available
+from .prefixed import PrefixedHashedRows
 from .lifecycle import FileSource, Lifecycle, load_plans
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
@@ -40,7 +41,9 @@ class VersionedState:
         with a memory budget) and keys of a fixed width, rows live in sorted runs that may
         move to local disk (`TieredRows`); else in memory (`KeyedRows`). `prefix_count`
         key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
-        `rows.scan_prefixes`). Named columns written in an older schema are read in this
+        `rows.scan_prefixes`); a family that asks for `hashed` keys and a prefix has
+        them, when the tier never spills (no budget), in a hash table in compiled code that
+        finds them by prefix too (`PrefixedHashedRows`). Named columns written in an older schema are read in this
         one by `evolve(name, column, type)` (store.evolution). With `hashed` (a family
         that handles keys only as `keys` makes them) and no tier or prefix, keys of a fixed
         width may move from the dict to a hash table in compiled code (`HashedRows`) once
@@ -64,10 +67,17 @@ class VersionedState:
         if self.key_dtype is not None and prefix_count:
             self.key_dtype = keycodec.bytes_dtype(key_fields)
             self.prefix_dtype = keycodec.bytes_dtype(key_fields[:prefix_count])
-        self.rows: KeyedRows | HashedRows | TieredRows = (
-            KeyedRows(self.schema) if self.key_dtype is None
-            else TieredRows(self.schema, self.key_dtype, tier.directory, tier.memory_cap,
-                            self.prefix_dtype.itemsize if self.prefix_dtype else None))
+        self.rows: KeyedRows | HashedRows | TieredRows
+        if self.key_dtype is None:
+            self.rows = KeyedRows(self.schema)
+        elif (hashed and self.prefix_dtype is not None and not tier.spills
+              and hash_table_available()):   # in memory, found by prefix
+            self.rows = PrefixedHashedRows(self.schema, self.key_dtype,
+                                           self.prefix_dtype.itemsize)
+        else:
+            self.rows = TieredRows(self.schema, self.key_dtype, tier.directory,
+                                   tier.memory_cap,
+                                   self.prefix_dtype.itemsize if self.prefix_dtype else None)
         self.index = TimeIndex()   # the family's expiry/timeout index (rebuilt on load)
         # Python objects a family keeps with the state between batches (transformWithState's
         # decoded variables, timer heap and TTL heaps), rebuilt from the rows on a load
