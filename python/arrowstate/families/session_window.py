@@ -424,12 +424,17 @@ class SessionWindow(FamilyBase):
                 else entries)
         ids = state.rows.lookup(keys)
         found = np.flatnonzero(ids >= 0)
-        times, valid = keycodec.event_time_micros(state.rows.take(ids[found]).column(
+        # once each (an entry may repeat), by row id: the order they are emitted in
+        found = found[np.unique(ids[found], return_index=True)[1]]
+        rows = state.rows.take(ids[found])       # read once: their times, and the output
+        times, valid = keycodec.event_time_micros(rows.column(
             self.key_count + self.event_time_index))
-        closed = found[valid & (times <= threshold)]
+        closing = valid & (times <= threshold)
         later = valid & (times > threshold)
         state.index.add_many(times[later], state.rows.pick(keys, found[later]))
-        evicted = state.pop_found(state.rows.pick(keys, closed), ids[closed])
+        evicted = rows.filter(pa.array(closing))
+        closed = found[closing]
+        state.remove_read(state.rows.pick(keys, closed), ids[closed], evicted)
         self.metrics["numRemovedStateRows"] += evicted.num_rows
         objects = state.objects
         if evicted.num_rows and objects and "sessions" in objects:   # in memory, indexed

@@ -228,9 +228,13 @@ class HashedRows:
     def pop_found(self, keys: np.ndarray, ids: np.ndarray) -> pa.RecordBatch:
         """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
         returns their rows, in row id order."""
+        return self._rows.take(self.remove_found(keys, ids))
+
+    def remove_found(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """pop_found without reading the rows: the row ids removed, ascending."""
         ids, first = np.unique(np.asarray(ids, dtype=np.int64), return_index=True)
         self._remove(np.asarray(keys, dtype=self.dtype)[first], ids)
-        return self._rows.take(ids)
+        return ids
 
     def discard(self, keys: np.ndarray) -> None:
         """Removes the keys, present or not, without reading their rows."""

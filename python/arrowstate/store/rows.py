@@ -62,12 +62,16 @@ class KeyedRows:
 
     def pop_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> pa.RecordBatch:
         """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
-        returns their rows."""
+        returns their rows, in row id order."""
+        return self.take(self.remove_found(keys, ids))
+
+    def remove_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> np.ndarray:
+        """pop_found without reading the rows: the row ids removed, ascending."""
         ids, first = np.unique(ids, return_index=True)
         gone = self.pick(keys, first)
         collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
         self._dead += len(ids)
-        return self.take(ids)
+        return ids
 
     def discard(self, keys: Sequence[Hashable]) -> None:
         """Removes the keys, present or not, without reading their rows."""

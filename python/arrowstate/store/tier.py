@@ -222,9 +222,17 @@ class TieredRows:
         returns their rows."""
         keys = np.asarray(keys, dtype=self.dtype)
         once = newest_of_each(ids)   # in row-id order
-        rows = self.take(ids[once])
+        rows = self.take(ids[once])   # before the removal: it changes the row ids
         self._bury(np.sort(keys[once]))
         return rows
+
+    def remove_found(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """pop_found without reading the rows: the row ids removed, ascending (as they were:
+        the removal changes them)."""
+        keys = np.asarray(keys, dtype=self.dtype)
+        once = newest_of_each(ids)
+        self._bury(np.sort(keys[once]))
+        return ids[once]
 
     def discard(self, keys: np.ndarray) -> None:
         """Removes the keys, present or not, without reading their rows."""

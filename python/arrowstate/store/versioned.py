@@ -160,6 +160,13 @@ class VersionedState:
         once); returns their rows."""
         return self._removed(self.rows.pop_found(keys, ids))
 
+    def remove_read(self, keys: Sequence[Hashable], ids: np.ndarray,
+                    rows: pa.RecordBatch) -> None:
+        """Removes keys that `rows.lookup` found (`ids`: their row ids, once each) whose rows
+        the caller has read (`rows`, taken by those ids)."""
+        self.rows.remove_found(keys, ids)
+        self._removed(rows)
+
     def _removed(self, rows: pa.RecordBatch) -> pa.RecordBatch:
         """Records removed rows in this version's delta; returns them."""
         if rows.num_rows:
