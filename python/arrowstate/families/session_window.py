@@ -175,9 +175,9 @@ class SessionWindow(FamilyBase):
             rows = state.rows.take(ids)
             restored = self._restored
             restored["prefixes"].append(prefixes[owner])
-            restored["keys"].append(state.keys(rows.columns[: self.key_count], len(ids)))
+            restored["keys"].append(state.keys_of_rows(ids, rows))
             restored["ids"].append(ids)
-            order = np.lexsort((_micros(rows.column(self.key_count - 1)), owner))
+            order = _stable_order(owner, _micros(rows.column(self.key_count - 1)))
             return (pa.RecordBatch.from_arrays(rows.take(pa.array(order)).columns[
                 self.key_count:], schema=self._value_schema()),
                 np.bincount(owner, minlength=len(groups)))
@@ -485,8 +485,8 @@ def _runs(group_of, kept: np.ndarray) -> tuple[list, np.ndarray]:
 
 def _stable_order(runs: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The stable order by (run, start) of run numbers (-1 and up) and microseconds: one
-    sort of both packed into one int64 where they fit (each side comes sorted, so numpy's
-    stable sort merges two runs), else numpy's lexsort of the two."""
+    sort of both packed into one int64 where they fit (where they come as two sorted runs,
+    numpy's stable sort merges them), else numpy's lexsort of the two."""
     if not len(runs):
         return np.zeros(0, np.int64)
     low = int(starts.min())

@@ -119,6 +119,10 @@ class HashedRows:
         """Rows by id (from `lookup`), in the order given."""
         return self._rows.take(np.asarray(ids, dtype=np.int64))
 
+    def keys_at(self, ids: np.ndarray) -> np.ndarray:
+        """The keys of rows by id, as stored (no encoding of their columns again)."""
+        return self._keys[np.asarray(ids, dtype=np.int64)]
+
     def live_ids(self) -> np.ndarray:
         """Every live row id, ascending."""
         return np.flatnonzero(self._alive[: self._rows.next_id])

@@ -102,6 +102,13 @@ class VersionedState:
             return keycodec.rows(columns, num_rows)
         return keycodec.key_array(columns, num_rows, self.key_dtype, self.seeds)
 
+    def keys_of_rows(self, ids: np.ndarray, rows: pa.RecordBatch):
+        """The keys of rows taken by id (`ids`, `rows`): the store's own where it keeps
+        them in key form, else made from the rows' key columns."""
+        if isinstance(self.rows, HashedRows):
+            return self.rows.keys_at(ids)
+        return self.keys(rows.columns[: self.key_count], rows.num_rows)
+
     def prefix_keys(self, columns: Sequence[pa.Array], num_rows: int) -> np.ndarray:
         """The prefixes (the first `prefix_count` key columns) of rows, in the form
         `rows.scan_prefixes` takes (tiered state with a prefix only)."""
