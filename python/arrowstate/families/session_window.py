@@ -22,11 +22,12 @@ whole row (keys, session window, buffer), so Spark's state readers see Spark's l
   event-time column: the session's end); complete mode emits every stored session.
   Spark refuses update mode for session windows at analysis.
 
-The sessions of each key are found together: in memory by an index (`state.objects
-["sessions"]`: key -> the state keys of its sessions by start, gathered and replaced a
-batch at a time in C-level maps rather than a Python loop per row); in state on the tier (a
-worker with a memory budget) by a prefix scan on the grouping keys, as Spark's RocksDB store
-finds them. In append mode a time index holds each session at or before its event time
+The sessions of each key are found together by a prefix scan on the grouping keys, as
+Spark's RocksDB store finds them: in the tier's sorted runs (a worker with a memory budget)
+or, without one, in the compiled hash table with a prefix index (store.prefixed); with keys
+of no fixed width, in memory by an index (`state.objects["sessions"]`: key -> the state
+keys of its sessions by start, gathered and replaced a batch at a time in C-level maps
+rather than a Python loop per row). In append mode a time index holds each session at or before its event time
 (its end, which only grows), so eviction touches only what the watermark passes; the stored
 session's own event time decides (an entry whose session has been merged away is skipped,
 one whose session was extended enters it again at its end).
