@@ -419,6 +419,7 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
 
     run(1, ["a", "a", "b"], [1, 1, 2])
     run(2, ["a", "a"], [3, 1])
+    run(3, ["b", "b"], [5, 6])   # appended to a stored list: the records hold the new ones
 
     def struct(**fields):
         return {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True,
@@ -428,21 +429,25 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
 
     def feed(variable, key):
         batches = state_data.read_column_family_changes(
-            Files(), 1, 2, variable, json.dumps(key), json.dumps(n))
+            Files(), 1, 3, variable, json.dumps(key), json.dumps(n))
         return [(r["version"], r["op"], r["key"], r["value"])
                 for b in batches for r in b.to_pylist()]
 
     put, merge, delete = state_data.FEED_PUT, state_data.FEED_MERGE, state_data.FEED_DELETE
     a, b = {"user": "a"}, {"user": "b"}
     assert sorted(feed("count", user), key=str) == sorted([
-        (1, put, a, {"n": 2}), (1, put, b, {"n": 1}), (2, put, a, {"n": 4})], key=str)
+        (1, put, a, {"n": 2}), (1, put, b, {"n": 1}), (2, put, a, {"n": 4}),
+        (3, put, b, {"n": 3})], key=str)
     assert feed("values", user) == [
         (1, merge, a, {"n": 1}), (1, merge, a, {"n": 1}), (1, merge, b, {"n": 2}),
-        (2, merge, a, {"n": 3}), (2, merge, a, {"n": 1}), (2, delete, a, None)]
+        (2, merge, a, {"n": 3}), (2, merge, a, {"n": 1}), (2, delete, a, None),
+        (3, merge, b, {"n": 5}), (3, merge, b, {"n": 6})]
     entry = struct(key=user, userKey=struct(v="string"))
     assert feed("per_value", entry) == [
         (1, put, {"key": a, "userKey": {"v": "1"}}, {"n": 1}),
         (1, put, {"key": a, "userKey": {"v": "1"}}, {"n": 2}),
         (1, put, {"key": b, "userKey": {"v": "2"}}, {"n": 1}),
         (2, put, {"key": a, "userKey": {"v": "3"}}, {"n": 1}),
-        (2, put, {"key": a, "userKey": {"v": "1"}}, {"n": 3})]
+        (2, put, {"key": a, "userKey": {"v": "1"}}, {"n": 3}),
+        (3, put, {"key": b, "userKey": {"v": "5"}}, {"n": 1}),
+        (3, put, {"key": b, "userKey": {"v": "6"}}, {"n": 1})]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from ...store import VersionedState
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
 
 
 def write_changes(family: "TransformWithState", state: VersionedState,
-                  written: dict) -> None:
+                  written: dict, put: dict) -> None:
     """This batch's state operations (`written`: variable -> grouping key -> its logged
     operations) as change records, per variable and key in the order they ran; one update
     of a value, or one put of a list, that the key's put row already holds is left out (the
-    reader derives it from the row)."""
+    reader derives it from the row). `put`: variable -> (the grouping keys put, their put
+    rows' column), whence a list's appended elements are taken rather than converted again."""
     for column, name in enumerate(family.order):
         var = family.variables[name]
         if not written.get(name) or var.kind == TIMERS:   # timers: no change feed
@@ -44,6 +46,9 @@ def write_changes(family: "TransformWithState", state: VersionedState,
         if not logged:
             continue
         if var.kind == MAP and _map_runs(family, state, column, var, logged):
+            continue
+        if var.kind == LIST and name in put and _list_appends(family, state, column, var,
+                                                               logged, *put[name]):
             continue
         groups, owners, ops, payloads = [], [], [], []
         for i, (group, records) in enumerate(logged):
@@ -85,6 +90,34 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
         family.store_columns(var.name, [g for g, _ in logged])
         + family.value_columns(column, array),
         schema=state.schema), pa.array(record_ops, pa.int8()))
+    return True
+
+
+def _list_appends(family: "TransformWithState", state: VersionedState, column: int,
+                  var: Variable, logged: list, groups: list, array: pa.ListArray) -> bool:
+    """A list's change records when each key's operations are appends only, as they mostly
+    are (and no TTL, whose expiry may have taken elements since): one record a key, its
+    appended elements the last ones of the key's put row, taken from that row's column
+    rather than converted to Arrow again; False (nothing recorded) otherwise."""
+    row_of = dict(zip(groups, range(len(groups))))
+    if var.ttl is not None or not all(
+            g in row_of and records[0::2].count(CHANGE_APPEND) * 2 == len(records)
+            for g, records in logged):
+        return False
+    rows = np.fromiter((row_of[g] for g, _ in logged), np.int64, len(logged))
+    counts = np.fromiter((len(records) // 2 for _, records in logged), np.int64,
+                         len(logged))
+    ends = array.offsets.to_numpy()[rows + 1].astype(np.int64)
+    # each key's last counts[i] elements: ends[i] - counts[i] ... ends[i] - 1, in one array
+    firsts = np.cumsum(counts) - counts
+    at = np.arange(int(counts.sum())) + np.repeat(ends - counts - firsts, counts)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
+    appended = pa.ListArray.from_arrays(offsets, array.values.take(pa.array(at)),
+                                        type=var.type)
+    state.record_changes(pa.RecordBatch.from_arrays(
+        family.store_columns(var.name, [g for g, _ in logged])
+        + family.value_columns(column, appended), schema=state.schema),
+        pa.array([CHANGE_APPEND] * len(logged), pa.int8()))
     return True
 
 

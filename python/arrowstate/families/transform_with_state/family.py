@@ -345,6 +345,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
                 written[name], var.dirty = var.dirty, {}
             if var is not self.timers:
                 var._written_key = NO_KEY
+        put = {}   # variable -> the keys put and their column (see write_changes)
         for column, name in enumerate(self.order):
             changed = written.get(name)
             if not changed:
@@ -361,7 +362,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
                 array = variable_column(self.variables[name], [data[g] for g in present])
                 state.put_rows(hkeys, pa.RecordBatch.from_arrays(
                     key_columns + self.value_columns(column, array), schema=state.schema))
-        write_changes(self, state, written)
+                put[name] = (present, array)
+        write_changes(self, state, written, put)
         if self.holds_keys and self.working is None:
             self._hold_keys(dict.fromkeys(g for changed in written.values() for g in changed))
 
