@@ -14,7 +14,8 @@ from arrowstate.store.rows import KeyedRows
 from arrowstate.store.tier import TieredRows
 from family_tasks import SESSION, SESSION_SCHEMA, commit, seconds
 from test_hashed import _text
-from test_tier import _header, assert_answers_alike
+from test_tier import (_header, assert_answers_alike, assert_scan_finds_live_sessions,
+                       random_sessions)
 
 
 def _sessions_state(group_type, tier):
@@ -52,12 +53,8 @@ def test_prefixed_rows_answer_as_the_dict_store_and_scan_each_groups_live_rows(
     live: dict = {}
     rng = np.random.default_rng(5)
     for step in range(200):
-        n = int(rng.integers(1, 300))
-        g = rng.integers(0, 400, n)
-        start = rng.integers(0, 60, n) * 1000
-        if rng.random() < 0.2:          # some groups with many sessions
-            g[:] = int(rng.integers(0, 400))
-            start = rng.integers(0, 5000, n) * 1000
+        g, start = random_sessions(rng)
+        n = len(g)
         ours_keys, _, cols = _session_keys(state, g, start, group_type)
         their_keys = [tuple(r.values()) for r in pa.table(cols, names=["a", "b"]).to_pylist()]
         names = [(-1 if gi == 0 else int(gi), int(s)) for gi, s in zip(g, start)]
@@ -80,18 +77,7 @@ def test_prefixed_rows_answer_as_the_dict_store_and_scan_each_groups_live_rows(
         if step % 10 == 9:
             rows.compact_if_sparse()
             theirs.compact_if_sparse()
-        asked = np.unique(rng.integers(0, 420, 60))
-        asked_col = pa.array(asked, group_type, mask=asked == 0)
-        owner, ids = rows.scan_prefixes(state.prefix_keys([asked_col], len(asked)))
-        found = rows.take(ids)
-        want_groups = {-1 if a == 0 else int(a): i for i, a in enumerate(asked)}
-        got = sorted((-1 if k0 is None else k0, k1, v0, asked_index)
-                     for k0, k1, v0, asked_index in zip(
-                         found.column("k0").to_pylist(),
-                         found.column("k1").cast(pa.int64()).to_pylist(),
-                         found.column("v0").to_pylist(), owner.tolist()))
-        assert got == sorted((gk, s, v, want_groups[gk]) for (gk, s), v in live.items()
-                             if gk in want_groups), step
+        assert_scan_finds_live_sessions(state, rng, group_type, live, step)
         probe_g, probe_s = rng.integers(0, 400, 200), rng.integers(0, 60, 200) * 1000
         probe, _, probe_cols = _session_keys(state, probe_g, probe_s, group_type)
         their_probe = [tuple(r.values())

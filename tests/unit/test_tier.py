@@ -145,12 +145,8 @@ def test_a_prefix_scan_finds_each_groups_live_rows(tmp_path, group_type):
     live: dict = {}
     rng = np.random.default_rng(3)
     for step in range(150):
-        n = int(rng.integers(1, 300))
-        g = rng.integers(0, 400, n)
-        start = rng.integers(0, 60, n) * 1000
-        if rng.random() < 0.2:          # some groups with many sessions (ranges over blocks)
-            g[:] = int(rng.integers(0, 400))
-            start = rng.integers(0, 5000, n) * 1000
+        g, start = random_sessions(rng)
+        n = len(g)
         g_col = pa.array(g, group_type, mask=g == 0)   # the null group is a group too
         cols = [g_col, pa.array(start, pa.timestamp("us"))]
         batch_keys = state.keys(cols, n)
@@ -166,22 +162,40 @@ def test_a_prefix_scan_finds_each_groups_live_rows(tmp_path, group_type):
                 live.pop(name, None)
         if step % 40 == 39:
             rows.spill()
-        asked = np.unique(rng.integers(0, 420, 60))
-        asked_col = pa.array(asked, group_type, mask=asked == 0)
-        owner, ids = rows.scan_prefixes(state.prefix_keys([asked_col], len(asked)))
-        found = rows.take(ids)
-        want_groups = {-1 if a == 0 else int(a): i for i, a in enumerate(asked)}
-        # the session starts as microseconds, cast once for the whole answer
-        got = sorted((-1 if k0 is None else k0, k1, v0, asked_index)
-                     for k0, k1, v0, asked_index in zip(
-                         found.column("k0").to_pylist(),
-                         found.column("k1").cast(pa.int64()).to_pylist(),
-                         found.column("v0").to_pylist(), owner.tolist()))
-        want = sorted((gk, s, v, want_groups[gk]) for (gk, s), v in live.items()
-                      if gk in want_groups)
-        assert got == want, step
+        assert_scan_finds_live_sessions(state, rng, group_type, live, step)
     assert any(run.on_disk for run in rows.runs)
     state.close()
+
+
+def random_sessions(rng):
+    """Groups and session starts (microseconds) of 1-300 sessions; a fifth of the time all
+    of one group (ranges over blocks)."""
+    n = int(rng.integers(1, 300))
+    g = rng.integers(0, 400, n)
+    start = rng.integers(0, 60, n) * 1000
+    if rng.random() < 0.2:
+        g[:] = int(rng.integers(0, 400))
+        start = rng.integers(0, 5000, n) * 1000
+    return g, start
+
+
+def assert_scan_finds_live_sessions(state, rng, group_type, live, step):
+    """A scan of random groups (the null group among them) finds exactly their live
+    sessions: `live`, (group or -1, start) -> value."""
+    asked = np.unique(rng.integers(0, 420, 60))
+    asked_col = pa.array(asked, group_type, mask=asked == 0)
+    owner, ids = state.rows.scan_prefixes(state.prefix_keys([asked_col], len(asked)))
+    found = state.rows.take(ids)
+    want_groups = {-1 if a == 0 else int(a): i for i, a in enumerate(asked)}
+    # the session starts as microseconds, cast once for the whole answer
+    got = sorted((-1 if k0 is None else k0, k1, v0, asked_index)
+                 for k0, k1, v0, asked_index in zip(
+                     found.column("k0").to_pylist(),
+                     found.column("k1").cast(pa.int64()).to_pylist(),
+                     found.column("v0").to_pylist(), owner.tolist()))
+    want = sorted((gk, s, v, want_groups[gk]) for (gk, s), v in live.items()
+                  if gk in want_groups)
+    assert got == want, step
 
 
 def test_a_frozen_view_reads_runs_that_merges_have_since_deleted(tmp_path):

@@ -27,10 +27,10 @@ Spark's RocksDB store finds them: in the tier's sorted runs (a worker with a mem
 or, without one, in the compiled hash table with a prefix index (store.prefixed); with keys
 of no fixed width, in memory by an index (`state.objects["sessions"]`: key -> the state
 keys of its sessions by start, gathered and replaced a batch at a time in C-level maps
-rather than a Python loop per row). In append mode a time index holds each session at or before its event time
-(its end, which only grows), so eviction touches only what the watermark passes; the stored
-session's own event time decides (an entry whose session has been merged away is skipped,
-one whose session was extended enters it again at its end).
+rather than a Python loop per row). In append mode a time index holds each session at or
+before its event time (its end, which only grows), so eviction touches only what the
+watermark passes; the stored session's own event time decides (an entry whose session has
+been merged away is skipped, one whose session was extended enters it again at its end).
 """
 from __future__ import annotations
 

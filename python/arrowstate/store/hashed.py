@@ -82,13 +82,7 @@ class HashedRows:
         """Each key's 64-bit word for the table (int64)."""
         if self.dtype == np.int64:
             return keys
-        parts = _word_columns(keys)
-        if self._exact:
-            return parts[0].view(np.int64)
-        h = mix64(parts[0] ^ self._seed)
-        for part in parts[1:]:
-            h = mix64(h ^ part)
-        return h.view(np.int64)
+        return words_of(keys, self._exact, self._seed)
 
     def _same(self, ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Whether the row ids' stored keys are these keys."""
@@ -303,6 +297,18 @@ def _last_of_each(words: np.ndarray) -> np.ndarray:
     table = _TABLE[0](len(words))
     table.map_locations(words)
     return table.lookup(words)
+
+
+def words_of(keys: np.ndarray, exact: bool, seed: np.uint64) -> np.ndarray:
+    """Fixed-width keys' 64-bit words (int64): the key itself where it fits in one
+    (`exact`), else a hash of its bytes under `seed`."""
+    parts = _word_columns(keys)
+    if exact:
+        return parts[0].view(np.int64)
+    h = mix64(parts[0] ^ seed)
+    for part in parts[1:]:
+        h = mix64(h ^ part)
+    return h.view(np.int64)
 
 
 def _word_columns(keys: np.ndarray) -> list[np.ndarray]:

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..keys import mix64
-from .hashed import HashedRows, _rows_equal, _word_columns
+from .hashed import HashedRows, _rows_equal, words_of
 
 
 class PrefixedHashedRows(HashedRows):
@@ -48,13 +47,7 @@ class PrefixedHashedRows(HashedRows):
             self._prefix_dtype).ravel()
 
     def _prefix_words(self, prefixes: np.ndarray) -> np.ndarray:
-        parts = _word_columns(prefixes)
-        if self._prefix_exact:
-            return parts[0].view(np.int64)
-        h = mix64(parts[0] ^ self._seed)
-        for part in parts[1:]:
-            h = mix64(h ^ part)
-        return h.view(np.int64)
+        return words_of(prefixes, self._prefix_exact, self._seed)
 
     def insert(self, keys: np.ndarray, batch: pa.RecordBatch,
                present: np.ndarray | None = None) -> None:

@@ -43,11 +43,11 @@ class VersionedState:
         key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
         `rows.scan_prefixes`); a family that asks for `hashed` keys and a prefix has
         them, when the tier never spills (no budget), in a hash table in compiled code that
-        finds them by prefix too (`PrefixedHashedRows`). Named columns written in an older schema are read in this
-        one by `evolve(name, column, type)` (store.evolution). With `hashed` (a family
-        that handles keys only as `keys` makes them) and no tier or prefix, keys of a fixed
-        width may move from the dict to a hash table in compiled code (`HashedRows`) once
-        the state is large (`move_to_hash_table`)."""
+        finds them by prefix too (`PrefixedHashedRows`). Named columns written in an older
+        schema are read in this one by `evolve(name, column, type)` (store.evolution).
+        With `hashed` (a family that handles keys only as `keys` makes them) and no tier or
+        prefix, keys of a fixed width may move from the dict to a hash table in compiled
+        code (`HashedRows`) once the state is large (`move_to_hash_table`)."""
         self.evolve = evolve
         self.dropped_columns = frozenset(n.encode() for n in dropped_columns)
         self.key_count = len(key_fields)
