@@ -424,17 +424,14 @@ class SessionWindow(FamilyBase):
         keys = (keycodec.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
                 else entries)
         ids = state.rows.lookup(keys)
-        found = np.flatnonzero(ids >= 0)
-        # once each (an entry may repeat), by row id: the order they are emitted in
+        found = np.flatnonzero(ids >= 0)   # once each, by row id (the order emitted in)
         found = found[np.unique(ids[found], return_index=True)[1]]
-        rows = state.rows.take(ids[found])       # read once: their times, and the output
+        rows = state.rows.take(ids[found])   # read once: their times, and the output
         times, valid = keycodec.event_time_micros(rows.column(
             self.key_count + self.event_time_index))
-        closing = valid & (times <= threshold)
-        later = valid & (times > threshold)
+        closing, later = valid & (times <= threshold), valid & (times > threshold)
         state.index.add_many(times[later], state.rows.pick(keys, found[later]))
-        evicted = rows.filter(pa.array(closing))
-        closed = found[closing]
+        evicted, closed = rows.filter(pa.array(closing)), found[closing]
         state.remove_read(state.rows.pick(keys, closed), ids[closed], evicted)
         self.metrics["numRemovedStateRows"] += evicted.num_rows
         objects = state.objects
