@@ -54,16 +54,17 @@ def thread_cpu(pid: int) -> collections.Counter:
     return out
 
 
-def workers_cpu() -> float:
-    """CPU seconds of this process's Spark's state workers (those alive now: workers
-    persist between runs). Not the JVM's other children (Hadoop's local filesystem forks
-    `chmod` and `readlink` per file natively) nor py-spy."""
-    total = 0.0
+def workers_cpu() -> dict[int, float]:
+    """CPU seconds of each of this process's Spark's state workers alive now (workers
+    persist between runs, but a user function's stop once its run's state left). Not the
+    JVM's other children (Hadoop's local filesystem forks `chmod` and `readlink` per file
+    natively) nor py-spy."""
+    cpu = {}
     for pid in own_state_worker_pids():
         fields = _stat(f"/proc/{pid}/stat")
         if fields:
-            total += (int(fields[12]) + int(fields[13])) / TICKS
-    return total
+            cpu[pid] = (int(fields[12]) + int(fields[13])) / TICKS
+    return cpu
 
 
 def jfr_by_operator(path: str) -> list[tuple[str, int]]:
@@ -138,14 +139,18 @@ def main() -> None:
         walls = [bench.run_once(spark, source, case, on)[0] for _ in range(args.runs)]
         threads = thread_cpu(jvm)
         threads.subtract(before_threads)
-        workers = workers_cpu() - before_workers
+        after_workers = workers_cpu()
+        # a worker that ended during the runs took its CPU with it: none is printed then
+        ended = set(before_workers) - set(after_workers)
+        workers = sum(t - before_workers.get(pid, 0.0) for pid, t in after_workers.items())
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait()
         print(json.dumps({
             "case": args.case, "arrowstate": on, "runs": args.runs,
             "wall_s_median": round(statistics.median(walls), 3),
-            "worker_cpu_s_per_run": round(workers / args.runs, 2),
+            "worker_cpu_s_per_run": None if ended else round(workers / args.runs, 2),
+            "workers_ended_during_runs": len(ended),
             "jvm_thread_cpu_s_per_run": {k: round(v / args.runs, 2)
                                          for k, v in threads.most_common(8) if v > 0}}),
               flush=True)
