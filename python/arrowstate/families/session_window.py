@@ -63,7 +63,7 @@ class SessionWindow(FamilyBase):
     layout = LAYOUT
     # every batch saves its keys' sessions again and evicts many: sorted runs (Arrow's hash
     # table for membership) cost about 40% less Python time than the dict per session, and
-    # the compiled hash table with a prefix index (store.prefixed) about 30% less than runs
+    # the compiled hash table with a prefix index (store.prefixed) about a third less than runs
     runs_without_budget = True
     hashed_keys = True
 
