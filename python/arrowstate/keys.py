@@ -189,7 +189,9 @@ def key_dtype(fields: Sequence[pa.Field]) -> np.dtype | None:
     """The fixed-width numpy form of keys of these fields, for stores that keep keys in
     arrays: int64 for one integer or time column that cannot be null, else the bytes of
     `rows`' fixed-width block (`S<width>`: validity and normalised bits, equal exactly when
-    Spark's keys are); None when some column has no fixed width (strings, decimals)."""
+    Spark's keys are; strings and binaries by a 128-bit hash, decimals by their bytes, as
+    `key_array` makes them under a state's seeds); None when some column has no fixed width
+    (lists, maps)."""
     if not fields:
         return None
     if (len(fields) == 1 and not fields[0].nullable
