@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from .bloom import prefixes as key_prefixes
 from .hashed import HashedRows, _rows_equal, words_of
 
 
@@ -39,13 +40,6 @@ class PrefixedHashedRows(HashedRows):
     def clear(self) -> None:
         self.__init__(self.schema, self.dtype, self.prefix_width)
 
-    def _prefixes(self, keys: np.ndarray) -> np.ndarray:
-        """The first `prefix_width` bytes of keys, as prefixes."""
-        n, width = len(keys), self.dtype.itemsize
-        raw = np.ascontiguousarray(keys).view(np.uint8).reshape(n, width)
-        return np.ascontiguousarray(raw[:, : self.prefix_width]).view(
-            self._prefix_dtype).ravel()
-
     def _prefix_words(self, prefixes: np.ndarray) -> np.ndarray:
         return words_of(prefixes, self._prefix_exact, self._seed)
 
@@ -55,7 +49,7 @@ class PrefixedHashedRows(HashedRows):
         keys = np.asarray(keys, dtype=self.dtype)
         super().insert(keys, batch, present)
         if len(keys):   # every row stored gets an entry: ids start, start + 1, ...
-            self._pending.append((self._prefix_words(self._prefixes(keys)),
+            self._pending.append((self._prefix_words(key_prefixes(keys, self.prefix_width)),
                                   np.arange(start, start + len(keys), dtype=np.int64)))
 
     def _merged(self, parts: list[tuple[np.ndarray, np.ndarray]]
@@ -104,7 +98,8 @@ class PrefixedHashedRows(HashedRows):
         owner, ids = np.concatenate(owners), np.concatenate(ids)
         keep = self._alive[ids]
         if not self._prefix_exact:
-            keep &= _rows_equal(self._prefixes(self._keys[ids]), prefixes[owner])
+            keep &= _rows_equal(key_prefixes(self._keys[ids], self.prefix_width),
+                                   prefixes[owner])
         return owner[keep], ids[keep]
 
     def memory_bytes(self) -> int:
