@@ -20,14 +20,14 @@ CPU seconds a run costs the JVM and its Python workers (median) and their ratio,
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
 
 The user-function cases (FLOORS) print their floor beside arrowstate and native: the same
-function in plain Python with its state in dicts (bench_floor.py), and --shapes runs them
-against it over shapes of input (bench_shapes.py).
+function in plain Python with its state in dicts (bench_lib/floor.py), and --shapes runs them
+against it over shapes of input (bench_lib/shapes.py).
 
 The SQL cases (deduplication, aggregation, session windows) print beside them the same work
 with no state (each micro-batch alone) and each engine's state cost per input row against it;
---small-batches runs many small micro-batches at 200 shuffle partitions (bench_sql.py);
+--small-batches runs many small micro-batches at 200 shuffle partitions (bench_lib/sql.py);
 --exchange splits their state cost into the exchange with the worker and Python's state
-work, beside Spark's own trip to Python (bench_exchange.py).
+work, beside Spark's own trip to Python (bench_lib/exchange.py).
 
 --scaling measures state beyond memory: per state size N, a count and sum per key (update
 mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a
@@ -37,7 +37,7 @@ otherwise; a state worker that passes it fails the query) and by Spark on its Ro
 in one process. It prints each batch's time, the median of the last --batches, the peak
 resident memory of the state workers and of the JVM (sampled every 0.2 s), and whether
 every batch's output was the same (a row count and a sum of row hashes per batch); its code is
-in scripts/bench_scaling.py.
+in scripts/bench_lib/scaling.py.
 
 --tier-ops drives the aggregate family inside one worker without Spark, batches of
 --batch-rows new keys until the first --state-keys size, with the state in memory and in the
@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import bench_functions as functions
+from bench_lib import functions
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(functions)   # Spark's workers need not import it
@@ -152,7 +152,7 @@ CASES = {
     "tws_rows_map_per_row": (_tws(functions.RowCountPerBucket, False), "update", TWS),
     "tws_list_timer": (_tws_list_timer, "append", TWS),
 }
-# the user-function cases' floors (see bench_floor.py): (how keys' rows are handed over,
+# the user-function cases' floors (see bench_lib/floor.py): (how keys' rows are handed over,
 # the function, whether event time runs)
 FLOORS = {
     "apply_in_pandas_with_state": ("apply_in_pandas_with_state", functions.count_per_key,
@@ -223,10 +223,10 @@ def batch_times(progress: dict) -> dict:
 
 
 def floor_figures(spark, source: str, name: str, args) -> dict:
-    """The case's floor (see bench_floor.py): Spark's read and shuffle of the same stream
+    """The case's floor (see bench_lib/floor.py): Spark's read and shuffle of the same stream
     into a no-op sink, plus the plain-Python time of the user function; medians of
     --runs."""
-    from bench_floor import floor_python_seconds
+    from bench_lib.floor import floor_python_seconds
     kind, function, event_time = FLOORS[name]
     def pipeline_figures(build):
         query = (lambda df: build(df.repartition(args.shuffle_partitions, "key")), "append",
@@ -275,24 +275,24 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--release", action="store_true",
                         help="worker memory at start, peak, at a query's stop and one "
-                             "maintenance interval later (see bench_release.py)")
+                             "maintenance interval later (see bench_lib/release.py)")
     parser.add_argument("--release-keys", type=int, default=2_000_000)
     parser.add_argument("--shapes", action="store_true",
                         help="the user-function cases against their floor over shapes of "
-                             "input (see bench_shapes.py)")
+                             "input (see bench_lib/shapes.py)")
     parser.add_argument("--shape-rows-per-key", default="1,4,100")
     parser.add_argument("--shape-keys", default="10000,100000,1000000")
     parser.add_argument("--shape-max-batch-rows", type=int, default=1_000_000)
     parser.add_argument("--small-batches", action="store_true",
                         help="per-trigger time of small micro-batches at many shuffle "
-                             "partitions (see bench_sql.py)")
+                             "partitions (see bench_lib/sql.py)")
     parser.add_argument("--small-batch-rows", type=int, default=1000)
     parser.add_argument("--small-batch-count", type=int, default=20)
     parser.add_argument("--small-batch-partitions", type=int, default=200)
     parser.add_argument("--exchange", action="store_true",
                         help="Spark's SQL operators: arrowstate beside itself with its "
                              "workers doing no state work, no state, and Spark's trip to "
-                             "Python (see bench_exchange.py)")
+                             "Python (see bench_lib/exchange.py)")
     parser.add_argument("--state-load", action="store_true",
                         help="time state loads and the part spent verifying files (no Spark)")
     parser.add_argument("--tier-ops", action="store_true",
@@ -317,23 +317,23 @@ def main() -> None:
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
-    from bench_sql import SMALL_BATCH_CASES, is_sql_case, no_state_figures, small_batches
+    from bench_lib.sql import SMALL_BATCH_CASES, is_sql_case, no_state_figures, small_batches
     args.cases = args.cases or ",".join(FLOORS if args.shapes else SMALL_BATCH_CASES
                                         if args.small_batches else CASES)
     if args.state_load:
-        from bench_state_load import state_load
+        from bench_lib.state_load import state_load
         state_load(args)
         return
     if args.state_ops:
-        from bench_state_ops import state_ops
+        from bench_lib.state_ops import state_ops
         state_ops(args)
         return
     if args.store_ops:
-        from bench_store import store_ops
+        from bench_lib.store import store_ops
         store_ops(args)
         return
     if args.tier_ops:
-        from bench_scaling import tier_ops
+        from bench_lib.scaling import tier_ops
         tier_ops(args)
         return
 
@@ -341,14 +341,14 @@ def main() -> None:
 
     import arrowstate
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    from bench_scaling import scaling
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "helpers"))
+    from bench_lib.scaling import scaling
     from procinfo import descendants_cpu_seconds, rss_bytes, state_worker_pids
 
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
     if args.exchange:   # before Spark starts: its workers' interpreter and environment
-        from bench_worker import session_settings
+        from bench_lib.worker import session_settings
         exchange_settings = session_settings(skip=True)
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
@@ -369,19 +369,19 @@ def main() -> None:
     if args.scaling or args.shapes or args.release or args.small_batches or args.exchange:
         try:
             if args.exchange:
-                from bench_exchange import exchange
+                from bench_lib.exchange import exchange
                 exchange(spark, args, CASES, run_once, write_batches)
             elif args.small_batches:
                 small_batches(spark, args, CASES, run_once, write_batches)
             elif args.scaling:
                 scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
             elif args.release:
-                from bench_release import release
-                from bench_scaling import write_scaling_batches
+                from bench_lib.release import release
+                from bench_lib.scaling import write_scaling_batches
                 release(spark, args, SCALING_CASES["tws_pandas_value_count"],
                         write_scaling_batches)
             else:
-                from bench_shapes import shapes
+                from bench_lib.shapes import shapes
                 shapes(spark, args, CASES, run_once, write_batches, floor_figures)
         finally:
             spark.stop()

@@ -30,7 +30,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "helpers"))
 from procinfo import own_state_worker_pids, parent_pid  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -6,9 +6,9 @@ phase (a second or two a replay, where a profiled Spark run takes a minute).
                                    [--batches 5] [--keys 50000]
     python scripts/replay_tasks.py replay DIR [--repeat 3] [--profile 30]
 
-`record` runs the case once with arrowstate on, its state workers started by bench_worker
+`record` runs the case once with arrowstate on, its state workers started by bench_lib.worker
 (ARROWSTATE_BENCH_RECORD_DIR): Spark's SQL operators' cases only (a user function's workers
-start with the function's own interpreter, which bench_worker does not wrap). `replay` runs every recorded task in order of state and
+start with the function's own interpreter, which bench_lib.worker does not wrap). `replay` runs every recorded task in order of state and
 version, as the worker runs it with its state kept in memory between tasks: the family
 made from the task's header, each lookup and process call with the recorded batch, finish,
 and the commit's file encoding (no checkpoint is written). It prints the seconds per phase
@@ -37,7 +37,7 @@ def record(args) -> None:
 
     import arrowstate
     import bench
-    from bench_worker import session_settings
+    from bench_lib.worker import session_settings
 
     os.makedirs(args.dir, exist_ok=True)
     settings = session_settings(record_dir=os.path.abspath(args.dir))
@@ -52,7 +52,7 @@ def record(args) -> None:
         seconds, _ = bench.run_once(spark, source, bench.CASES[args.case], True)
         if not glob.glob(os.path.join(args.dir, "*.pkl")):
             raise SystemExit(f"replay_tasks: nothing recorded for {args.case}: only the SQL "
-                             "operators' workers are bench_worker's")
+                             "operators' workers are bench_lib.worker's")
         print(json.dumps({"case": args.case, "recorded_to": args.dir,
                           "run_s": round(seconds, 2)}))
     finally:

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# the helpers (harness, processors, apps) import by their module names
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 
 
 def pytest_collection_modifyitems(config, items):

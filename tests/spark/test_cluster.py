@@ -73,7 +73,7 @@ def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar,
     """Also two attempts of one task committing the same version: speculation, with the
     first attempt held back 20 s before it writes its delta (and writing it all the same)."""
     master, env, logs = standalone_cluster
-    app = os.path.join(os.path.dirname(__file__), "..", "cluster_app.py")
+    app = os.path.join(os.path.dirname(__file__), "..", "helpers", "cluster_app.py")
     attempt_log = tmp_path / "attempts.log"
     done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_log)], env=env,
                           capture_output=True, text=True, timeout=600)

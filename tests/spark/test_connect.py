@@ -36,7 +36,7 @@ def test_two_connect_sessions_never_see_each_others_state(tmp_path):
         stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_port(port, 120)
-        client = os.path.join(os.path.dirname(__file__), "..", "connect_client.py")
+        client = os.path.join(os.path.dirname(__file__), "..", "helpers", "connect_client.py")
         done = subprocess.run([sys.executable, client, f"sc://127.0.0.1:{port}"],
                               capture_output=True, text=True, timeout=600)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -110,7 +110,7 @@ def test_terminating_triggers_run_on_arrowstate(spark, tmp_path, trigger):
 
 @pytest.mark.slow
 def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path):
-    """tests/jvm_queries.scala in spark-shell, with the shim added as spark-submit users
+    """tests/helpers/jvm_queries.scala in spark-shell, with the shim added as spark-submit users
     add it: a Scala flatMapGroupsWithState, and dropDuplicates under Trigger.RealTime."""
     source = tmp_path / "in"
     spark.range(3).write.parquet(str(source))
@@ -124,7 +124,7 @@ def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path)
          "--conf", f"spark.sql.extensions={EXTENSION_CLASS}",
          "--conf", f"spark.sql.extendedExplainProviders={EXPLAIN_CLASS}",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-         "-i", os.path.join(os.path.dirname(__file__), "..", "jvm_queries.scala")],
+         "-i", os.path.join(os.path.dirname(__file__), "..", "helpers", "jvm_queries.scala")],
         env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = done.stdout
     assert "ROWS 3" in out, out + done.stderr

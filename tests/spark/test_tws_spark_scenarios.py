@@ -9,7 +9,7 @@ Spark's tests (apache/spark, python/pyspark/sql/tests/pandas/streaming/):
   test_pandas_transform_with_state_state_variable.py   (pandas API)
   test_transform_with_state_state_variable.py          (the same tests, Row API)
 Only time mode None without an initial state, TTL or timers; the processors are this
-project's own (tests/tws_spark_processors.py), doing what Spark's helper processors do.
+project's own (tests/helpers/tws_spark_processors.py), doing what Spark's helper processors do.
 
 Spark's input: text files of "id, temperature" lines, one file per micro-batch.
 Here: one Parquet file per micro-batch with the same columns and rows.

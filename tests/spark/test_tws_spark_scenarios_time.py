@@ -7,7 +7,7 @@ initial state are in test_tws_spark_scenarios.py (same style, same input).
 Spark's tests (apache/spark, python/pyspark/sql/tests/pandas/streaming/):
   test_pandas_transform_with_state.py                  (pandas API; Row API twins in
   test_pandas_transform_with_state_state_variable.py    test_transform_with_state*.py)
-The processors are this project's own (tests/tws_spark_time_processors.py), doing what
+The processors are this project's own (tests/helpers/tws_spark_time_processors.py), doing what
 Spark's helper processors do, except that they report relations where Spark's put
 processing times in their output.
 

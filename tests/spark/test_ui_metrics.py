@@ -5,7 +5,7 @@ Chromium's screenshot of a query's page.
 On an arrowstate node each figure shows once: the Python figures under the names and labels
 of Spark's Python operators (not also under arrowstate's own), and no metric is left at zero
 because it cannot apply (the state store provider's, the Python runner's that arrowstate does
-not fill, rows dropped by watermark without a watermark...). The application (tests/ui_app.py)
+not fill, rows dropped by watermark without a watermark...). The application (tests/helpers/ui_app.py)
 runs in a process of its own, with its UI on a free port and an event log in a temporary
 directory.
 """
@@ -28,7 +28,7 @@ from arrowstate import contract
 from harness import TEST_JAR_ENV
 from procinfo import stop
 
-TESTS = os.path.join(os.path.dirname(__file__), "..")
+TESTS = os.path.join(os.path.dirname(__file__), "..", "helpers")
 WRITERS = {"ArrowStreamingDeduplicate", "ArrowStateStoreSave", "ArrowFlatMapGroupsWithState"}
 TWINS = {"ArrowStreamingDeduplicate": "StreamingDeduplicate",
          "ArrowStateStoreSave": "StateStoreSave"}
@@ -139,7 +139,7 @@ def check_nodes(nodes: dict, source: str, zeros_shown: bool) -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, test_jar):
-    """Runs tests/ui_app.py (its Spark set up as the tests' own: harness.quick_local); reads
+    """Runs tests/helpers/ui_app.py (its Spark set up as the tests' own: harness.quick_local); reads
     the live UI's SQL data while it is up, then stops it."""
     workdir = str(tmp_path_factory.mktemp("ui-app"))
     log = open(os.path.join(workdir, "app.log"), "w")

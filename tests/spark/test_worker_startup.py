@@ -1,4 +1,4 @@
-"""Python state workers' start-up in an application of its own (tests/startup_app.py): under
+"""Python state workers' start-up in an application of its own (tests/helpers/startup_app.py): under
 `SPARK_TESTING`, over Unix domain sockets, and a worker that cannot start saying why. (Apart
 from test_workers.py so that pytest-xdist's loadfile can run the two long applications in its
 two processes at once.)"""

@@ -26,7 +26,7 @@ def ev(user, second):
 def seen_by_app(name: str, test_jar: str) -> dict:
     """Runs tests/<name> in a process of its own, its Spark set up as the tests' own
     (harness.quick_local); what it saw (its last JSON line)."""
-    app = os.path.join(os.path.dirname(__file__), "..", name)
+    app = os.path.join(os.path.dirname(__file__), "..", "helpers", name)
     done = subprocess.run([sys.executable, app], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, **{TEST_JAR_ENV: test_jar}))
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -1,5 +1,5 @@
 """The user functions of bench.py's user-function cases: each runs as Spark runs it (arrowstate
-off), as arrowstate runs it (on), and in the floor (bench_floor.py: plain Python, state in a
+off), as arrowstate runs it (on), and in the floor (bench_lib/floor.py: plain Python, state in a
 dict). bench.py has cloudpickle send this module by value, so the workers need not import it.
 
 Input rows: key long, user string, ts timestamp, value double.

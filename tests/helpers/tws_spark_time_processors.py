@@ -1,7 +1,7 @@
 """Stateful processors for the timer, TTL and initial-state scenarios of Spark's own PySpark
 transformWithState tests (python/pyspark/sql/tests/pandas/streaming/
 test_pandas_transform_with_state.py, test_pandas_transform_with_state_state_variable.py and
-their helper module), written afresh for the differential harness (tests/harness.py); the
+their helper module), written afresh for the differential harness (tests/helpers/harness.py); the
 time mode None scenarios are in tws_spark_processors.py, whose helpers these build on.
 
 As there, where Spark's processors assert inside the worker these report what they saw in

@@ -6,7 +6,7 @@ query's run id and some custom metrics of its state operators in its last progre
 where absent), then keeps the application up
 until its standard input closes.
 
-    python tests/ui_app.py WORKDIR
+    python tests/helpers/ui_app.py WORKDIR
 """
 import datetime as dt
 import json

@@ -1,6 +1,6 @@
 """bench.py --state-ops: what one state operation of a transformWithState processor costs
 inside the worker, without Spark, beside the same operation on the floor's state (a dict
-per variable, bench_floor.py): the floor's figure is what the interpreter takes for the
+per variable, bench_lib/floor.py): the floor's figure is what the interpreter takes for the
 call and a dict or list operation, so arrowstate's distance to it does not move with the
 machine's speed as the microseconds do."""
 from __future__ import annotations
@@ -56,8 +56,8 @@ def _timed(value, items, entries, n: int = 100_000) -> list[tuple[str, float]]:
 
 
 def _floor_timings() -> list[tuple[str, float]]:
-    """_timed on the floor's state objects (bench_floor.py: dicts, no engine)."""
-    from bench_floor import _Handle
+    """_timed on the floor's state objects (bench_lib/floor.py: dicts, no engine)."""
+    from bench_lib.floor import _Handle
     handle = _Handle()
     handle.key = ("a",)
     return _timed(handle.getValueState("value", None), handle.getListState("list", None),

@@ -5,13 +5,13 @@ Per case, in one process and alternated after --warmup rounds (medians of --runs
 arrowstate as it is; arrowstate with its workers doing no state work (each frame the
 operator sends is read and answered "nothing stored", nothing is stored, nothing emitted,
 the commit writes an empty delta); the case's work with no state (each micro-batch alone,
-bench_sql); and that with Spark's own trip of its result rows to a Python worker and back.
+bench_lib.sql); and that with Spark's own trip of its result rows to a Python worker and back.
 Each one's cost per input row over no state says where a state cost goes: the exchange
 (rows out to the worker and the answers back), the result rows' way back (within the trip)
 and Python's state work (arrowstate less the exchange). The run with no state work gives
 wrong answers on purpose: it is a measurement, never a query's result.
 
-The workers of this mode are bench_worker's, which skip the state work while a marker
+The workers of this mode are bench_lib.worker's, which skip the state work while a marker
 file exists, so one process runs both without restarting Spark.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import tempfile
 def exchange(spark, args, cases: dict, run_once, write_batches) -> list[dict]:
     """Per SQL case of --cases, one JSON line of the four kinds of run (medians, seconds)
     and their costs per input row over no state."""
-    from bench_sql import _each_batch_alone, is_sql_case
-    from bench_worker import SKIP_FILE
+    from bench_lib.sql import _each_batch_alone, is_sql_case
+    from bench_lib.worker import SKIP_FILE
     marker = os.environ[SKIP_FILE]
     source = tempfile.mkdtemp(prefix="bench-in-")
     write_batches(source, args.rows, args.batches, args.keys)

@@ -20,7 +20,7 @@ def _workers() -> tuple[int, int]:
 
 
 def release(spark, args, case, write_batches) -> None:
-    from bench_scaling import PeakRss
+    from bench_lib.scaling import PeakRss
     build, _ = case
     interval_s = spark.sparkContext._jvm.org.apache.spark.util.Utils.timeStringAsSeconds(
         spark.conf.get("spark.sql.streaming.stateStore.maintenanceInterval", "60s"))

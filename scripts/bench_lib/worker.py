@@ -1,5 +1,5 @@
 """State workers for measurements: `arrowstate.worker` with its families wrapped, started
-through `bench_worker_python` (as `spark.arrowstate.pythonExec`, see `session_settings`).
+through `bench_lib/worker_python` (as `spark.arrowstate.pythonExec`, see `session_settings`).
 
 - ARROWSTATE_BENCH_SKIP_FILE: while that file exists the families do no state work: each
   frame is read and answered "nothing stored", nothing is stored or emitted (bench.py
@@ -19,7 +19,7 @@ import time
 
 SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
 RECORD_DIR = "ARROWSTATE_BENCH_RECORD_DIR"
-WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_worker_python")
+WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_python")
 HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
 
 

@@ -1,5 +1,5 @@
 """bench.py --shapes: the user-function cases over every shape of input, arrowstate against
-its floor (bench_floor.py): each key `r` times in every batch (r in --shape-rows-per-key),
+its floor (bench_lib/floor.py): each key `r` times in every batch (r in --shape-rows-per-key),
 for K keys (K in --shape-keys; shapes of more than --shape-max-batch-rows rows a batch are
 left out). Per shape: both engines' rows/s, their ratio, and the cost per key and batch in
 microseconds (the run's time over K x batches), so that a cost per key that grows with K

@@ -34,7 +34,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 # two cores the optimising compiler took 30% of the suite's CPU (823 of 2,752 s), G1's
 # concurrent threads another 4% (five Spark files under -n 2: 430 s, 403 with C1 only, 382
 # with both; Spark's StreamingDeduplicationSuite 105 -> 92 s alone; spark-shell's run of
-# tests/jvm_queries.scala 46 -> 36 s). With the first tier only the JVM reserves 48 MB for
+# tests/helpers/jvm_queries.scala 46 -> 36 s). With the first tier only the JVM reserves 48 MB for
 # compiled code (240 with both), which the tests' session filled within two minutes
 # (`jcmd PID Compiler.codecache`), and then flushes and compiles again: 256 MB. The apps
 # whose subject is how users start Spark (a distribution's scripts, a standalone cluster,
@@ -200,7 +200,7 @@ def write_source_file(table: pa.Table, path: str) -> None:
 _native_runs: dict[str, Run] = {}
 # functions keyed by id() must outlive the test, or a new one could take the id
 _keep_alive: list = []
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
 _CALLBACKS = ("between_batches", "on_restart", "recover")
 # where pytest-xdist's processes share the oracle's runs (set by tests/conftest.py): a run
 # made by one is read by the other, its checkpoint included (both live until the run ends)

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 
-from bench_functions import as_they_are
+from bench_lib.functions import as_they_are
 
 SMALL_BATCH_CASES = ("agg_update", "dedup", "apply_in_pandas_with_state")
 

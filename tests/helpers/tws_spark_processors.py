@@ -1,6 +1,6 @@
 """Stateful processors for the scenarios of Spark's own PySpark transformWithState tests
 (python/pyspark/sql/tests/pandas/streaming/test_pandas_transform_with_state*.py and their
-helper module), written afresh for the differential harness (tests/harness.py).
+helper module), written afresh for the differential harness (tests/helpers/harness.py).
 
 Where Spark's processors assert inside the worker, these report what they saw in their
 output rows, so the run on Spark and the run on arrowstate are compared value by value
