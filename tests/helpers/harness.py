@@ -30,15 +30,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 # JVM options for the JVMs the tests start that run many small jobs or compile much code
-# briefly: the JIT's first tier only and the serial collector. The code run is the same; on
-# two cores the optimising compiler took 30% of the suite's CPU (823 of 2,752 s), G1's
-# concurrent threads another 4% (five Spark files under -n 2: 430 s, 403 with C1 only, 382
-# with both; Spark's StreamingDeduplicationSuite 105 -> 92 s alone; spark-shell's run of
-# tests/helpers/jvm_queries.scala 46 -> 36 s). With the first tier only the JVM reserves 48 MB for
-# compiled code (240 with both), which the tests' session filled within two minutes
-# (`jcmd PID Compiler.codecache`), and then flushes and compiles again: 256 MB. The apps
-# whose subject is how users start Spark (a distribution's scripts, a standalone cluster,
-# Spark Connect) keep the JVM's defaults.
+# briefly: the JIT's first tier only and the serial collector (on two cores the optimising
+# compiler's and G1's threads take CPU from the tests), with room for that tier's code so
+# that it is not flushed and compiled again. docs/testing.md says more. The apps whose
+# subject is how users start Spark keep the JVM's defaults.
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 # where the tests tell the apps they start (workers, start-up, UI) where the test jar is
 TEST_JAR_ENV = "ARROWSTATE_TEST_JAR"
