@@ -73,8 +73,59 @@ def test_jar(tmp_path_factory):
     return str(jar)
 
 
+class RemoteStores:
+    """The checkpoint stores other than the local disk (tests/helpers/storage.py), each
+    started on first use and stopped at the end of the session."""
+
+    KINDS = ("hdfs", "s3")
+
+    def __init__(self):
+        import storage
+
+        self._storage = storage
+        self._started: dict = {}
+        self._prefix = storage.unique_name(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+        try:
+            self.jars = storage.storage_jars()
+            self.unavailable = None
+        except storage.StorageUnavailable as e:
+            self.jars, self.unavailable = {"s3a": [], "minicluster": []}, str(e)
+
+    def get(self, kind: str):
+        if self.unavailable:
+            pytest.skip(f"checkpoints on {kind}: {self.unavailable}")
+        if kind not in self._started:
+            store = (self._storage.Hdfs(self.jars["minicluster"]) if kind == "hdfs"
+                     else self._storage.ObjectStore())
+            try:
+                self._started[kind] = store.start()
+            except self._storage.StorageUnavailable as e:
+                self._started[kind] = e
+        store = self._started[kind]
+        if isinstance(store, Exception):
+            pytest.fail(f"the {kind} server for checkpoints did not start: {store}")
+        return store
+
+    def root(self, kind: str):
+        """A function from a run's name to its checkpoint URI on that store."""
+        store = self.get(kind)
+        return lambda name: store.uri(f"{self._prefix}/{name}/ck" if name else self._prefix)
+
+    def stop(self):
+        for store in self._started.values():
+            if not isinstance(store, Exception):
+                store.stop()
+
+
 @pytest.fixture(scope="session")
-def spark(test_jar, tmp_path_factory):
+def remote_stores():
+    stores = RemoteStores()
+    yield stores
+    stores.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(test_jar, tmp_path_factory, remote_stores):
     from pyspark.sql import SparkSession
 
     import arrowstate
@@ -86,7 +137,10 @@ def spark(test_jar, tmp_path_factory):
         harness.shared_oracle_dir = str(_run_shared_dir(tmp_path_factory, "oracle-runs"))
 
     # this JVM runs hundreds of small queries, each new plan's code briefly
-    builder = (harness.quick_local(SparkSession.builder, test_jar)
+    # Hadoop's S3A connector on the class path (the MiniDFSCluster's client is Spark's own);
+    # ARROWSTATE_TEST_CHECKPOINTS=hdfs|s3 puts every differential test's checkpoints there
+    builder = (harness.quick_local(SparkSession.builder, os.pathsep.join(
+        [test_jar, *remote_stores.jars["s3a"]]))
                # local[N, F]: a failed task is retried, as on a cluster
                .master("local[2,3]")
                .appName("arrowstate-tests")
@@ -97,10 +151,33 @@ def spark(test_jar, tmp_path_factory):
                .config("spark.sql.session.timeZone", "UTC")
                # what test_environment.py expects functions to see
                .config("spark.executorEnv.ARROWSTATE_TEST_ENV", "from-executorEnv"))
+    everywhere = os.environ.get("ARROWSTATE_TEST_CHECKPOINTS", "local")
+    if everywhere != "local":
+        if everywhere not in RemoteStores.KINDS:
+            raise pytest.UsageError(f"ARROWSTATE_TEST_CHECKPOINTS={everywhere}: local, hdfs "
+                                    f"or s3")
+        harness.checkpoint_root = remote_stores.root(everywhere)
+        for key, value in remote_stores.get(everywhere).spark_settings().items():
+            builder = builder.config(key, value)
     session = arrowstate.configure(builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(params=RemoteStores.KINDS)
+def remote_checkpoints(request, spark, remote_stores):
+    """This test's checkpoints on HDFS, then on the object store: the store's settings on
+    the session (as Hadoop reads them, without `spark.hadoop.`) and the harness's
+    checkpoint root, both put back afterwards. Yields the store."""
+    import harness
+
+    store = remote_stores.get(request.param)
+    for key, value in store.spark_settings().items():
+        spark.conf.set(key[len("spark.hadoop."):], value)
+    before, harness.checkpoint_root = harness.checkpoint_root, remote_stores.root(request.param)
+    yield store
+    harness.checkpoint_root = before
 
 
 @pytest.fixture(autouse=True)

