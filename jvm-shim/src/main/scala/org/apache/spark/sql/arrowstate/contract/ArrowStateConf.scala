@@ -24,7 +24,7 @@ object ArrowStateConf {
    * planning rule calls it before it reads any setting. */
   def validate(conf: SQLConf): Unit =
     Contract.Settings.values.toSeq.sortBy(_.key).foreach { s =>
-      Option(conf.getConfString(s.key, null)).foreach(v => parse(s, v.trim))
+      Option(conf.getConfString(s.key, null)).foreach(v => check(s, v.trim))
     }
 
   def get(conf: SQLConf, key: String): String =
@@ -50,12 +50,14 @@ object ArrowStateConf {
     sparkConf.getOption("spark.executor.pyspark.memory").map(JavaUtils.byteStringAsMb(_) / cores)
   }
 
-  /** `value` as the setting's type reads it; fails when the type does not take it. */
-  private def parse(s: Contract.Setting, value: String): Any = s.valueType match {
+  /** Fails when the setting's type does not take `value`. */
+  private def check(s: Contract.Setting, value: String): Unit = s.valueType match {
     case "boolean" => boolean(s, value)
     case "integer" => integer(s, value)
-    case "size" => if (value.isEmpty) 0L else size(s, value)
-    case _ => value   // a path: taken as written
+    case "size" => if (value.nonEmpty) size(s, value)   // empty: unset
+    case "path" =>   // taken as written
+    case other => throw new IllegalStateException(
+      s"arrowstate: contract.json's setting type $other has no parser in ArrowStateConf")
   }
 
   /** `true` or `false` in any case, as Spark's own booleans; `yes`, `1` or `on` are refused,
