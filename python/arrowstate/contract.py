@@ -48,6 +48,8 @@ FILES: dict[str, str] = dict(_SPEC["files"])
 FAMILIES: dict[str, dict[str, Any]] = dict(_SPEC["families"])
 METRICS: dict[str, dict[str, Any]] = {m["name"]: m for m in _SPEC["metrics"]}
 SETTINGS: dict[str, dict[str, Any]] = {s["key"]: s for s in _SPEC["settings"]}
+# what each setting type accepts; the shim parses and refuses values by these
+SETTING_TYPES: dict[str, str] = dict(_SPEC["settingTypes"])
 ERRORS: dict[str, dict[str, Any]] = {k: v for k, v in _SPEC["errors"].items()
                                      if not k.startswith("_")}
 
@@ -107,12 +109,27 @@ def check_reported(family: str, reported: dict[str, int]) -> None:
             f"does not declare for family {family!r}")
 
 
+def setting_accepts(setting: dict[str, Any]) -> str:
+    """What a setting accepts, in a few words (settings.md's table)."""
+    kind = setting["type"]
+    if kind == "boolean":
+        return "`true` or `false`"
+    if kind == "integer":
+        low, high = setting.get("min"), setting.get("max")
+        if low is not None and high is not None:
+            return f"integer, {low} to {high}"
+        return "integer" + (f", at least {low}" if low is not None else "") + (
+            f", at most {high}" if high is not None else "")
+    return {"size": "size (`512m`, `2g`, bytes)", "path": "path"}[kind]
+
+
 def settings_table() -> str:
     """docs/settings.md's table, generated from the declaration."""
-    lines = ["| key | default | read | meaning |", "| --- | --- | --- | --- |"]
+    lines = ["| key | accepts | default | read | meaning |", "| --- | --- | --- | --- | --- |"]
     for s in _SPEC["settings"]:
         read = "per session" if s["scope"] == "session" else "at startup"
-        lines.append(f"| `{s['key']}` | {s['default']} | {read} | {s['doc']} |")
+        lines.append(f"| `{s['key']}` | {setting_accepts(s)} | {s['default']} | {read} | "
+                     f"{s['doc']} |")
     return "\n".join(lines)
 
 

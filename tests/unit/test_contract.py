@@ -55,6 +55,31 @@ def test_every_declared_entry_is_complete():
         json.load(f)
 
 
+def test_every_setting_is_typed_and_its_default_is_of_its_type():
+    """The shim refuses what a setting's type does not take (tests/jvm/unit/SettingsTests);
+    here the declaration itself: a known type, bounds on integers only, a default the
+    type takes, and the docs table saying what each accepts."""
+    assert set(contract.SETTING_TYPES) == {"boolean", "integer", "size", "path"}
+    table = contract.settings_table()
+    for s in contract.SETTINGS.values():
+        kind, low, high = s["type"], s.get("min"), s.get("max")
+        assert kind in contract.SETTING_TYPES, s["key"]
+        assert kind == "integer" or (low is None and high is None), s["key"]
+        if kind == "boolean":
+            assert s["default"] in ("true", "false"), s["key"]
+        elif kind == "integer":
+            value = int(s["default"])
+            assert (low is None or low <= value) and (high is None or value <= high), s["key"]
+        elif kind == "size":
+            assert s["default"] == "", s["key"]   # unset: the budget comes from Spark's
+        assert f"| `{s['key']}` | {contract.setting_accepts(s)} |" in table
+    percent = contract.SETTINGS["spark.arrowstate.worker.stateMemoryPercent"]
+    assert contract.setting_accepts(percent) == "integer, 0 to 100"
+    assert contract.setting_accepts(contract.SETTINGS["spark.arrowstate.enabled"]) == (
+        "`true` or `false`")
+    assert contract.setting_accepts({"type": "integer", "max": 9}) == "integer, at most 9"
+
+
 # -- shapes: payloads (JSON Schema) and frame bodies, checked where they cross --
 
 def _schemas(schema):

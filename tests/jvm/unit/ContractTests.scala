@@ -78,13 +78,17 @@ object ContractTests extends UnitTests {
       (json \ "settings").extract[List[JValue]].map(s => (s \ "key").extract[String]).sorted)
   }
 
-  test("every setting is the file's, with its default, scope and doc") {
-    val declared = (json \ "settings").extract[List[Map[String, String]]]
-    assertEqual(Contract.Settings.keySet, declared.map(_("key")).toSet, "setting keys")
+  test("every setting is the file's, with its type, bounds, default, scope and doc") {
+    val declared = (json \ "settings").extract[List[JValue]]
+    val keys = declared.map(s => (s \ "key").extract[String])
+    assertEqual(Contract.Settings.keySet, keys.toSet, "setting keys")
     for (s <- declared) {
-      val setting = Contract.setting(s("key"))
-      assertEqual(setting, Contract.Setting(s("key"), s("default"), s("scope"), s("doc")))
+      def text(field: String) = (s \ field).extract[String]
+      assertEqual(Contract.setting(text("key")), Contract.Setting(text("key"), text("default"),
+        text("scope"), text("doc"), text("type"), (s \ "min").extractOpt[Long],
+        (s \ "max").extractOpt[Long]))
     }
+    assertEqual(Contract.SettingTypes, fields("settingTypes").map(_._1).toSet)
   }
 
   test("ArrowStateConf's keys are declared settings") {

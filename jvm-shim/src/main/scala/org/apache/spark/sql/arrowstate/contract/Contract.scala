@@ -9,8 +9,6 @@ import org.apache.spark.SparkContext
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.python.PythonSQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorCustomMetric
-import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
 /**
  * The JVM <-> Python contract, loaded from `arrowstate/contract.json` in the jar: the same
@@ -124,9 +122,21 @@ object Contract {
   def pythonMetrics(family: String): Set[String] =
     pythonMetricsByFamily.getOrElse(family, Set.empty)
 
-  case class Setting(key: String, default: String, scope: String, doc: String)
-  val Settings: Map[String, Setting] =
-    (spec \ "settings").extract[List[Setting]].map(s => s.key -> s).toMap
+  /** A setting; `valueType` is one of `settingTypes` (what ArrowStateConf parses it as), with
+   * an integer's bounds where it declares them. */
+  case class Setting(
+      key: String, default: String, scope: String, doc: String, valueType: String,
+      min: Option[Long] = None, max: Option[Long] = None)
+  val SettingTypes: Set[String] = (spec \ "settingTypes").extract[Map[String, String]].keySet
+  val Settings: Map[String, Setting] = (spec \ "settings").extract[List[JValue]].map { s =>
+    val key = (s \ "key").extract[String]
+    val valueType = (s \ "type").extract[String]
+    require(SettingTypes(valueType), s"arrowstate: contract.json's setting $key has type " +
+      s"$valueType, not one of settingTypes ${SettingTypes.toList.sorted.mkString(", ")}")
+    key -> Setting(key, (s \ "default").extract[String], (s \ "scope").extract[String],
+      (s \ "doc").extract[String], valueType, (s \ "min").extractOpt[Long],
+      (s \ "max").extractOpt[Long])
+  }.toMap
   def setting(key: String): Setting = Settings.getOrElse(key,
     throw new IllegalStateException(s"arrowstate: contract.json declares no setting $key"))
 
@@ -157,53 +167,5 @@ case class ContractMetric(metric: Contract.Metric) extends StatefulOperatorCusto
     case "timing" => SQLMetrics.createTimingMetric(sc, desc)
     case "size" => SQLMetrics.createSizeMetric(sc, desc)
     case _ => SQLMetrics.createMetric(sc, desc)
-  }
-}
-
-/** The `spark.arrowstate.*` settings, with the defaults the contract declares. */
-object ArrowStateConf {
-  val Enabled = "spark.arrowstate.enabled"
-  val FallbackStrict = "spark.arrowstate.fallback.strict"
-  val AffinityWaitMs = "spark.arrowstate.worker.affinityWaitMs"
-  val IdleTimeoutSeconds = "spark.arrowstate.worker.idleTimeoutSeconds"
-  val WorkerMemory = "spark.arrowstate.worker.memory"
-  val LocalDir = "spark.arrowstate.worker.localDir"
-
-  /** A state worker's memory budget in bytes: spark.arrowstate.worker.memory, else Spark's
-   * spark.executor.pyspark.memory shared by the executor's cores (as Spark's Python runner
-   * shares it among its workers), else 0 (no budget). */
-  def workerMemoryBytes(conf: SQLConf, sparkConf: org.apache.spark.SparkConf): Long = {
-    val own = get(conf, WorkerMemory)
-    if (own.nonEmpty) {
-      try org.apache.spark.network.util.JavaUtils.byteStringAsBytes(own)
-      catch {
-        case _: NumberFormatException => throw new ArrowStateException(
-          "INVALID_CONF_VALUE.TYPE_MISMATCH",
-          Map("confValue" -> own, "confName" -> WorkerMemory, "confType" -> "bytes"),
-          s"The value '$own' in the config \"$WorkerMemory\" is invalid. It should be a/an " +
-            "'bytes' value (such as 2g or 512m).")
-      }
-    } else pysparkMemoryMbPerWorker(sparkConf).map(_ * 1024L * 1024L).getOrElse(0L)
-  }
-
-  /** spark.executor.pyspark.memory shared by the executor's cores, in MiB, as Spark's Python
-   * runner shares it among its workers (None when it is not set). */
-  def pysparkMemoryMbPerWorker(sparkConf: org.apache.spark.SparkConf): Option[Long] = {
-    val cores = math.max(1, sparkConf.getInt("spark.executor.cores", 1))
-    sparkConf.getOption("spark.executor.pyspark.memory")
-      .map(v => org.apache.spark.network.util.JavaUtils.byteStringAsMb(v) / cores)
-  }
-
-  def get(conf: SQLConf, key: String): String =
-    conf.getConfString(key, Contract.setting(key).default).trim
-
-  def flag(conf: SQLConf, key: String): Boolean =
-    get(conf, key).toLowerCase(java.util.Locale.ROOT) == "true"
-
-  def long(conf: SQLConf, key: String): Long = {
-    val v = get(conf, key)
-    v.toLongOption.getOrElse(throw new ArrowStateException("INVALID_CONF_VALUE.TYPE_MISMATCH",
-      Map("confValue" -> v, "confName" -> key, "confType" -> "long"),
-      s"The value '$v' in the config \"$key\" is invalid. It should be a/an 'long' value."))
   }
 }

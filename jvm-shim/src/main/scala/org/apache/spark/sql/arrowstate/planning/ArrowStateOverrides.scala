@@ -16,6 +16,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.transformwith
 import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.families.{AggregateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 import org.apache.spark.sql.arrowstate.tools.LeaveArrowState
@@ -77,7 +78,12 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
       "a streaming limit keeps Spark's own state store operator"))
 
   override def apply(plan: SparkPlan): SparkPlan = {
+    // a plan without a stateful operator is none of arrowstate's: it reads no setting
+    if (!plan.exists(isStateful)) return plan
     val conf = SQLConf.get
+    // every setting checked before any is read: one its type does not take fails the query
+    // here, before anything is switched off or converted
+    ArrowStateConf.validate(conf)
     if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled)) {
       plan.foreach(StateEngineCheck(_, Seq(s"${ArrowStateConf.Enabled}=false")))
       return plan
@@ -91,6 +97,9 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
         }
     }
   }
+
+  private def isStateful(node: SparkPlan): Boolean = node.isInstanceOf[StatefulOperator] ||
+    families.exists(_.matches(node)) || sparkOnly.exists(_.matches(node))
 
   /** None: not a node we run. Right: our plan. Left: every reason it stays Spark's. */
   private def decide(node: SparkPlan, conf: SQLConf): Option[Either[Seq[String], SparkPlan]] =
@@ -116,10 +125,11 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
   }
 
   private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {
-    StateEngineCheck(node, reasons)
+    // before StateEngineCheck: strict mode fails without converting the operator's state
     if (ArrowStateConf.flag(conf, ArrowStateConf.FallbackStrict)) {
       throw new ArrowStateFallbackException(node.nodeName, reasons)
     }
+    StateEngineCheck(node, reasons)
     FallbackLog.once(node, reasons) {
       logWarning(s"arrowstate leaves ${node.nodeName} to Spark: ${reasons.mkString("; ")}")
     }
@@ -159,9 +169,14 @@ private object StateEngineCheck {
 
 /** Raised under `spark.arrowstate.fallback.strict=true` instead of falling back. */
 class ArrowStateFallbackException(nodeName: String, reasons: Seq[String])
-  extends IllegalStateException(
+  extends ArrowStateException(ArrowStateFallbackException.Condition,
+    Map("operator" -> nodeName, "reasons" -> reasons.mkString("; ")),
     s"arrowstate cannot run $nodeName and ${ArrowStateConf.FallbackStrict} is true: " +
       reasons.mkString("; "))
+
+object ArrowStateFallbackException {
+  val Condition = "ARROWSTATE_FALLBACK_STRICT"
+}
 
 /** Logs a fallback once per query run and operator, not once per micro-batch. */
 private object FallbackLog {

@@ -40,7 +40,12 @@ case class PreInitTransformWithState(node: TransformWithStateInPySpark) extends 
  * runner, which alone reads it). */
 case class PreInitMark(session: SparkSession) extends Rule[LogicalPlan] {
   override def apply(plan: LogicalPlan): LogicalPlan = {
+    // other plans read no setting (ArrowStateOverrides checks them for stateful plans)
+    if (!plan.exists { case t: TransformWithStateInPySpark => t.isStreaming; case _ => false }) {
+      return plan
+    }
     val conf = SQLConf.get
+    ArrowStateConf.validate(conf)
     if (!ArrowStateConf.flag(conf, ArrowStateConf.Enabled) ||
         !ArrowStateConf.flag(conf, TransformWithStateFamily.switch)) {
       return plan
