@@ -8,7 +8,7 @@ import scala.util.Random
 import org.apache.arrow.vector.VectorSchemaRoot
 import org.apache.arrow.vector.ipc.ArrowStreamWriter
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowRowWriter, RowsIntoArrow}
+import org.apache.spark.sql.arrowstate.arrow.{ArrowRowWriter, RowsIntoArrow}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeProjection}
 import org.apache.spark.sql.execution.arrow.ArrowWriter

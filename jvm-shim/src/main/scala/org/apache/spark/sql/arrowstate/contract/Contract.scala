@@ -1,7 +1,5 @@
 package org.apache.spark.sql.arrowstate.contract
 
-import java.nio.charset.StandardCharsets.UTF_8
-
 import org.json4s._
 import org.json4s.jackson.JsonMethods
 
@@ -9,6 +7,7 @@ import org.apache.spark.SparkContext
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import org.apache.spark.sql.execution.python.PythonSQLMetrics
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorCustomMetric
+import org.apache.spark.sql.arrowstate.errors.{ContractFile, ErrorConditions}
 
 /**
  * The JVM <-> Python contract, loaded from `arrowstate/contract.json` in the jar: the same
@@ -18,12 +17,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
 object Contract {
   private implicit val formats: Formats = DefaultFormats
 
-  private val spec: JValue = {
-    val in = getClass.getResourceAsStream("/arrowstate/contract.json")
-    require(in != null, "arrowstate: contract.json is missing from the shim jar; rebuild it " +
-      "with `python -m arrowstate build`")
-    try JsonMethods.parse(new String(in.readAllBytes(), UTF_8)) finally in.close()
-  }
+  private val spec: JValue = ContractFile.json
 
   val ProtocolVersion: Int = (spec \ "protocolVersion").extract[Int]
 
@@ -74,12 +68,7 @@ object Contract {
   }
 
   /** arrowstate's own error conditions -> their SQLSTATE (Spark's own are in its registry). */
-  val ErrorSqlStates: Map[String, String] = (spec \ "errors") match {
-    case JObject(fields) => fields.collect {
-      case (name, o: JObject) if !name.startsWith("_") => name -> (o \ "sqlState").extract[String]
-    }.toMap
-    case _ => throw new IllegalStateException("arrowstate: contract.json declares no errors")
-  }
+  val ErrorSqlStates: Map[String, String] = ErrorConditions.SqlStates
 
   /** Header `conf` field name -> the Spark setting it carries. */
   val StoreConf: Map[String, String] = (spec \ "storeConf").extract[Map[String, String]]

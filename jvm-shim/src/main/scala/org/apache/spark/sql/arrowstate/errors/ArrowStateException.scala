@@ -4,8 +4,6 @@ import org.json4s.{DefaultFormats, Formats, JValue}
 
 import org.apache.spark.{QueryContext, SparkException, SparkThrowableHelper}
 
-import org.apache.spark.sql.arrowstate.contract.Contract
-
 /**
  * An arrowstate failure with its condition (Spark's own where Spark has one, else
  * arrowstate's, declared in contract.json `errors`) and message parameters: a SparkException,
@@ -20,7 +18,7 @@ class ArrowStateException(
   extends SparkException(s"[$condition] $message", cause, Some(condition), parameters,
     Array.empty[QueryContext]) {
 
-  override def getSqlState: String = Contract.ErrorSqlStates.getOrElse(getCondition,
+  override def getSqlState: String = ErrorConditions.SqlStates.getOrElse(getCondition,
     scala.util.Try(SparkThrowableHelper.getSqlState(getCondition)).toOption.orNull)
 }
 

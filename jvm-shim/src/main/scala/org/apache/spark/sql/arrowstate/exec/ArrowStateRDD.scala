@@ -7,6 +7,8 @@ import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state.{StateStoreCoordinatorRef, StateStoreId, StateStoreProviderId}
 
+import org.apache.spark.sql.arrowstate.worker.ExecutorCoordinator
+
 /**
  * Runs an arrowstate operator per partition, like Spark's StateStoreRDD: it asks Spark's
  * StateStoreCoordinator to schedule each partition where its state was last loaded (here:
@@ -56,19 +58,4 @@ object ArrowStateRDD {
 /** Tells Spark's commit validation that a partition's state version was committed. */
 trait StateCommitReporter extends Serializable {
   def committed(newVersion: Long): Unit
-}
-
-/** The coordinator's reference in this executor, made once per SparkEnv. */
-private[arrowstate] object ExecutorCoordinator {
-  private var cached: Option[(SparkEnv, StateStoreCoordinatorRef)] = None
-
-  def apply(env: SparkEnv): StateStoreCoordinatorRef = synchronized {
-    cached match {
-      case Some((e, ref)) if e eq env => ref
-      case _ =>
-        val ref = StateStoreCoordinatorRef.forExecutor(env)
-        cached = Some(env -> ref)
-        ref
-    }
-  }
 }

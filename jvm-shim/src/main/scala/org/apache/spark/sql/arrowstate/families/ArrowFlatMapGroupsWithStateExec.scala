@@ -23,8 +23,8 @@ import org.apache.spark.sql.streaming.{GroupStateTimeout, OutputMode}
 import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
-import org.apache.spark.sql.arrowstate.planning.{ArrowStateFamily, WorkerSort}
+import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds

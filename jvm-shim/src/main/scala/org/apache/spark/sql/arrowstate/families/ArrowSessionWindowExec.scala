@@ -20,8 +20,8 @@ import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, St
 import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
-import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
+import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 
 /**
  * What the restore and save halves of one session window aggregation share: the state they

@@ -21,8 +21,8 @@ import org.apache.spark.sql.types.IntegerType
 import org.apache.spark.util.CompletionIterator
 import org.apache.spark.sql.streaming.OutputMode
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
-import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
+import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 
 /**
  * What the restore and save halves of one streaming aggregation share: the state they talk

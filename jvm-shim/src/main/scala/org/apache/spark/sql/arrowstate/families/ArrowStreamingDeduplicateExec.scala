@@ -15,9 +15,9 @@ import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatches, ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
+import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
 import org.apache.spark.sql.arrowstate.contract.Contract
-import org.apache.spark.sql.arrowstate.planning.ArrowStateFamily
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python

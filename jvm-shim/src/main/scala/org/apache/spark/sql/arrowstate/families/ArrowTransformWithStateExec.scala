@@ -26,8 +26,8 @@ import org.apache.spark.sql.execution.streaming.state.{OperatorStateMetadata, St
 import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
 
-import org.apache.spark.sql.arrowstate.exec.{ArrowBatchEncoder, ArrowBatches, ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment}
-import org.apache.spark.sql.arrowstate.planning.{ArrowStateFamily, WorkerSort}
+import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**

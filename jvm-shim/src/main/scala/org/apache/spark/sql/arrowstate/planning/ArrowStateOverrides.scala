@@ -15,41 +15,13 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.join.Streamin
 import org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.TransformWithStateExec
 import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.families.{AggregateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
-import org.apache.spark.sql.arrowstate.store.StateFiles
-import org.apache.spark.sql.arrowstate.tools.LeaveArrowState
+import org.apache.spark.sql.arrowstate.families.{AggregateFamily, ArrowStateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
+import org.apache.spark.sql.arrowstate.tools.StateEngineCheck
 
 case class ArrowStateColumnarRule(session: SparkSession) extends ColumnarRule {
   override def preColumnarTransitions: Rule[SparkPlan] = ArrowStateOverrides
-}
-
-/**
- * One operator family on the JVM side: which Spark nodes it answers for, every reason it
- * cannot run one, and the swap. Its exec and its Python twin (`arrowstate.families`) do the
- * rest; contract.json names it.
- */
-trait ArrowStateFamily {
-  /** The family's name in contract.json (and in the Python registry). */
-  def name: String
-
-  /** The setting that turns the family on. */
-  final def switch: String = Contract.family(name).switch
-
-  /** Whether it runs user code: then its workers serve one query run only. */
-  final def runsUserCode: Boolean = Contract.family(name).userCode
-
-  def matches(plan: SparkPlan): Boolean
-
-  /** Every reason this node cannot run in arrowstate; empty when it can. */
-  def unsupportedReasons(plan: SparkPlan): Seq[String]
-
-  /** The arrowstate plan for the node; called only when there is no reason against it. */
-  def replace(plan: SparkPlan): SparkPlan
-
-  /** `parent` taken into the family's node below it, where that node can do its work. */
-  def absorb(parent: SparkPlan): Option[SparkPlan] = None
 }
 
 /** Stateful Spark nodes no family runs: they stay Spark's, with this reason. */
@@ -136,34 +108,6 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     node.setTagValue(KeptReasons, reasons)
     // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
     if (TriggerSupport.isRealTime(node)) node else ArrowStateFallbackExec(reasons, node)
-  }
-}
-
-/**
- * A stateful operator that stays Spark's must not meet arrowstate's state: Spark's store
- * would fail on the missing files with an error that names neither engine. Checked once per
- * query run and operator (a listing of its state directory); state arrowstate wrote is
- * converted to Spark's store there (LeaveArrowState).
- */
-private object StateEngineCheck {
-  private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
-
-  def apply(node: SparkPlan, reasons: Seq[String]): Unit = node match {
-    // a batch query's stateful operator (transformWithState) has no checkpoint location
-    case s: StatefulOperator if s.stateInfo.exists(_.checkpointLocation.nonEmpty) =>
-      val info = s.stateInfo.get
-      if (checked.add((info.queryRunId.toString, info.operatorId))) {
-        val dir = new org.apache.hadoop.fs.Path(info.checkpointLocation, info.operatorId.toString)
-        val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
-        if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
-          try LeaveArrowState(info, node.nodeName, reasons, dir) catch {
-            case e: Throwable =>
-              checked.remove((info.queryRunId.toString, info.operatorId))
-              throw e
-          }
-        }
-      }
-    case _ =>
   }
 }
 

@@ -10,10 +10,41 @@ import org.apache.hadoop.fs.Path
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperator, StatefulOperatorStateInfo}
 import org.apache.spark.util.Utils
 
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
+import org.apache.spark.sql.arrowstate.store.StateFiles
+
+/**
+ * A stateful operator that stays Spark's must not meet arrowstate's state: Spark's store
+ * would fail on the missing files with an error that names neither engine. The planning rule
+ * asks here for each operator it leaves to Spark; checked once per query run and operator (a
+ * listing of its state directory), and state arrowstate wrote is converted to Spark's store
+ * there (LeaveArrowState).
+ */
+object StateEngineCheck {
+  private val checked = java.util.concurrent.ConcurrentHashMap.newKeySet[(String, Long)]()
+
+  def apply(node: SparkPlan, reasons: Seq[String]): Unit = node match {
+    // a batch query's stateful operator (transformWithState) has no checkpoint location
+    case s: StatefulOperator if s.stateInfo.exists(_.checkpointLocation.nonEmpty) =>
+      val info = s.stateInfo.get
+      if (checked.add((info.queryRunId.toString, info.operatorId))) {
+        val dir = new Path(info.checkpointLocation, info.operatorId.toString)
+        val hadoopConf = SparkSession.active.sessionState.newHadoopConf()
+        if (StateFiles.operatorHoldsArrowState(dir, hadoopConf)) {
+          try LeaveArrowState(info, node.nodeName, reasons, dir) catch {
+            case e: Throwable =>
+              checked.remove((info.queryRunId.toString, info.operatorId))
+              throw e
+          }
+        }
+      }
+    case _ =>
+  }
+}
 
 /**
  * A query leaving arrowstate: an operator that now runs on Spark's own state store (arrowstate

@@ -21,11 +21,10 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.{DataType, NullType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
+import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.Contract
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.exec.ArrowBatchEncoder
-import org.apache.spark.sql.arrowstate.families.DeduplicateFamily
-import org.apache.spark.sql.arrowstate.store.{ArrowStateReadStore, ArrowStateStoreProvider, StateFiles}
+import org.apache.spark.sql.arrowstate.store.StateFiles
 import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
 /**
@@ -334,6 +333,10 @@ object StateConversion {
     } finally in.close()
   }
 
+  /** The deduplicate family's name, checked against contract.json on first use (the families
+   * sit above tools: an operator's first load comes here). */
+  private lazy val Deduplicate: String = Contract.family("deduplicate").name
+
   /**
    * An arrowstate operator's first load of a partition whose state at the loaded version is
    * Spark's own (a checkpoint of Spark's operators, or Spark's offline repartition of an
@@ -353,7 +356,7 @@ object StateConversion {
     // Spark's dedup reads its value as the empty row it always stored, whatever schema the
     // checkpoint records (before 3.3.1 it recorded every input column: SPARK-39650), and
     // does not check it (only dedup within the watermark keeps a value, its expiry)
-    val plainDedup = family == DeduplicateFamily.name &&
+    val plainDedup = family == Deduplicate &&
       !fileValueSchema.fieldNames.sameElements(Seq("expiresAtMicros"))
     val valueSchema =
       if (plainDedup) StructType(Array(StructField("__dummy__", NullType))) else fileValueSchema

@@ -10,7 +10,7 @@ import org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation
 import org.apache.spark.sql.execution.datasources.v2.state.{StateSourceOptions, StateTable}
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf
 
-import org.apache.spark.sql.arrowstate.store.{ArrowStateStoreProvider, StateFiles}
+import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**
  * Spark's `statestore` reader takes the state store provider class from the checkpoint's

@@ -11,7 +11,6 @@ import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
 
 import org.apache.spark.sql.arrowstate.contract.Contract
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.exec.ArrowStateVersion
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**

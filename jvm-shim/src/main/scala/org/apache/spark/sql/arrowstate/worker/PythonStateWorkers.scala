@@ -4,8 +4,6 @@ import org.apache.spark.SparkEnv
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 
-import org.apache.spark.sql.arrowstate.exec.{CommittedPartitions, ExecutorCoordinator}
-
 /**
  * What a task tells the pool about the session it runs for. `owner` is set for families that
  * run user code: their workers serve that query run only, so a user's function never shares

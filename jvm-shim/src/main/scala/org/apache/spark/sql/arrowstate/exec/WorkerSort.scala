@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate.planning
+package org.apache.spark.sql.arrowstate.exec
 
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.expressions.Attribute

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate.exec
+package org.apache.spark.sql.arrowstate.arrow
 
 import java.io.{ByteArrayInputStream, ByteArrayOutputStream}
 import java.nio.channels.Channels

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate.exec
+package org.apache.spark.sql.arrowstate.arrow
 
 import scala.jdk.CollectionConverters._
 
@@ -77,7 +77,7 @@ sealed abstract class ColumnWriter {
   def vector: ValueVector
   def allocate(): Unit = { vector.allocateNew(); refresh() }
   /** Reads the buffers' addresses and capacity again (after an allocation). */
-  private[exec] def refresh(): Unit
+  private[arrow] def refresh(): Unit
   def write(input: SpecializedGetters, ordinal: Int, index: Int): Unit =
     if (input.isNullAt(ordinal)) writeNull(index) else writeValue(input, ordinal, index)
   def writeNull(index: Int): Unit
@@ -87,7 +87,7 @@ sealed abstract class ColumnWriter {
    * struct's, its fields' too), so the addresses stay. */
   final def reset(): Unit = { vector.reset(); emptied() }
   /** What the writer itself keeps about the vector's contents, forgotten. */
-  private[exec] def emptied(): Unit = ()
+  private[arrow] def emptied(): Unit = ()
 }
 
 object ColumnWriter {
@@ -112,7 +112,7 @@ object ColumnWriter {
     case _ => None
   }
 
-  @inline private[exec] def setBit(address: Long, index: Int): Unit = {
+  @inline private[arrow] def setBit(address: Long, index: Int): Unit = {
     val at = address + (index >> 3)
     Platform.putByte(null, at, (Platform.getByte(null, at) | (1 << (index & 7))).toByte)
   }
@@ -124,7 +124,7 @@ sealed abstract class FixedColumn(val vector: BaseFixedWidthVector) extends Colu
   protected var validity = 0L
   protected var values = 0L
 
-  private[exec] def refresh(): Unit = {
+  private[arrow] def refresh(): Unit = {
     capacity = vector.getValueCapacity
     validity = vector.getValidityBufferAddress
     values = vector.getDataBufferAddress
@@ -195,7 +195,7 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
   private var data = 0L
   private var end = 0
 
-  private[exec] def refresh(): Unit = {
+  private[arrow] def refresh(): Unit = {
     capacity = vector.getValueCapacity
     byteCapacity = vector.getDataBuffer.capacity
     validity = vector.getValidityBufferAddress
@@ -203,7 +203,7 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
     data = vector.getDataBufferAddress
   }
 
-  override private[exec] def emptied(): Unit = end = 0
+  override private[arrow] def emptied(): Unit = end = 0
 
   private def ensure(index: Int, bytes: Int): Unit =
     if (index >= capacity || end.toLong + bytes > byteCapacity) {
@@ -251,8 +251,8 @@ final class BytesColumn(val vector: BaseVariableWidthVector, utf8: Boolean)
  * the struct is null, as Spark's writer does). */
 final class StructColumn(val vector: StructVector, children: Array[ColumnWriter])
   extends ColumnWriter {
-  private[exec] def refresh(): Unit = children.foreach(_.refresh())   // allocateNew: theirs too
-  override private[exec] def emptied(): Unit = children.foreach(_.emptied())
+  private[arrow] def refresh(): Unit = children.foreach(_.refresh())   // allocateNew: theirs too
+  override private[arrow] def emptied(): Unit = children.foreach(_.emptied())
 
   def writeNull(index: Int): Unit = {
     vector.setNull(index)

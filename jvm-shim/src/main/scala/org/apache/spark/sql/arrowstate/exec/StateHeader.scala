@@ -1,0 +1,26 @@
+package org.apache.spark.sql.arrowstate.exec
+
+import org.json4s.JsonAST.JValue
+import org.json4s.JsonDSL._
+
+import org.apache.spark.SparkFiles
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+
+/** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
+object StateHeader {
+  def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
+      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue,
+      localDir: String): JValue =
+    ("family" -> family) ~
+      ("stateKey" -> stateKey) ~
+      ("queryRunId" -> info.queryRunId.toString) ~
+      ("operatorId" -> info.operatorId) ~
+      ("partitionId" -> partitionId) ~
+      ("version" -> info.storeVersion) ~
+      ("drop" -> drop.toList) ~
+      ("conf" -> conf) ~
+      ("operator" -> operator) ~
+      ("task" -> task) ~
+      ("sparkFilesDir" -> SparkFiles.getRootDirectory()) ~
+      ("localDir" -> LocalStateDir.path(localDir))
+}

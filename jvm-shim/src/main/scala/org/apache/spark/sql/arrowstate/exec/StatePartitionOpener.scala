@@ -1,0 +1,81 @@
+package org.apache.spark.sql.arrowstate.exec
+
+import org.json4s.JsonAST.JValue
+
+import org.apache.spark.broadcast.Broadcast
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.types.StructType
+import org.apache.spark.util.SerializableConfiguration
+
+import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.tools.StateConversion
+import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
+
+/**
+ * Made on the driver: opens a task's exchange with the Python worker for one partition of an
+ * operator's state (header, the schema of the rows sent, the version to update).
+ */
+case class StatePartitionOpener(
+    family: String,
+    info: StatefulOperatorStateInfo,
+    operator: JValue,
+    storeConf: Map[String, Long],
+    localDir: String,
+    workerSettings: WorkerSettings,
+    sentSchema: StructType,
+    timeZone: String,
+    hadoopConf: Broadcast[SerializableConfiguration]) {
+
+  def open(partitionId: Int): StateExchange = {
+    val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
+    val files = new StateFiles(dir, hadoopConf.value.value)
+    StateExchange.forTask(dir.toString, files,
+        ArrowStateRDD.providerId(info, partitionId), workerSettings) { exchange =>
+      // a checkpoint written by Spark's own operators continues here: its state becomes
+      // arrowstate's on this first load (a partition this executor has committed in this
+      // query run is arrowstate's: its directory need not be listed again to ask)
+      if (!CommittedPartitions.contains(ArrowStateRDD.providerId(info, partitionId))) {
+        exchange.adoptedRows = StateConversion.adoptIfSparkState(family, info, partitionId,
+          files, hadoopConf.value.value, workerSettings.copy(owner = None, function = None),
+          timeZone)
+      }
+      val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
+      try {
+        exchange.begin(
+          StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
+            storeConf, operator, TaskEnvironment.current(), localDir),
+          encoder.schemaIpc)
+      } finally encoder.close()
+    }
+  }
+}
+
+object StatePartitionOpener {
+  /** The opener for an operator of this session, with the session's settings. */
+  def forSession(
+      session: SparkSession,
+      family: String,
+      info: StatefulOperatorStateInfo,
+      operator: JValue,
+      sentSchema: StructType,
+      function: Option[FunctionEnvironment] = None): StatePartitionOpener = {
+    val conf = session.sessionState.conf
+    val storeConf = Contract.StoreConf.map { case (field, key) =>
+      field -> (if (Contract.Settings.contains(key)) ArrowStateConf.long(conf, key)
+                else conf.getConfString(key).trim.toLong)
+    } + ("memoryBytes" -> ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf))
+    val workerSettings = WorkerSettings(
+      affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
+      idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
+      maintenanceIntervalMs = conf.streamingMaintenanceInterval,
+      owner = if (Contract.family(family).userCode) Some(info.queryRunId.toString) else None,
+      function = function)
+    StatePartitionOpener(family, info, operator, storeConf,
+      ArrowStateConf.get(conf, ArrowStateConf.LocalDir), workerSettings, sentSchema,
+      conf.sessionLocalTimeZone, session.sparkContext.broadcast(
+        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+  }
+}
