@@ -137,7 +137,11 @@ private object FallbackLog {
         .getOrElse(("", -1L))
       case _ => ("", -1L)
     }
-    val first = logged.synchronized { logged.put((run, operatorId, reasons), ()) == null }
+    // (put's previous value is a Unit to Scala, never compared with null: ask first)
+    val key = (run, operatorId, reasons)
+    val first = logged.synchronized {
+      !logged.containsKey(key) && { logged.put(key, ()); true }
+    }
     if (first) log
   }
 }
