@@ -24,7 +24,7 @@ import org.apache.spark.sql.arrowstate.contract.Contract
 class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   import StateFiles._
 
-  private lazy val fm = CheckpointFileManager.create(dir, hadoopConf)
+  private lazy val fm = FileManagers.forDir(dir, hadoopConf)
 
   /**
    * The directory as a local path when writes may skip Hadoop: its filesystem is Hadoop's
@@ -77,16 +77,22 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try in.readAllBytes() finally in.close()
   }
 
-  /** The last `size` bytes of a file (all of a shorter one); empty if it does not exist. */
+  /** The last `size` bytes of a file (all of a shorter one); empty if it does not exist.
+   * A ranged read: on an object store a whole-file read policy would fetch all of it. */
   def tail(name: String, size: Int): Array[Byte] = {
     val path = new Path(dir, name)
     val fs = path.getFileSystem(hadoopConf)
     try {
       val length = fs.getFileStatus(path).getLen
-      val in = fs.open(path)
+      val in = fs.openFile(path)
+        .opt("fs.option.openfile.read.policy", "random")
+        .opt("fs.option.openfile.length", length.toString)
+        .build().get()
       try {
-        in.seek(math.max(0L, length - size))
-        in.readNBytes(size)
+        val start = math.max(0L, length - size)
+        val bytes = new Array[Byte]((length - start).toInt)
+        in.readFully(start, bytes)
+        bytes
       } finally in.close()
     } catch {
       case _: FileNotFoundException => Array.emptyByteArray
@@ -149,6 +155,55 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
       versionOf(name).filter(_ < version).foreach(_ => fm.delete(new Path(dir, name)))
     }
   }
+}
+
+/**
+ * One checkpoint file manager per checkpoint and filesystem settings in this JVM, kept for
+ * its life as Spark's state store providers keep theirs. Spark's default manager opens a
+ * Hadoop FileContext, and a FileContext on an object store makes a client of its own
+ * (connection and thread pools): made per task, that was a new client per partition and
+ * micro-batch.
+ */
+object FileManagers {
+  private val MaxKept = 64
+  private val kept = new java.util.LinkedHashMap[(String, Int), CheckpointFileManager](
+      16, 0.75f, true) {
+    override def removeEldestEntry(
+        e: java.util.Map.Entry[(String, Int), CheckpointFileManager]): Boolean =
+      size() > MaxKept
+  }
+
+  /** The manager for a partition directory `<checkpoint>/state/<operator>/<partition>`
+   * (or any directory): shared by every directory of the same checkpoint whose filesystem
+   * settings are the same. */
+  def forDir(dir: Path, hadoopConf: Configuration): CheckpointFileManager = {
+    val root = Option(dir.getParent).flatMap(p => Option(p.getParent)).getOrElse(dir)
+    val key = (root.toUri.toString, filesystemSettings(hadoopConf))
+    kept.synchronized {
+      Option(kept.get(key)).getOrElse {
+        val made = CheckpointFileManager.create(root, hadoopConf)
+        kept.put(key, made)
+        made
+      }
+    }
+  }
+
+  /** What of the settings can change how a filesystem is reached (its `fs.*` settings and
+   * the checkpoint file manager's class), as one number. */
+  private def filesystemSettings(conf: Configuration): Int = {
+    var hash = 0
+    val entries = conf.iterator()
+    while (entries.hasNext) {
+      val e = entries.next()
+      if (e.getKey.startsWith("fs.") || e.getKey.startsWith("spark.sql.streaming.")) {
+        hash += (e.getKey, e.getValue).hashCode   // a sum: the entries' order does not matter
+      }
+    }
+    hash
+  }
+
+  /** How many managers this JVM keeps (tests). */
+  def count: Int = kept.synchronized(kept.size())
 }
 
 object StateFiles {
