@@ -87,7 +87,7 @@ class AcrossRuns:
         nk = len(self.key_fields) - 1
         columns = [nk + 1 + self.order.index(n) for n in names if n in self.order]
         counted = 0
-        for rows in state.rows.all_rows(1 << 20):   # a view: removals do not disturb it
+        for rows in state.all_rows(1 << 20):   # a view: removals do not disturb it
             mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
             if mine.num_rows:
                 state.pop_present(state.keys(mine.columns[:nk + 1], mine.num_rows))

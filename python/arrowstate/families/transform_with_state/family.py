@@ -141,7 +141,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         if state.prefix_dtype is not None:
             state.objects = WorkingSet(self, state).rebuild()
             return
-        rows = state.rows.take(state.rows.live_ids())
+        rows = state.live_rows()
         nk = len(self.key_fields) - 1
         groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
         names = rows.column(nk).to_pylist()

@@ -64,10 +64,10 @@ class WorkingSet:
             return
         self.loaded.update(new)
         state = self.state
-        owner, ids = state.rows.scan_prefixes(np.array(new, dtype=state.prefix_dtype))
+        owner, ids = state.scan_prefixes(np.array(new, dtype=state.prefix_dtype))
         if not len(ids):
             return
-        rows = state.rows.take(ids)
+        rows = state.take(ids)
         self.family.load_rows(rows, [new[i] for i in owner.tolist()])
 
     def index(self, index: TimeIndex, pending: list) -> None:
@@ -101,7 +101,7 @@ class WorkingSet:
         total, names_seen = 0, set()
         timers = TimeIndex()
         ttl = {n: TimeIndex() for n in family.order if family.variables[n].ttl is not None}
-        for _, rows in state.rows.items(1 << 20):
+        for _, rows in state.items(1 << 20):
             names = rows.column(nk)
             names_seen.update(pc.unique(names).to_pylist())
             groups = state.prefix_keys(rows.columns[:nk], rows.num_rows)
