@@ -37,7 +37,8 @@ from .errors import ArrowStateError
 from .families import REGISTRY
 from .store import VersionedState
 from .store import files as store_files
-from .store.budget import MemoryBudget, give_back_memory, resident_bytes
+from .store.budget import give_back_memory, resident_bytes
+from .store.held import HeldStates
 
 
 class JvmFiles:
@@ -56,84 +57,69 @@ class JvmFiles:
         return p.request(self._f, "FILE_TAIL", name, size)[0]
 
 
-def committed_here(state: VersionedState, files: JvmFiles) -> bool:
-    """Whether the checkpoint's newest delta of the state's version is the one this state
-    committed (the idea of Spark's checkpoint format v2): another attempt or executor may
-    have rewritten it since. One small read of that file's trailer."""
-    if state.version == 0:
-        return True
-    name = store_files.file_name(store_files.DELTA, state.version)
-    return (state.last_uid is not None
-            and store_files.unique_id(files.tail(name, store_files.TRAILER.size))
-            == state.last_uid)
-
-
-def new_state(family, state_key: str, budget: MemoryBudget) -> VersionedState:
-    """An empty partition state of the family's layout, in the store the budget places it
-    in (scripts/replay_tasks.py makes its states here too)."""
-    return VersionedState(family.key_fields, family.value_fields,
-                          named_columns=family.named_columns,
-                          dropped_columns=family.dropped_columns,
-                          evolve=family.evolve_column,
-                          tier=(budget.place(state_key, family.runs_without_budget)
-                                if family.tiered else None),
-                          prefix_count=family.prefix_count, hashed=family.hashed_keys)
+def task_family(header: dict[str, Any], input_schema: pa.Schema):
+    """The task's family, made in the environment pyspark's own worker gives Python code
+    (set before any user code loads)."""
+    if header["task"] is not None:
+        environment.set_task_context(header["task"])
+    environment.set_spark_files(header["sparkFilesDir"],
+                                header["operator"].get("pythonIncludes", []))
+    return REGISTRY[header["family"]](header["operator"], input_schema)
 
 
 class Worker:
     def __init__(self) -> None:
-        self.states: dict[str, VersionedState] = {}
+        self.held = HeldStates()   # the partitions' states, and the memory budget
         self.reported: dict[tuple, int] = {}   # (run, operator) -> version RSS was sent for
-        self.budget = MemoryBudget()
-
-    def forget(self, state_key: str) -> None:
-        state = self.states.pop(state_key, None)
-        if state is not None:
-            state.close()
 
     def serve_task(self, f: BinaryIO, header: dict[str, Any], input_schema: pa.Schema) -> None:
-        for stale in header["drop"]:
-            self.forget(stale)
-        # the environment pyspark's own worker gives Python code, before any user code loads
-        if header["task"] is not None:
-            environment.set_task_context(header["task"])
-        environment.set_spark_files(header["sparkFilesDir"],
-                                    header["operator"].get("pythonIncludes", []))
-        family = REGISTRY[header["family"]](header["operator"], input_schema)
-        key, version, conf = header["stateKey"], header["version"], header["conf"]
-        run_id = header["queryRunId"]
-        self.budget.configure(header)
-        files = JvmFiles(f, key, f"operator {header['operatorId']}, partition "
-                                 f"{header['partitionId']}, version {version}")
-
-        state = self.states.pop(key, None)
-        metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0,
-                   "stateSnapshotsSkipped": 0}
-        # In-memory state is reused only when it is provably what the checkpoint holds.
-        if (state is not None and state.version == version and state.run_id == run_id
-                and committed_here(state, files)):
-            metrics["stateCacheHits"] = 1
-            family.keep_columns(state.schema)
-        else:
-            if state is not None:
-                state.close()
-            metrics["stateCacheMisses"] = 1
-            start = time.perf_counter()
-            if family.named_columns and version > 0:
-                try:
-                    family.keep_columns(state_data.stored_schema(files, version))
-                except store_files.CorruptStateFile:
-                    pass   # damage is the load's to handle (it may load older files)
-            state = new_state(family, key, self.budget)
-            state.run_id = run_id
-            if version > 0:
-                state.load(files, version)
-                metrics["stateSnapshotsSkipped"] = state.files_skipped
-            family.rebuild_index(state)
-            metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
+        """TASK: the partition's state made ready, the task's batches answered, its delta
+        committed through the JVM, its metrics sent. What the store keeps, where, and within
+        what memory is the held states' to decide (store.held)."""
+        self.held.forget(header["drop"])
+        family = task_family(header, input_schema)
+        self.held.configure(header)
+        files = JvmFiles(f, header["stateKey"], f"operator {header['operatorId']}, partition "
+                                                f"{header['partitionId']}, version "
+                                                f"{header['version']}")
+        state, metrics = self.ready_state(family, header, files)
         p.send(f, "READY")
         f.flush()
+        self.answer_batches(f, family, state)
+        commit_ms = self.commit(f, family, state, header)
+        self.report(f, family, state, header, metrics, commit_ms)
 
+    def ready_state(self, family, header: dict[str, Any],
+                    files: JvmFiles) -> tuple[VersionedState, dict[str, int]]:
+        """The partition's state at the task's version: the one held here when it is
+        provably what the checkpoint holds, else loaded from the files; the load's metrics."""
+        key, version, run_id = header["stateKey"], header["version"], header["queryRunId"]
+        metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0,
+                   "stateSnapshotsSkipped": 0}
+        state = self.held.reusable(key, version, run_id, files)
+        if state is not None:
+            metrics["stateCacheHits"] = 1
+            family.keep_columns(state.schema)
+            return state, metrics
+        metrics["stateCacheMisses"] = 1
+        start = time.perf_counter()
+        if family.named_columns and version > 0:
+            try:
+                family.keep_columns(state_data.stored_schema(files, version))
+            except store_files.CorruptStateFile:
+                pass   # damage is the load's to handle (it may load older files)
+        state = self.held.new_state(family, key)
+        state.run_id = run_id
+        if version > 0:
+            state.load(files, version)
+            metrics["stateSnapshotsSkipped"] = state.files_skipped
+        family.rebuild_index(state)
+        metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
+        return state, metrics
+
+    def answer_batches(self, f: BinaryIO, family, state: VersionedState) -> None:
+        """Each DATA, LOOKUP and INITIAL_STATE frame answered until END; then the family's
+        last batches (evictions, timeouts, output held back)."""
         handlers = {"DATA": family.process, "LOOKUP": family.lookup,
                     "INITIAL_STATE": family.initial_state}
         while (frame := p.receive(f, "DATA", "LOOKUP", "INITIAL_STATE", "END"))[0] != "END":
@@ -147,7 +133,13 @@ class Worker:
             p.send(f, "DATA", p.batch_to_ipc(batch))
         p.send(f, "END")
 
-        self.check_cap(state, int(conf.get("maxStateBytes", 0)), header)
+    def commit(self, f: BinaryIO, family, state: VersionedState,
+               header: dict[str, Any]) -> int:
+        """The state's next version: its delta (with the snapshots and pruning due) sent for
+        the JVM to write, then the state marked committed and held for the next task. The
+        time the delta took to encode (ms)."""
+        version, conf = header["version"], header["conf"]
+        self.held.check_cap(state, header)
         # rows as Spark counts them: stored rows, unless the family counts otherwise
         family.metrics.setdefault("numTotalStateRows", len(state))
         start = time.perf_counter()
@@ -160,41 +152,25 @@ class Worker:
         p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
                              os.path.join(header["localDir"], "snapshots"))
-        if state.move_to_hash_table(HASH_TABLE_MIN_KEYS):
-            family.rebuild_index(state)
-        self.states[key] = state
-        self.budget.balance(self.states.values())
-        self.budget.check_peak(header)
+        self.held.keep(state, header, family.rebuild_index)
+        return commit_ms
 
+    def report(self, f: BinaryIO, family, state: VersionedState, header: dict[str, Any],
+               metrics: dict[str, int], commit_ms: int) -> None:
+        """COMMITTED: the task's metrics (the load's, the family's, the state's size)."""
         metrics.update(family.metrics)
         metrics["stateMemory"] = state.memory_bytes()
         metrics["stateDiskBytes"] = state.disk_bytes()
         metrics["commitTimeMs"] = commit_ms
         # each worker counts once per operator and batch, so the sum over tasks is the
         # resident memory of the workers that ran them
-        operator = (run_id, header["operatorId"])
-        first = self.reported.get(operator) != version
+        operator = (header["queryRunId"], header["operatorId"])
+        first = self.reported.get(operator) != header["version"]
         metrics["pythonWorkerRssBytes"] = resident_bytes() if first else 0
-        self.reported[operator] = version
+        self.reported[operator] = header["version"]
         contract.check_reported(family.name, metrics)
         p.send(f, "COMMITTED", metrics)
         f.flush()
-
-    def check_cap(self, state: VersionedState, cap: int, header: dict[str, Any]) -> None:
-        """Fails the task (before it commits) when this worker's state would pass the cap."""
-        if cap <= 0:
-            return
-        total = state.memory_bytes() + sum(s.memory_bytes() for s in self.states.values())
-        if total > cap:
-            raise ArrowStateError(
-                "ARROWSTATE_STATE_CAP_EXCEEDED",
-                f"this Python state worker would hold {total} bytes of state, over "
-                f"spark.arrowstate.worker.maxStateBytes={cap} (query run "
-                f"{header['queryRunId']}, operator {header['operatorId']}, partition "
-                f"{header['partitionId']}, state {header['stateKey']}). Raise the setting, "
-                "give executors more memory or cores, or use more shuffle partitions.",
-                bytes=total, cap=cap, queryRunId=header["queryRunId"],
-                operatorId=header["operatorId"], partitionId=header["partitionId"])
 
     def read_state(self, f: BinaryIO, request: dict[str, Any]) -> None:
         """READ_STATE: one committed version of a partition (or the changes up to it), for
@@ -247,8 +223,7 @@ class Worker:
     def drop(self, f: BinaryIO, state_keys: list[str]) -> None:
         """DROP: forgets partitions' state (stopped queries, partitions held elsewhere) and
         gives the memory back."""
-        for key in state_keys:
-            self.forget(key)
+        self.held.forget(state_keys)
         give_back_memory()
         p.send(f, "DROP", resident_bytes())
         f.flush()
@@ -313,11 +288,6 @@ def exit_with_parent(interval: float = 1.0) -> None:
 
     threading.Thread(target=watch, name="arrowstate-parent-watch", daemon=True).start()
 
-
-# Keys a state of aggregation or deduplication holds before they move from a dict to a hash
-# table in compiled code (store.hashed): the table saves about 60 bytes a key but loads
-# pandas, about 36 MB and 0.35 s in a worker that runs no pandas function.
-HASH_TABLE_MIN_KEYS = 500_000
 
 # The garbage collector's thresholds in a worker. Python's default (700, 10, 10) runs a young
 # collection every 700 allocations, and the full ones that follow scan every object a

@@ -165,13 +165,12 @@ def test_flatmap_runs_the_function_per_group_and_keeps_or_removes_state():
 
 
 def test_flatmap_reads_a_group_states_outcome_as_its_json_reports_it():
-    from pyspark.sql.streaming.state import GroupState
     from pyspark.sql.types import LongType, Row, StructField, StructType
 
-    from arrowstate.families.flatmap import _outcome
+    from arrowstate.families.flatmap import group_state_class
 
     def fresh(conf):
-        return GroupState(
+        return group_state_class()(
             optionalValue=Row(1), batchProcessingTimeMs=1_000, eventTimeWatermarkMs=500,
             timeoutConf=conf, hasTimedOut=False, watermarkPresent=True, defined=True,
             updated=False, removed=False, timeoutTimestamp=-1, keyAsUnsafe=None,
@@ -191,14 +190,14 @@ def test_flatmap_reads_a_group_states_outcome_as_its_json_reports_it():
         state = fresh(conf)
         act(state)
         reported = json.loads(state.json())
-        assert _outcome(state) == (reported["updated"], reported["removed"],
+        assert state.outcome() == (reported["updated"], reported["removed"],
                                    reported["timeoutTimestamp"]), name
 
     class OtherGroupState:   # a pyspark whose GroupState keeps its outcome elsewhere
         def json(self):
             return json.dumps({"updated": True, "removed": False, "timeoutTimestamp": 7})
 
-    assert _outcome(OtherGroupState()) == (True, False, 7)
+    assert group_state_class().outcome(OtherGroupState()) == (True, False, 7)
 
 
 def test_flatmap_group_state_updates_as_pysparks_does():

@@ -257,7 +257,7 @@ def test_each_file_has_its_own_unique_id():
 
 
 def test_state_in_memory_is_reused_only_while_the_checkpoint_holds_its_delta():
-    from arrowstate.worker import committed_here
+    from arrowstate.store.held import committed_here
 
     written, _ = _history(versions=3, every=100)
     state = _load(written, 3)

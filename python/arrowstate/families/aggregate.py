@@ -53,14 +53,14 @@ class Aggregate(FamilyBase):
         dropped as late afterwards leaves an entry that eviction skips)."""
         with self.updating():
             row_keys = state.keys(batch.columns, batch.num_rows)
-            ids = state.rows.lookup(row_keys)
+            ids = state.lookup(row_keys)
             new = np.flatnonzero(ids < 0)
             if len(new) and self.indexed:
-                self.index_rows(state, state.rows.pick(row_keys, new), batch.take(pa.array(new)))
+                self.index_rows(state, state.pick(row_keys, new), batch.take(pa.array(new)))
             found = np.flatnonzero(ids >= 0)
             if not len(found):
                 return None
-            stored = state.rows.take(ids[found])
+            stored = state.take(ids[found])
             return pa.RecordBatch.from_arrays(
                 [pa.array(found.astype(np.int32))] + stored.columns[self.key_count:],
                 names=["pos"] + [f"v{i}" for i in range(len(self.value_fields))])
@@ -85,7 +85,7 @@ class Aggregate(FamilyBase):
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self.close_timings()
         if self.output_mode == "complete":
-            yield from state.rows.all_rows(self.batch_size)
+            yield from state.all_rows(self.batch_size)
             return
         with self.removing():
             evicted = self.expire(state)

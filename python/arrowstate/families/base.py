@@ -117,7 +117,7 @@ class FamilyBase:
     named_columns: ClassVar[bool] = False
     # whether its state may live in sorted runs on local disk under a memory budget: the
     # family handles keys only as `state.keys` makes them (a list or an array) and selects
-    # them with `state.rows.pick`
+    # them with `state.pick`
     tiered: bool = False
     # whether its state lives in sorted runs (in memory) without a budget too: for a family
     # whose every batch replaces and removes many rows, whole-batch numpy and Arrow work
@@ -176,7 +176,7 @@ class FamilyBase:
     def rebuild_index(self, state: VersionedState) -> None:
         if type(self).index_rows is FamilyBase.index_rows:
             return   # no index: nothing to read
-        for keys, rows in state.rows.items(1 << 20):
+        for keys, rows in state.items(1 << 20):
             self.index_rows(state, keys, rows)
 
     def expire(self, state: VersionedState) -> pa.RecordBatch | None:

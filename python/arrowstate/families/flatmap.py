@@ -78,21 +78,20 @@ def group_state_class() -> type:
             self._value = Row(*map(_stored_form, newValue))
             self._defined, self._updated, self._removed = True, True, False
 
+        def outcome(self) -> tuple[bool, bool, int]:
+            """What the function did to it: (updated, removed, timeout timestamp).
+
+            pyspark's own worker reads these from `json()`; they are read from the
+            attributes json() reads, sparing a JSON round trip a group, and through json()
+            where a pyspark has other attributes."""
+            try:
+                return self._updated, self._removed, self._timeout_timestamp
+            except AttributeError:
+                outcome = json.loads(self.json())
+                return outcome["updated"], outcome["removed"], outcome["timeoutTimestamp"]
+
     ArrowStateGroupState.update.__doc__ = GroupState.update.__doc__
     return ArrowStateGroupState
-
-
-def _outcome(state) -> tuple[bool, bool, int]:
-    """What the function did to its GroupState: (updated, removed, timeout timestamp).
-
-    pyspark's own worker reads these from `state.json()`; the JSON round trip costs 5.6 us a
-    group (5-7% of a running count's worker time), so they are read from the attributes
-    json() reads, and through json() where a pyspark has other attributes."""
-    try:
-        return state._updated, state._removed, state._timeout_timestamp
-    except AttributeError:
-        outcome = json.loads(state.json())
-        return outcome["updated"], outcome["removed"], outcome["timeoutTimestamp"]
 
 
 class FlatMapGroupsWithState(FamilyBase):
@@ -199,7 +198,7 @@ class FlatMapGroupsWithState(FamilyBase):
             if len(pdf) > 0:
                 self.io.outputs.append(pdf)
         # The output is consumed: record what becomes of the state, as Spark does.
-        updated, removed, timeout = _outcome(state)
+        updated, removed, timeout = state.outcome()
         if removed and timeout == NO_TIMESTAMP:
             self._removes.append(group.hkey)
             self.metrics["numRemovedStateRows"] += 1
@@ -265,10 +264,10 @@ class FlatMapGroupsWithState(FamilyBase):
             key_arrays = [c.array for c in self.io.to_pandas(batch.select(self.key_indices))]
         else:
             key_arrays = [series[i].array for i in self.key_indices]
-        ids = state.rows.lookup(state.rows.pick(hkeys, boundaries[:-1]))
+        ids = state.lookup(state.pick(hkeys, boundaries[:-1]))
         found = np.flatnonzero(ids >= 0)
         stored: list = [None] * len(ids)
-        for g, value in zip(found.tolist(), self._stored_values(state.rows.take(ids[found]))):
+        for g, value in zip(found.tolist(), self._stored_values(state.take(ids[found]))):
             stored[g] = value
         for g, (lo, hi) in enumerate(zip(boundaries[:-1], boundaries[1:])):
             chunk = self.io.frame_rows(frame, lo, hi)
@@ -317,9 +316,9 @@ class FlatMapGroupsWithState(FamilyBase):
     def _timeouts(self, state: VersionedState, threshold: int) -> None:
         """Calls the function for each group whose timeout is below the threshold."""
         hkeys, times = state.index.pop_until(threshold - 1)
-        ids = state.rows.lookup(hkeys)
+        ids = state.lookup(hkeys)
         found = ids >= 0
-        rows = state.rows.take(ids[found])
+        rows = state.take(ids[found])
         current = rows.column(self.timeout_column).to_numpy(zero_copy_only=False)
         due = np.flatnonzero(current == times[found])
         due_keys = list(itertools.compress(hkeys, found.tolist()))

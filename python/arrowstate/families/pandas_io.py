@@ -22,7 +22,7 @@ class PandasIO:
         from pyspark.sql.conversion import ArrowBatchTransformer, PandasToArrowConversion
         from pyspark.sql.types import StructType
 
-        self._pd = pd
+        self.pd = pd   # the pandas module, for the families that use this
         self._to_pandas_columns = ArrowBatchTransformer.to_pandas
         self._to_arrow = PandasToArrowConversion.convert
         conf = operator["runnerConf"]
@@ -52,10 +52,10 @@ class PandasIO:
         copy of the batch's frame, so a function assigning a column to it would get a
         SettingWithCopyWarning that pyspark's frames never give."""
         try:
-            return _rows_from_blocks(self._pd, frame, lo, hi)
+            return _rows_from_blocks(self.pd, frame, lo, hi)
         except (AttributeError, TypeError):   # another pandas' internals
             chunk = frame.iloc[lo:hi].copy(deep=False)
-            chunk.index = self._pd.RangeIndex(hi - lo)
+            chunk.index = self.pd.RangeIndex(hi - lo)
             return chunk
 
     def _merged_outputs(self):
@@ -63,7 +63,7 @@ class PandasIO:
 
         pd.concat costs ~25 us per frame, more than most state functions; when every frame
         has the first one's columns and numpy dtypes, the columns are joined directly."""
-        frames, pd = self.outputs, self._pd
+        frames, pd = self.outputs, self.pd
         names = self.output_schema.names
         first = list(frames[0].columns)
         if self.assign_cols_by_name and all(isinstance(c, str) for c in first):

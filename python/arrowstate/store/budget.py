@@ -7,8 +7,9 @@ its Python workers (a state worker serves one task at a time); without either th
 budget and state stays in memory. Of the budget, the worker's base size (its resident
 memory before it held any state) is taken first; `spark.arrowstate.worker.stateMemoryPercent`
 of the rest (half by default) may hold state in memory, and the rest is left for a batch's
-working set. State over its half lives on local disk in
-sorted runs (`tier.TieredRows`, its runs in `runs`, their filters in `bloom`): after each commit the largest in-memory parts spill.
+working set. State over its half lives on local disk in sorted runs (`tier.TieredRows`,
+its runs in `runs`, their filters in `bloom`): after each commit the largest in-memory parts
+spill (`held.HeldStates.keep`).
 Families whose keys have no fixed width keep their state in memory, and count against it.
 """
 from __future__ import annotations

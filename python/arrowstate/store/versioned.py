@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +41,7 @@ class VersionedState:
         with a memory budget) and keys of a fixed width, rows live in sorted runs that may
         move to local disk (`TieredRows`); else in memory (`KeyedRows`). `prefix_count`
         key fields (Spark's prefix key) then find their rows together (`prefix_keys`,
-        `rows.scan_prefixes`); a family that asks for `hashed` keys and a prefix has
+        `scan_prefixes`); a family that asks for `hashed` keys and a prefix has
         them, when the tier never spills (no budget), in a hash table in compiled code that
         finds them by prefix too (`PrefixedHashedRows`). Named columns written in an older
         schema are read in this one by `evolve(name, column, type)` (store.evolution).
@@ -97,7 +97,7 @@ class VersionedState:
     def keys(self, columns: Sequence[pa.Array], num_rows: int):
         """The keys of rows of the key columns, in the form the rows' store takes: a list
         of Python values (KeyedRows) or a numpy array (HashedRows, TieredRows);
-        `rows.pick` selects."""
+        `pick` selects."""
         if self.key_dtype is None:
             return keycodec.rows(columns, num_rows)
         return keycodec.key_array(columns, num_rows, self.key_dtype, self.seeds)
@@ -111,7 +111,7 @@ class VersionedState:
 
     def prefix_keys(self, columns: Sequence[pa.Array], num_rows: int) -> np.ndarray:
         """The prefixes (the first `prefix_count` key columns) of rows, in the form
-        `rows.scan_prefixes` takes (tiered state with a prefix only)."""
+        `scan_prefixes` takes (tiered state with a prefix only)."""
         return keycodec.key_array(columns, num_rows, self.prefix_dtype, self.seeds)
 
     def as_keys(self, keys):
@@ -125,6 +125,37 @@ class VersionedState:
         not shipped)."""
         self.lifecycle.discard()
         self.rows.close()
+
+    # -- reading ----------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """Each key's row id (keys as `keys` makes them), -1 where the key is absent."""
+        return self.rows.lookup(keys)
+
+    def take(self, ids: np.ndarray) -> pa.RecordBatch:
+        """Rows by id (from `lookup` or `scan_prefixes`), in the order given."""
+        return self.rows.take(ids)
+
+    def pick(self, keys: Sequence[Hashable], positions) -> Sequence[Hashable]:
+        """The keys at `positions` of keys as `keys` makes them, in that form."""
+        return self.rows.pick(keys, positions)
+
+    def scan_prefixes(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The live rows whose keys start with one of the prefixes (`prefix_keys`, unique):
+        each row's prefix (its index in `prefixes`) and row id."""
+        return self.rows.scan_prefixes(prefixes)
+
+    def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        """Every live row, a batch at a time, as they are now (changes meanwhile do not
+        disturb it)."""
+        return self.rows.all_rows(batch_size)
+
+    def items(self, batch_size: int) -> Iterator[tuple[Sequence[Hashable], pa.RecordBatch]]:
+        """Every live key (as `keys` makes them) with its row, a piece at a time."""
+        return self.rows.items(batch_size)
+
+    def live_rows(self) -> pa.RecordBatch:
+        """Every live row at once (state in memory: a dict or a hash table)."""
+        return self.rows.take(self.rows.live_ids())
 
     # -- changing ---------------------------------------------------------------------------
     def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch,
@@ -163,13 +194,13 @@ class VersionedState:
         return self._removed(self.rows.pop_present(keys))
 
     def pop_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> pa.RecordBatch:
-        """Removes keys that `rows.lookup` found (`ids`: their row ids; repeats count
-        once); returns their rows."""
+        """Removes keys that `lookup` found (`ids`: their row ids; repeats count once);
+        returns their rows."""
         return self._removed(self.rows.pop_found(keys, ids))
 
     def remove_read(self, keys: Sequence[Hashable], ids: np.ndarray,
                     rows: pa.RecordBatch) -> None:
-        """Removes keys that `rows.lookup` found (`ids`: their row ids, once each) whose rows
+        """Removes keys that `lookup` found (`ids`: their row ids, once each) whose rows
         the caller has read (`rows`, taken by those ids)."""
         self.rows.remove_found(keys, ids)
         self._removed(rows)

@@ -26,7 +26,7 @@ class AcrossRuns:
         """deleteIfExists in init(): the variable's state goes at the batch's start, and
         any later use of it fails. Spark counts a deleted variable when its column family
         exists, which a getXState call earlier in init() creates."""
-        if self._initialized:
+        if self.initialized:
             raise state_error(f"deleteIfExists({name!r}) can only be called in init() "
                               "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
                               "INVALID_HANDLE_STATE)")
@@ -56,7 +56,7 @@ class AcrossRuns:
                 self.value_fields.append(pa.field(name, f.type))
                 self.orphans.append(name[2:])
 
-    def _orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
+    def orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
         """Rows Spark counts of the variables kept without a declaration: a value or a list
         one, a map its entries (the column's type tells a map: a list of key/value structs),
         timers none."""
@@ -81,24 +81,24 @@ class AcrossRuns:
     def dropped_columns(self) -> tuple[str, ...]:
         return tuple(f"s_{n}" for n in self.dropped)
 
-    def _drop_rows(self, state: VersionedState, names: list[str]) -> int:
+    def drop_rows(self, state: VersionedState, names: list[str]) -> int:
         """Removes the stored rows of variables whose columns went (a scan, once); the
         state rows Spark counts in them."""
         nk = len(self.key_fields) - 1
         columns = [nk + 1 + self.order.index(n) for n in names if n in self.order]
         counted = 0
-        for rows in state.rows.all_rows(1 << 20):   # a view: removals do not disturb it
+        for rows in state.all_rows(1 << 20):   # a view: removals do not disturb it
             mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
             if mine.num_rows:
                 state.pop_present(state.keys(mine.columns[:nk + 1], mine.num_rows))
                 counted += sum(entries_in(mine.column(c).drop_null()) for c in columns)
         return counted
 
-    def _drop_variable(self, state: VersionedState, var: Variable) -> None:
+    def drop_variable(self, state: VersionedState, var: Variable) -> None:
         """Removes every stored row of a deleted variable (a scan, once: after it there are
         none) and makes later uses of it fail."""
         if var.data or self.working is not None:
-            self.total -= self._drop_rows(state, [var.name])
+            self.total -= self.drop_rows(state, [var.name])
             var.data.clear()
         for client in var.clients:
             client.__class__ = DELETED_CLIENTS[type(client)]

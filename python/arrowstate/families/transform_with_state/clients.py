@@ -54,21 +54,21 @@ class ValueClient(_Client):
 
     def exists(self) -> bool:
         var = self.var
-        key = var.family._current
-        value = var.data.get(var._key() if key is NO_KEY else key)
+        key = var.family.current_group
+        value = var.data.get(var.current_key() if key is NO_KEY else key)
         return (value if var.ttl is None else var.visible(value)) is not None
 
     def get(self):
         var = self.var
-        key = var.family._current
-        value = var.data.get(var._key() if key is NO_KEY else key)
+        key = var.family.current_group
+        value = var.data.get(var.current_key() if key is NO_KEY else key)
         return value if var.ttl is None else var.visible(value)
 
     def update(self, value) -> None:
         var = self.var
-        key = var.family._current
+        key = var.family.current_group
         if key is NO_KEY:
-            key = var._key()
+            key = var.current_key()
         stored = var.codec.stored(value)
         family = var.family
         if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
@@ -77,7 +77,7 @@ class ValueClient(_Client):
                 family.total += 1
             data[key] = stored
             family.metrics["numUpdatedStateRows"] += 1
-            records = var._written if key is var._written_key else var._changed(key)
+            records = var.last_changes if key is var.last_changed_key else var.changes(key)
             records.append(CHANGE_UPDATE)
             records.append(stored)
             return
@@ -87,14 +87,14 @@ class ValueClient(_Client):
         var.family.metrics["numUpdatedStateRows"] += 1
         var.indexed(key)
         var.logged(key, CHANGE_UPDATE, element)
-        var._set(key, element)
+        var.set(key, element)
 
     def clear(self) -> None:
         var = self.var
-        key = var._key()
+        key = var.current_key()
         if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
             var.family.metrics["numRemovedStateRows"] += 1
-        var._set(key, None)
+        var.set(key, None)
         var.logged(key, CHANGE_DELETE)
 
 
@@ -103,12 +103,12 @@ class ListClient(_Client):
     def exists(self) -> bool:
         var = self.var
         if var.ttl is None:
-            return var._key() in var.data
-        return any(e[1] > var.now for e in var.data.get(var._key(), ()))
+            return var.current_key() in var.data
+        return any(e[1] > var.now for e in var.data.get(var.current_key(), ()))
 
     def values(self) -> Iterator[tuple]:
         var = self.var
-        elements = var.data.get(var._key(), ())
+        elements = var.data.get(var.current_key(), ())
         if var.ttl is None:
             return iter(list(elements))
         return iter([v for v, expiry in elements if expiry > var.now])
@@ -127,8 +127,8 @@ class ListClient(_Client):
 
     def put(self, values) -> None:
         var, stored = self.var, self._checked(values)
-        key = var._key()
-        var._set(key, stored)
+        key = var.current_key()
+        var.set(key, stored)
         var.logged(key, CHANGE_UPDATE, list(stored))
         if var.ttl is None:
             # Spark's ListStateImpl.put resets the task's updated-rows count, then counts
@@ -142,27 +142,27 @@ class ListClient(_Client):
         element = var.codec.stored(value)
         if var.ttl is not None:
             element = var.element(element)
-            var.indexed(var._key())
-        key = var._key()
+            var.indexed(var.current_key())
+        key = var.current_key()
         current = var.data.get(key)
         if current is None:
-            var._set(key, [element])
+            var.set(key, [element])
         else:
             current.append(element)
-        records = var._written if key is var._written_key else var._changed(key)
+        records = var.last_changes if key is var.last_changed_key else var.changes(key)
         records.append(CHANGE_APPEND)   # logged, inline: this runs per row
         records.append(element)
         var.family.metrics["numUpdatedStateRows"] += 1
 
     def append_list(self, values) -> None:
         var, stored = self.var, self._checked(values)
-        key = var._key()
+        key = var.current_key()
         current = var.data.get(key)
         if current is None:
-            var._set(key, stored)
+            var.set(key, stored)
         else:
             current.extend(stored)
-        var._changed(key).extend(itertools.chain.from_iterable(
+        var.changes(key).extend(itertools.chain.from_iterable(
             (CHANGE_APPEND, element) for element in stored))
         var.family.metrics["numUpdatedStateRows"] += len(stored)
         if var.ttl is not None:
@@ -170,9 +170,9 @@ class ListClient(_Client):
 
     def clear(self) -> None:
         var = self.var
-        key = var._key()
+        key = var.current_key()
         removed = len(var.data.get(key, ()))
-        var._set(key, None)
+        var.set(key, None)
         var.logged(key, CHANGE_DELETE)
         var.family.metrics["numRemovedStateRows"] += removed
 
@@ -181,7 +181,7 @@ class MapClient(_Client):
 
     def _map(self) -> dict:
         var = self.var
-        entries = var.data.get(var._key(), {})
+        entries = var.data.get(var.current_key(), {})
         if var.ttl is None:
             return entries
         return {k: v for k, (v, expiry) in entries.items() if expiry > var.now}
@@ -192,8 +192,8 @@ class MapClient(_Client):
     def get_value(self, key):
         var = self.var
         if var.ttl is None:   # the common case, inline: two dict reads
-            group = var.family._current
-            entries = var.data.get(var._key() if group is NO_KEY else group)
+            group = var.family.current_group
+            entries = var.data.get(var.current_key() if group is NO_KEY else group)
             return None if entries is None else entries.get(var.key_codec.stored(key))
         return self._map().get(var.key_codec.stored(key))
 
@@ -204,7 +204,7 @@ class MapClient(_Client):
         var = self.var
         user_key, element = var.key_codec.stored(key), var.codec.stored(value)
         family = var.family
-        group = family._current
+        group = family.current_group
         if group is NO_KEY:
             family.current_key()   # fails: no grouping key
         entries = var.data.get(group)
@@ -214,12 +214,12 @@ class MapClient(_Client):
                 return   # with a TTL Spark writes (and counts) a change only
             var.indexed((group, user_key))
         family.metrics["numUpdatedStateRows"] += 1
-        records = var._written if group is var._written_key else var._changed(group)
+        records = var.last_changes if group is var.last_changed_key else var.changes(group)
         records.append(CHANGE_UPDATE)   # logged_entry, inline: this runs per row
         records.append(user_key)
         records.append(element)
         if entries is None:
-            var._set(group, {user_key: element})
+            var.set(group, {user_key: element})
         else:
             if user_key not in entries:
                 family.total += 1
@@ -227,7 +227,7 @@ class MapClient(_Client):
 
     def remove_key(self, key) -> None:
         var = self.var
-        user_key, group = var.key_codec.stored(key), var._key()
+        user_key, group = var.key_codec.stored(key), var.current_key()
         entries = var.data.get(group)
         if entries is not None and user_key in entries:
             remove_entry(var, group, entries, user_key)
@@ -237,11 +237,11 @@ class MapClient(_Client):
 
     def clear(self) -> None:
         var = self.var
-        group = var._key()
+        group = var.current_key()
         entries = var.data.get(group, {})
         for k in entries:
             var.logged_entry(group, CHANGE_DELETE, k)
-        var._set(group, None)
+        var.set(group, None)
         var.family.metrics["numRemovedStateRows"] += len(entries)
 
     def items(self) -> list:

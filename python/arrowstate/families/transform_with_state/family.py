@@ -90,7 +90,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.fields_by_name = operator.get("stateEncoding") == "avro"
         self.total = 0
         self._plain_key = _plain_key_column(self.key_fields[:-1])
-        self._current = NO_KEY                 # the grouping key being processed
+        # the grouping key being processed, NO_KEY between keys (state clients read it)
+        self.current_group = NO_KEY
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
         self._pending = None   # the batch's last key, whose rows may go on in the next one
         self._initial_pending = None   # likewise for the initial state's rows
@@ -102,10 +103,10 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.deleted: list[Variable] = []   # variables init() deleted (deleteIfExists)
         self.deleted_undeclared: list[str] = []   # deleted without a declaration this run
         self.dropped: list[str] = []   # of those, the ones the files held: dropped on load
-        self._initialized = False
+        self.initialized = False   # whether init() returned: deleteIfExists is refused after
         from .handle import LocalHandle
         self.processor.init(LocalHandle(self))
-        self._initialized = True
+        self.initialized = True
         if self.timers is not None:
             self.variables[TIMER_VARIABLE] = self.timers
         self.order = sorted(self.variables)
@@ -128,10 +129,10 @@ class TransformWithState(AcrossRuns, FamilyBase):
         return var
 
     def current_key(self):
-        if self._current is NO_KEY:
+        if self.current_group is NO_KEY:
             raise state_error("state is only available while a grouping key is processed "
                               "(handleInputRows)")
-        return self._current
+        return self.current_group
 
     # -- state between batches --------------------------------------------------------------
     def rebuild_index(self, state: VersionedState) -> None:
@@ -140,7 +141,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         if state.prefix_dtype is not None:
             state.objects = WorkingSet(self, state).rebuild()
             return
-        rows = state.rows.take(state.rows.live_ids())
+        rows = state.live_rows()
         nk = len(self.key_fields) - 1
         groups = keycodec.rows(rows.columns[:nk], rows.num_rows)
         names = rows.column(nk).to_pylist()
@@ -148,7 +149,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.decode_rows(rows, groups, data)
         self.check_known(names)
         total = sum(self.variables[n].entries_of(v) for n, d in data.items() for v in d.values())
-        total += self._orphan_entries(rows, names)
+        total += self.orphan_entries(rows, names)
         key_batch = rows.select(range(nk))
         held_keys = ({g: (key_batch, i) for i, g in enumerate(groups)} if self.holds_keys
                      else {})
@@ -177,6 +178,16 @@ class TransformWithState(AcrossRuns, FamilyBase):
             for i, value in zip(picked, decoded):
                 target[groups[i]] = value
 
+    def load_rows(self, rows: pa.RecordBatch, groups: list) -> None:
+        """Stored rows loaded on the tier (`groups`: each row's grouping key): their values
+        into the variables, and their keys' columns for timers' Rows and writes where this
+        batch has not brought them."""
+        self.decode_rows(rows, groups)
+        key_batch = rows.select(range(len(self.key_fields) - 1))
+        key_rows = self._key_rows
+        for i, g in enumerate(groups):
+            key_rows.setdefault(g, (key_batch, i))
+
     def _attach(self, state: VersionedState) -> None:
         if self._attached:
             return
@@ -201,9 +212,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.held_keys = held["heldKeys"]
         self.total = held["total"]
         for var in self.deleted:
-            self._drop_variable(state, var)
+            self.drop_variable(state, var)
         if self.dropped:
-            self._drop_rows(state, self.dropped)
+            self.drop_rows(state, self.dropped)
 
     # -- one micro-batch --------------------------------------------------------------------
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
@@ -239,7 +250,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
                                         self._groups(batch, self.key_indices)):
             group = entry[0]
             if previous is not None:   # inline: this runs per key
-                self._current = previous[0]
+                self.current_group = previous[0]
                 result = handle(previous[2], iter(previous[3]), timer_values)
                 if result is not None:
                     collect(result)
@@ -252,7 +263,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
                 self._call(*pending)
             key_rows[group] = entry[1]
             previous = entry
-        self._current = NO_KEY
+        self.current_group = NO_KEY
         if previous is not None:
             self._pending = [previous[0], previous[2], previous[3], False]
 
@@ -287,10 +298,10 @@ class TransformWithState(AcrossRuns, FamilyBase):
         group, key, items, spans_batches = self._initial_pending
         self._initial_pending = None
         items = self.input.whole_key(items, spans_batches)
-        self._current = group
+        self.current_group = group
         for item in items:
             self.processor.handleInitialState(key, item, self.timer_values)
-        self._current = NO_KEY
+        self.current_group = NO_KEY
         self._initial_ns += time.perf_counter_ns() - start
         self.metrics["initialStateProcessingTimeMs"] = self._initial_ns // 1_000_000
 
@@ -299,9 +310,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
         whose rows came in two Arrow batches has them cut into DataFrames anew."""
         self._pending = None
         items = self.input.whole_key(items, spans_batches)
-        self._current = group
+        self.current_group = group
         self._collect(self.processor.handleInputRows(key, iter(items), self.timer_values))
-        self._current = NO_KEY
+        self.current_group = NO_KEY
 
     def _expire_timers(self) -> None:
         """handleExpiredTimer for each timer due, then the timer's deletion: pyspark's
@@ -314,18 +325,18 @@ class TransformWithState(AcrossRuns, FamilyBase):
         for ts, group in timers.expired(self.expiry_threshold):
             key_batch, row = self._key_columns(group)
             key = self._Row(**dict(zip(names, (c[row].as_py() for c in key_batch.columns))))
-            self._current = group
+            self.current_group = group
             self._collect(self.processor.handleExpiredTimer(
                 key, self.timer_values, self._ExpiredTimerInfo(ts)))
             timers.delete(ts, group)
-            self._current = NO_KEY
+            self.current_group = NO_KEY
         self.metrics["timerProcessingTimeMs"] += (time.perf_counter_ns() - start) // 1_000_000
 
     def _collect(self, result) -> None:
         if result is None:
             return
         if self.pandas:
-            pd = self.io._pd
+            pd = self.io.pd
             for pdf in result:
                 if not isinstance(pdf, pd.DataFrame):
                     from pyspark.errors import PySparkValueError
@@ -341,10 +352,9 @@ class TransformWithState(AcrossRuns, FamilyBase):
         """The variables' changed values of this batch, as puts and removes."""
         written = {}   # variable -> grouping key -> its operations (Variable.dirty)
         for name, var in self.variables.items():
-            if var.dirty:
-                written[name], var.dirty = var.dirty, {}
-            if var is not self.timers:
-                var._written_key = NO_KEY
+            changes = var.take_changes()
+            if changes:
+                written[name] = changes
         put = {}   # variable -> the keys put and their column (see write_changes)
         for column, name in enumerate(self.order):
             changed = written.get(name)

@@ -174,7 +174,7 @@ class ProcessorInput:
         bounds = key_bounds(key_batch, groups)
         if self.pandas:
             series = self.io.to_pandas(batch)
-            frame = _as_from_rows(self.io._pd.concat([series[i] for i in value_indices],
+            frame = _as_from_rows(self.io.pd.concat([series[i] for i in value_indices],
                                                      axis=1))
             # as pyspark's worker makes them: Python scalars, from pandas
             keys = [series[i].tolist() for i in key_indices]
@@ -197,7 +197,7 @@ class ProcessorInput:
         """A key's rows as the processor gets them: DataFrames from two Arrow batches are
         joined and cut anew from the key's start, as pyspark's worker cuts them."""
         if spans_batches and self.pandas:
-            return self._chunks(self.io._pd.concat(items, ignore_index=True), 0, None)
+            return self._chunks(self.io.pd.concat(items, ignore_index=True), 0, None)
         return items
 
     def _chunks(self, frame, lo: int, hi: int | None) -> list:

@@ -39,6 +39,12 @@ class Timers:
         self.pending: list = []    # on the tier: this batch's new (time, grouping key)
         self.dirty: dict = {}      # grouping keys whose timers changed this batch
 
+    def take_changes(self) -> dict:
+        """The grouping keys whose timers changed this batch (`dirty`), handed over at its
+        end."""
+        dirty, self.dirty = self.dirty, {}
+        return dirty
+
     def entries_of(self, _value) -> int:
         return 0   # timers are not state rows in Spark's figures
 

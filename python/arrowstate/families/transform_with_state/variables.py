@@ -58,39 +58,49 @@ class Variable:
         self.tier_index = None    # TTL on the tier: TimeIndex of (expiry, grouping key)
         self.pending: list = []   # TTL on the tier: this batch's (expiry, grouping key)
         self._indexed = 0         # TTL: heap size after its last rebuild
-        self._written_key, self._written = NO_KEY, None   # _changed's last key, this batch
+        # the last key `changes` gave this batch, and its operations: clients write to them
+        # inline (a processor works on one key at a time)
+        self.last_changed_key, self.last_changes = NO_KEY, None
         # grouping key -> its state operations this batch (logged), in the order keys were
         # first written
         self.dirty: dict = {}
 
     # -- what the processor calls, for the current grouping key -----------------------------
-    def _key(self):
-        key = self.family._current
+    def current_key(self):
+        """The grouping key being processed (fails between keys)."""
+        key = self.family.current_group
         return self.family.current_key() if key is NO_KEY else key
 
-    def _changed(self, key) -> list:
+    def changes(self, key) -> list:
         """Marks the key's value as written in this batch; its operations (see logged).
-        The last key's are at hand: a processor works on one key at a time."""
-        if key is self._written_key:
-            return self._written
+        The last key's are at hand (`last_changes`)."""
+        if key is self.last_changed_key:
+            return self.last_changes
         records = self.dirty.get(key)
         if records is None:
             records = self.dirty[key] = []
-        self._written_key, self._written = key, records
+        self.last_changed_key, self.last_changes = key, records
         return records
+
+    def take_changes(self) -> dict:
+        """This batch's operations (`dirty`), handed over at its end: the next batch starts
+        with none."""
+        dirty, self.dirty = self.dirty, {}
+        self.last_changed_key = NO_KEY
+        return dirty
 
     def logged(self, key, op: int, payload=None) -> None:
         """Notes a state operation for the change feed, as an op and its payload: an
         element or None (value: update, delete), a list of elements (list: put), an element
         (list: append), None (list: delete). Flat, two items an operation (a map's three:
         see logged_entry), so that a write costs no container of its own."""
-        records = self._changed(key)
+        records = self.changes(key)
         records.append(op)
         records.append(payload)
 
     def logged_entry(self, key, op: int, user_key, element=None) -> None:
         """Notes a map operation: an entry written, or removed (no element)."""
-        records = self._changed(key)
+        records = self.changes(key)
         records.append(op)
         records.append(user_key)
         records.append(element)
@@ -102,14 +112,16 @@ class Variable:
     def entries_of(self, value) -> int:
         return 0 if value is None else (len(value) if self.kind == MAP else 1)
 
-    def _set(self, key, value) -> None:
+    def set(self, key, value) -> None:
+        """Sets the key's element (None, or an empty list or map, removes it), keeping
+        the count of state rows and marking the key changed."""
         before = self.entries(key)
         if value is None or (self.kind != VALUE and not value):
             self.data.pop(key, None)
         else:
             self.data[key] = value
         self.family.total += self.entries(key) - before
-        self._changed(key)
+        self.changes(key)
 
     # -- TTL ---------------------------------------------------------------------------------
     def element(self, stored: tuple):
@@ -174,7 +186,7 @@ class Variable:
             else:
                 element = data.get(element_key)
                 if element is not None and element[1] <= now:
-                    self._set(element_key, None)
+                    self.set(element_key, None)
                     self.logged(element_key, CHANGE_DELETE)
                     removed += 1
         if len(index) > 2 * self._indexed + 1024:   # mostly superseded entries
@@ -201,7 +213,7 @@ class Variable:
             elif self.kind == LIST:
                 removed += self._expire_list(group, value)
             elif value[1] <= now:
-                self._set(group, None)
+                self.set(group, None)
                 self.logged(group, CHANGE_DELETE)
                 removed += 1
         return removed
@@ -211,7 +223,7 @@ class Variable:
         kept = [e for e in values if e[1] > self.now]
         if len(kept) == len(values):
             return 0
-        self._set(group, kept)
+        self.set(group, kept)
         # Spark's cleanup removes the list, then puts what is left
         self.logged(group, CHANGE_DELETE)
         if kept:
@@ -254,8 +266,8 @@ def variable_column(var, values: list) -> pa.Array:
 
 def remove_entry(var: Variable, group, entries: dict, user_key) -> None:
     if len(entries) == 1:
-        var._set(group, None)
+        var.set(group, None)
     else:
         del entries[user_key]
         var.family.total -= 1
-        var._changed(group)
+        var.changes(group)

@@ -64,16 +64,11 @@ class WorkingSet:
             return
         self.loaded.update(new)
         state = self.state
-        owner, ids = state.rows.scan_prefixes(np.array(new, dtype=state.prefix_dtype))
+        owner, ids = state.scan_prefixes(np.array(new, dtype=state.prefix_dtype))
         if not len(ids):
             return
-        rows = state.rows.take(ids)
-        row_groups = [new[i] for i in owner.tolist()]
-        family = self.family
-        family.decode_rows(rows, row_groups)
-        key_batch = rows.select(range(len(family.key_fields) - 1))
-        for i, g in enumerate(row_groups):   # the key's columns, for timers' Rows and writes
-            family._key_rows.setdefault(g, (key_batch, i))
+        rows = state.take(ids)
+        self.family.load_rows(rows, [new[i] for i in owner.tolist()])
 
     def index(self, index: TimeIndex, pending: list) -> None:
         """Adds (time, grouping key) entries noted in this batch to an index, as one bucket."""
@@ -106,7 +101,7 @@ class WorkingSet:
         total, names_seen = 0, set()
         timers = TimeIndex()
         ttl = {n: TimeIndex() for n in family.order if family.variables[n].ttl is not None}
-        for _, rows in state.rows.items(1 << 20):
+        for _, rows in state.items(1 << 20):
             names = rows.column(nk)
             names_seen.update(pc.unique(names).to_pylist())
             groups = state.prefix_keys(rows.columns[:nk], rows.num_rows)
@@ -125,7 +120,7 @@ class WorkingSet:
                 if var.ttl is not None:
                     expiries, row = element_expiries(var.kind, values)
                     ttl[name].add_many(expiries, groups[picked][row])
-            total += family._orphan_entries(rows, names.to_pylist())
+            total += family.orphan_entries(rows, names.to_pylist())
         family.check_known(names_seen)
         return {"variables": {n: {} for n in family.order}, "total": total,
                 "timerIndex": timers, "ttlIndexes": ttl, "heldKeys": {}}
