@@ -291,9 +291,9 @@ def exit_with_parent(interval: float = 1.0) -> None:
 
 # The garbage collector's thresholds in a worker. Python's default (700, 10, 10) runs a young
 # collection every 700 allocations, and the full ones that follow scan every object a
-# worker's state holds: half the time of a Row-API processor's batch went there (bench.py,
-# tws_rows_value_count, in one worker: 2.2 s against 1.4 s). State is long-lived and rarely
-# cyclic, so collections 14x rarer cost memory only for cycles, and those little.
+# worker's state holds. State is long-lived and rarely cyclic, so rarer collections cost
+# memory only for cycles, and those little (`scripts/bench.py --cases tws_rows_value_count`
+# shows the difference; docs/performance.md).
 GC_THRESHOLDS = (10_000, 10, 10)
 
 

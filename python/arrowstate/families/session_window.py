@@ -119,7 +119,7 @@ class SessionWindow(FamilyBase):
     def rebuild_index(self, state: VersionedState) -> None:
         if _scanned(state):
             if self.indexed:
-                for keys, rows in state.rows.items(1 << 20):
+                for keys, rows in state.items(1 << 20):
                     self._index_times(state, keys, rows.columns[self.key_count:])
             return
         state_keys, values = self._index_sessions(state)
@@ -129,16 +129,15 @@ class SessionWindow(FamilyBase):
     def _index_sessions(self, state: VersionedState) -> tuple[list, list]:
         """Builds the index of each key's sessions from the rows (state in memory); returns
         the state keys and value columns read."""
-        rows = state.rows
-        state_keys = list(rows.data)
-        values = rows.take(rows.live_ids()).columns[self.key_count:]
+        state_keys, live = state.live_items()
+        values = live.columns[self.key_count:]
         n = len(state_keys)
         groups = keycodec.rows([values[i] for i in self.key_indexes], n)
         codes: dict[Hashable, int] = {}   # each key's first place: orders keys, not values
         code = np.fromiter(map(codes.setdefault, groups, itertools.count()), np.int64, n)
         order = np.lexsort((_micros(values[self.session_index].flatten()[0]), code))
-        state.objects = {"sessions": _by_group(rows.pick(groups, order),
-                                               rows.pick(state_keys, order)),
+        state.objects = {"sessions": _by_group(state.pick(groups, order),
+                                               state.pick(state_keys, order)),
                          "evicted": 0}
         return state_keys, values
 
@@ -172,8 +171,8 @@ class SessionWindow(FamilyBase):
         the number per key."""
         if _scanned(state):
             prefixes = np.asarray(groups, state.prefix_dtype)
-            owner, ids = state.rows.scan_prefixes(prefixes)
-            rows = state.rows.take(ids)
+            owner, ids = state.scan_prefixes(prefixes)
+            rows = state.take(ids)
             restored = self._restored
             restored["prefixes"].append(prefixes[owner])
             restored["keys"].append(state.keys_of_rows(ids, rows))
@@ -185,7 +184,7 @@ class SessionWindow(FamilyBase):
         held = list(map(self._sessions(state).get, groups, itertools.repeat(())))
         counts = np.fromiter(map(len, held), np.int64, len(held))
         picked = list(itertools.chain.from_iterable(held))
-        ids = state.rows.lookup(picked)
+        ids = state.lookup(picked)
         found = ids >= 0
         if self.indexed:
             self._handed_over.update(itertools.compress(picked, found.tolist()))
@@ -193,7 +192,7 @@ class SessionWindow(FamilyBase):
             counts = np.bincount(np.repeat(np.arange(len(held)), counts)[found],
                                  minlength=len(held))
             ids = ids[found]
-        rows = state.rows.take(ids)
+        rows = state.take(ids)
         return pa.RecordBatch.from_arrays(rows.columns[self.key_count:],
                                           schema=self._value_schema()), counts
 
@@ -321,7 +320,7 @@ class SessionWindow(FamilyBase):
             return
         state_keys = keycodec.rows(key_columns, n)
         firsts = _run_starts(groups)
-        run_groups = state.rows.pick(groups, firsts)
+        run_groups = state.pick(groups, firsts)
         sessions = self._sessions(state)
         kept = set(state_keys)
         removed = list(itertools.filterfalse(kept.__contains__, itertools.chain.from_iterable(
@@ -401,7 +400,7 @@ class SessionWindow(FamilyBase):
             self._apply_tier_changes(state)
         if self.output_mode == "complete":
             self.close_timings()
-            for rows in state.rows.all_rows(self.batch_size):
+            for rows in state.all_rows(self.batch_size):
                 yield pa.RecordBatch.from_arrays(rows.columns[self.key_count:],
                                                  schema=self._value_schema())
             return
@@ -423,16 +422,16 @@ class SessionWindow(FamilyBase):
         # extended since its entry is entered again at its end
         keys = (keycodec.unique(np.asarray(entries, state.key_dtype)) if _scanned(state)
                 else entries)
-        ids = state.rows.lookup(keys)
+        ids = state.lookup(keys)
         found = np.flatnonzero(ids >= 0)   # once each, by row id (the order emitted in)
         found = found[np.unique(ids[found], return_index=True)[1]]
-        rows = state.rows.take(ids[found])   # read once: their times, and the output
+        rows = state.take(ids[found])   # read once: their times, and the output
         times, valid = keycodec.event_time_micros(rows.column(
             self.key_count + self.event_time_index))
         closing, later = valid & (times <= threshold), valid & (times > threshold)
-        state.index.add_many(times[later], state.rows.pick(keys, found[later]))
+        state.index.add_many(times[later], state.pick(keys, found[later]))
         evicted, closed = rows.filter(pa.array(closing)), found[closing]
-        state.remove_read(state.rows.pick(keys, closed), ids[closed], evicted)
+        state.remove_read(state.pick(keys, closed), ids[closed], evicted)
         self.metrics["numRemovedStateRows"] += evicted.num_rows
         objects = state.objects
         if evicted.num_rows and objects and "sessions" in objects:   # in memory, indexed

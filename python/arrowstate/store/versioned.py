@@ -157,6 +157,11 @@ class VersionedState:
         """Every live row at once (state in memory: a dict or a hash table)."""
         return self.rows.take(self.rows.live_ids())
 
+    def live_items(self) -> tuple[list, pa.RecordBatch]:
+        """Every live key (as `keys` makes them) and row at once, in the same order (state
+        in memory, in a dict)."""
+        return list(self.rows.data), self.rows.take(self.rows.live_ids())
+
     # -- changing ---------------------------------------------------------------------------
     def put_rows(self, keys: Sequence[Hashable], batch: pa.RecordBatch,
                  present: np.ndarray | None = None) -> None:
