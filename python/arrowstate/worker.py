@@ -30,11 +30,14 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract, environment, errors, state_data, state_import
+from . import contract, environment, errors
 from . import protocol as p
 from ._version import __version__
 from .errors import ArrowStateError
 from .families import REGISTRY
+from .families.transform_with_state.pre_init import run_pre_init
+from .spark_state import importing as state_import
+from .spark_state import readers as state_data
 from .store import VersionedState
 from .store import files as store_files
 from .store.budget import MemoryBudget, give_back_memory, resident_bytes
@@ -237,8 +240,6 @@ class Worker:
         """PRE_INIT: a transformWithState processor's init() for Spark's planning on the
         driver (families.transform_with_state.pre_init); a worker that runs it serves no
         task after."""
-        from .families.transform_with_state.pre_init import run_pre_init
-
         environment.set_spark_files(request["sparkFilesDir"], request["pythonIncludes"])
         run_pre_init(request)
         p.send(f, "PRE_INIT")

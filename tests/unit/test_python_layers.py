@@ -29,22 +29,25 @@ def _imports(path: pathlib.Path, top: pathlib.Path):
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
     def visit(node, in_function):
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            for other in node.orelse:
+                yield from visit(other, in_function)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, in_function
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                yield (target if _is_module(target, top) else source), node.lineno, in_function
+        deeper = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                  ast.Lambda))
         for child in ast.iter_child_nodes(node):
-            deeper = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                       ast.Lambda))
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    yield alias.name, child.lineno, in_function
-            elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = package.split(".")[:len(package.split(".")) - child.level + 1]
-                    source = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    source = child.module
-                for alias in child.names:
-                    target = f"{source}.{alias.name}"
-                    yield (target if _is_module(target, top) else source), child.lineno, \
-                        in_function
             yield from visit(child, deeper)
 
     for target, line, in_function in visit(ast.parse(path.read_text()), False):
@@ -52,23 +55,33 @@ def _imports(path: pathlib.Path, top: pathlib.Path):
             yield target, line, in_function
 
 
+def _type_checking(test: ast.expr) -> bool:
+    """`if TYPE_CHECKING:` (or typing.TYPE_CHECKING): imports for type checkers, never run."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _node(module: str) -> str:
     """The package root, a top-level module, or the top-level sub-package holding it."""
     return ".".join(module.split(".")[:2])
 
 
-def import_graph(top: pathlib.Path) -> dict[tuple[str, str], list[str]]:
-    """(node, node it imports) -> where: `file:line` of each import making that edge."""
+def import_graph(top: pathlib.Path, modules: bool = False) -> dict[tuple[str, str], list[str]]:
+    """(node, node it imports) -> where: `file:line` of each import making that edge. With
+    `modules`, every module is a node of its own (a package's is its __init__), and a
+    module's import of a package it is in makes no edge (Python runs that __init__ first)."""
     edges: dict[tuple[str, str], list[str]] = {}
     for path in sorted(top.rglob("*.py")):
-        here = _node(_module(path, top))
+        module = _module(path, top)
+        here = module if modules else _node(module)
         for target, line, in_function in _imports(path, top):
-            there = _node(target)
+            there = target if modules else _node(target)
             # importing arrowstate.x.y runs its parents' __init__ first: that is Python's
             # order, not this module's choice, so only the named module makes an edge
             where = f"{path.relative_to(top.parent)}:{line}" + (
                 " (inside a function)" if in_function else "")
-            if there != here and where not in edges.get((here, there), []):
+            if there != here and not module.startswith(there + ".") \
+                    and where not in edges.get((here, there), []):
                 edges.setdefault((here, there), []).append(where)
     return edges
 
@@ -157,6 +170,13 @@ def test_arrowstate_packages_import_in_layers():
     assert not found, "import cycles:\n" + "\n".join(describe(c, edges) for c in found)
 
 
+def test_arrowstate_modules_import_in_layers():
+    """Within a package too, no two modules import each other, at any depth."""
+    edges = import_graph(PYTHON / "arrowstate", modules=True)
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(describe(c, edges) for c in found)
+
+
 def test_nothing_in_spark_state_imports_a_live_family():
     """Live families present their state through spark_state; the reverse would be a cycle
     (and would load pandas and pyspark's function machinery into the offline tools)."""
@@ -200,6 +220,22 @@ def test_an_import_inside_a_function_that_closes_a_cycle_fails(tmp_path):
     edges = import_graph(top)
     assert cycles(edges) == [["pkg.store", "pkg.tools", "pkg.store"]]
     assert edges[("pkg.store", "pkg.tools")] == ["pkg/store/files.py:2 (inside a function)"]
+    assert cycles(import_graph(top, modules=True)) == [
+        ["pkg.store.files", "pkg.tools", "pkg.store.files"]]
+
+
+def test_imports_for_type_checkers_only_make_no_edge(tmp_path):
+    top = _tree(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from typing import TYPE_CHECKING\nfrom . import b\n"
+                "if TYPE_CHECKING:\n    from .c import C\n",
+        "b.py": "import typing\nif typing.TYPE_CHECKING:\n    from . import a\n"
+                "else:\n    from . import c\n",
+        "c.py": "from . import a\n",
+    })
+    edges = import_graph(top)
+    assert sorted(edges) == [("pkg.a", "pkg.b"), ("pkg.b", "pkg.c"), ("pkg.c", "pkg.a")]
+    assert cycles(edges) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 
 def test_imports_within_a_package_and_of_other_libraries_make_no_edge(tmp_path):
@@ -213,3 +249,4 @@ def test_imports_within_a_package_and_of_other_libraries_make_no_edge(tmp_path):
     edges = import_graph(top)
     assert edges == {("pkg", "pkg.a"): ["pkg/__init__.py:1"]}
     assert cycles(edges) == []
+    assert cycles(import_graph(top, modules=True)) == []   # pkg.a.inner.deep -> pkg.a.one
