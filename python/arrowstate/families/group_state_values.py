@@ -176,7 +176,8 @@ def struct_from_java(schema) -> Converter:
     from pyspark.sql.pandas.types import _dedup_names
 
     fields = [from_java(f.dataType) for f in schema.fields]
-    names = _dedup_names(schema.names)   # as the Arrow struct names them (layout.arrow_fields)
+    # as the Arrow struct names them (spark_state.layout.arrow_fields)
+    names = _dedup_names(schema.names)
 
     def convert(v):
         kind = _java_kind(v)

@@ -5,7 +5,7 @@ that read and convert a checkpoint's state through it, in modules by concern:
 - layouts: the layouts by family, and the one a request with schemas alone reads by;
 - readers: Spark's state readers on arrowstate's files (READ_STATE);
 - importing: Spark's rows as an arrowstate snapshot (IMPORT_STATE);
-- checkpoint_files: a checkpoint's files and logs, as Spark lays them out;
+- checkpoint_files: a checkpoint's files and logs, as Spark names and writes them;
 - inventory (`state describe`), history (`state history`), conversion (`state export`,
   `state import`) and repartitioning (`state repartition`), offline: `python -m
   arrowstate state ...`, or the functions below.

@@ -16,8 +16,8 @@ arrives before the first batch's rows (`initial_state`): handleInitialState per 
 Variables across runs (kept, deleted with deleteIfExists, their schemas evolved): see
 across_runs.
 
-State rows: see spark_state.transform_with_state. Change feed: see changelog. State on the tier (a worker with a
-memory budget): see working_set.
+State rows: see spark_state.transform_with_state. Change feed: see changelog. State on the
+tier (a worker with a memory budget): see working_set.
 """
 from __future__ import annotations
 
