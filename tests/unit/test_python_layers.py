@@ -1,8 +1,10 @@
-"""arrowstate's Python packages import each other in layers, never in a circle: every module's
-imports (at module level and inside functions, relative and absolute) read with `ast`, as a
-graph whose nodes are the package root, each top-level module and each sub-package (a
-nested sub-package is part of its top-level one). A cycle fails, naming its imports; an
-import inside a function counts as any other, so deferring an import does not hide a cycle.
+"""arrowstate's Python packages and modules import each other in layers, never in a circle:
+every module's imports (at module level and inside functions, relative and absolute) read
+with `ast`, as a graph whose nodes are the package root (its __init__), each top-level
+module and each sub-package (a nested sub-package is part of its top-level one); and again
+with every module a node. A cycle fails, naming its imports. An import inside a function
+counts as any other, so deferring an import does not hide a cycle; one under `if
+TYPE_CHECKING:` is never run, and does not count.
 """
 from __future__ import annotations
 
@@ -68,8 +70,7 @@ def _node(module: str) -> str:
 
 def import_graph(top: pathlib.Path, modules: bool = False) -> dict[tuple[str, str], list[str]]:
     """(node, node it imports) -> where: `file:line` of each import making that edge. With
-    `modules`, every module is a node of its own (a package's is its __init__), and a
-    module's import of a package it is in makes no edge (Python runs that __init__ first)."""
+    `modules`, every module is a node of its own (a package's is its __init__)."""
     edges: dict[tuple[str, str], list[str]] = {}
     for path in sorted(top.rglob("*.py")):
         module = _module(path, top)
@@ -77,11 +78,10 @@ def import_graph(top: pathlib.Path, modules: bool = False) -> dict[tuple[str, st
         for target, line, in_function in _imports(path, top):
             there = target if modules else _node(target)
             # importing arrowstate.x.y runs its parents' __init__ first: that is Python's
-            # order, not this module's choice, so only the named module makes an edge
+            # order, not an import of theirs, so only the module named makes an edge
             where = f"{path.relative_to(top.parent)}:{line}" + (
                 " (inside a function)" if in_function else "")
-            if there != here and not module.startswith(there + ".") \
-                    and where not in edges.get((here, there), []):
+            if there != here and where not in edges.get((here, there), []):
                 edges.setdefault((here, there), []).append(where)
     return edges
 
@@ -244,9 +244,21 @@ def test_imports_within_a_package_and_of_other_libraries_make_no_edge(tmp_path):
         "a/__init__.py": "from . import one\nfrom .inner import deep\n",
         "a/one.py": "import json\nfrom pyarrow import compute\nfrom . import inner\n",
         "a/inner/__init__.py": "",
-        "a/inner/deep.py": "from ... import a\nfrom ...a import one\n",
+        "a/inner/deep.py": "import pkg.a.one\nfrom ...a import one\n",
     })
     edges = import_graph(top)
     assert edges == {("pkg", "pkg.a"): ["pkg/__init__.py:1"]}
     assert cycles(edges) == []
-    assert cycles(import_graph(top, modules=True)) == []   # pkg.a.inner.deep -> pkg.a.one
+    assert cycles(import_graph(top, modules=True)) == []
+    assert import_graph(top, modules=True)[("pkg.a.inner.deep", "pkg.a.one")] == [
+        "pkg/a/inner/deep.py:1", "pkg/a/inner/deep.py:2"]
+
+
+def test_an_import_of_the_package_root_that_closes_a_cycle_fails(tmp_path):
+    top = _tree(tmp_path, {
+        "__init__.py": "from .tools import run\nVERSION = 1\n",
+        "tools.py": "def run():\n    from . import VERSION\n    return VERSION\n",
+    })
+    edges = import_graph(top)
+    assert cycles(edges) == [["pkg", "pkg.tools", "pkg"]]
+    assert edges[("pkg.tools", "pkg")] == ["pkg/tools.py:2 (inside a function)"]
