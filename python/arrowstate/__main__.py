@@ -2,7 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+
+from . import __version__
+from .demo import run_demo
+from .shim import build_jar, jar_path
+from .spark_home import SparkHomeError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,33 +61,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "state":
-        import json
-
-        from . import checkpoint
+        from . import spark_state   # pyarrow and numpy: not for `jar`, `build` or `version`
         plot = getattr(args, "plot", None)
         try:
             if plot is not None:   # before any work: without the extra, nothing is done
-                checkpoint.require_plotting()
-            result = checkpoint.state_command(args.state_command, args.checkpoint,
-                                              getattr(args, "partitions", None),
-                                              getattr(args, "time_zone", None),
-                                              getattr(args, "operator", None),
-                                              getattr(args, "planning_batch", None))
+                spark_state.require_plotting()
+            result = spark_state.state_command(args.state_command, args.checkpoint,
+                                               getattr(args, "partitions", None),
+                                               getattr(args, "time_zone", None),
+                                               getattr(args, "operator", None),
+                                               getattr(args, "planning_batch", None))
             if plot is not None:
-                checkpoint.plot_history(result, plot)
-        except checkpoint.CheckpointError as e:
+                spark_state.plot_history(result, plot)
+        except spark_state.CheckpointError as e:
             print(f"arrowstate: {e}", file=sys.stderr)
             return 2
-        formats = {"describe": checkpoint.format_text, "history": checkpoint.format_history}
+        formats = {"describe": spark_state.format_text, "history": spark_state.format_history}
         text = args.state_command in formats and not args.json
         print(formats[args.state_command](result) if text else json.dumps(result, indent=2))
         if plot is not None:
             print(f"plot written to {plot}", file=sys.stderr)
         return 0
-
-    from . import __version__
-    from .shim import build_jar, jar_path
-    from .spark_home import SparkHomeError
 
     try:
         if args.command == "jar":
@@ -91,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "version":
             print(__version__)
         elif args.command == "demo":
-            from .demo import run_demo
-
             run_demo()
     except SparkHomeError as e:   # no usable Spark: the reason, not a traceback
         print(e, file=sys.stderr)

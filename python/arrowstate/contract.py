@@ -12,6 +12,8 @@ from typing import Any, Callable, NamedTuple
 
 import fastjsonschema
 
+from .errors import ArrowStateError
+
 _SPEC: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parent / "contract.json").read_text(encoding="utf-8"))
 
@@ -66,8 +68,6 @@ def check_payload(payload: str, value: Any, at: str = "") -> None:
     """Fails, naming the field, when `value` does not match `payloads.<payload>`; a field
     whose schema names a payload of its own (`x-payload`, `{field}` filled from its
     siblings) is checked against that one too."""
-    from .errors import ArrowStateError   # errors imports this module
-
     schema = PAYLOADS.get(payload)
     if schema is None:
         raise ArrowStateError(CONTRACT_VIOLATION, f"contract.json declares no payload "

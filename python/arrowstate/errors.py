@@ -12,8 +12,6 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from .contract import ERRORS
-
 PYTHON_ERROR = "ARROWSTATE_PYTHON_ERROR"
 FAILED_TO_START = "ARROWSTATE_WORKER_FAILED_TO_START"
 
@@ -48,8 +46,3 @@ def error_payload(e: BaseException, condition: str | None = None) -> dict[str, A
     found, parameters, message = condition_of(e)
     return {"condition": condition or found, "parameters": parameters, "message": message,
             "traceback": traceback.format_exc()}
-
-
-def declared(condition: str) -> bool:
-    """Whether arrowstate declares the condition (Spark's own are in Spark's registry)."""
-    return condition in ERRORS

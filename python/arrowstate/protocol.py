@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from .contract import CONTRACT_VIOLATION, FRAME_SPECS, PROTOCOL_VERSION, Frame, check_payload
+from .errors import ArrowStateError
 
 VERSION = PROTOCOL_VERSION
 ERROR, READY, LIST_FILES, DATA, NO_DATA = (FRAME_SPECS[n].tag for n in (
@@ -31,8 +32,6 @@ _LONG = struct.Struct("!q")
 
 
 def _violation(payload: str, field: str, reason: str) -> Exception:
-    from .errors import ArrowStateError   # errors imports contract, as this module does
-
     return ArrowStateError(CONTRACT_VIOLATION, f"frame {payload}: {reason}",
                            payload=payload, field=field, reason=reason)
 

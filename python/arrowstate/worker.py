@@ -30,11 +30,13 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from . import contract, environment, errors, state_data, state_import
+from . import contract, environment, errors
 from . import protocol as p
 from ._version import __version__
 from .errors import ArrowStateError
 from .families import REGISTRY
+from .families.transform_with_state.pre_init import run_pre_init
+from .spark_state import importing, readers
 from .store import VersionedState
 from .store import files as store_files
 from .store.budget import give_back_memory, resident_bytes
@@ -105,7 +107,7 @@ class Worker:
         start = time.perf_counter()
         if family.named_columns and version > 0:
             try:
-                family.keep_columns(state_data.stored_schema(files, version))
+                family.keep_columns(readers.stored_schema(files, version))
             except store_files.CorruptStateFile:
                 pass   # damage is the load's to handle (it may load older files)
         state = self.held.new_state(family, key)
@@ -179,18 +181,18 @@ class Worker:
         files = JvmFiles(f, request["where"], request["context"])
         by_name = request.get("stateEncoding") == "avro"   # store.evolution
         if "changesFrom" in request and "columnFamily" in request:
-            batches = state_data.read_column_family_changes(
+            batches = readers.read_column_family_changes(
                 files, request["changesFrom"], request["version"], request["columnFamily"],
                 request["keySchema"], request["valueSchema"], by_name)
         elif "changesFrom" in request:
-            batches = state_data.read_changes(files, request["changesFrom"], request["version"],
+            batches = readers.read_changes(files, request["changesFrom"], request["version"],
                                               request["keySchema"], request["valueSchema"])
         elif "columnFamily" in request:   # a transformWithState variable
-            batches = state_data.read_column_family(
+            batches = readers.read_column_family(
                 files, request["version"], request["columnFamily"], request["keySchema"],
                 request["valueSchema"], request.get("snapshot"), by_name)
         else:
-            batches = state_data.read_state(files, request["version"], request["keySchema"],
+            batches = readers.read_state(files, request["version"], request["keySchema"],
                                             request["valueSchema"], request.get("snapshot"))
         for batch in batches:
             p.send(f, "DATA", p.batch_to_ipc(batch))
@@ -203,7 +205,7 @@ class Worker:
         batches = []
         while (frame := p.receive(f, "DATA", "END"))[0] == "DATA":
             batches.append(p.ipc_to_batch(frame[1][0]))
-        snapshot = state_import.snapshot(request["version"], request["valueSchema"], batches,
+        snapshot = importing.snapshot(request["version"], request["valueSchema"], batches,
                                          schema)
         p.send(f, "DATA", snapshot)
         p.send(f, "END")
@@ -213,8 +215,6 @@ class Worker:
         """PRE_INIT: a transformWithState processor's init() for Spark's planning on the
         driver (families.transform_with_state.pre_init); a worker that runs it serves no
         task after."""
-        from .families.transform_with_state.pre_init import run_pre_init
-
         environment.set_spark_files(request["sparkFilesDir"], request["pythonIncludes"])
         run_pre_init(request)
         p.send(f, "PRE_INIT")

@@ -415,7 +415,7 @@ def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) 
                                checkpoint, *args], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         return json.loads(done.stdout)
-    from arrowstate.checkpoint import state_command as run
+    from arrowstate.spark_state import state_command as run
     result = run(command, checkpoint, int(args[0]) if args else None, "UTC")
     return json.loads(json.dumps(result))
 

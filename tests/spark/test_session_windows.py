@@ -13,7 +13,7 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
 
 import harness
-from arrowstate.checkpoint import describe
+from arrowstate.spark_state import describe
 from harness import assert_same, run_query
 
 SAVE, RESTORE = "ArrowSessionWindowStateStoreSave", "ArrowSessionWindowStateStoreRestore"

@@ -8,7 +8,7 @@ from pyspark import cloudpickle
 
 import fmgws_functions as fns
 import tws_processors as procs
-from arrowstate.checkpoint import history
+from arrowstate.spark_state import history
 from harness import EVENTS, ev, run_query, state_command
 
 cloudpickle.register_pickle_by_value(fns)

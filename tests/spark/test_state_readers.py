@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 import fmgws_functions as fns
-from arrowstate.checkpoint import describe
+from arrowstate.spark_state import describe
 from harness import native_run, run_query, state_command
 
 cloudpickle.register_pickle_by_value(fns)

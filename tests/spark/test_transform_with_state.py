@@ -11,7 +11,7 @@ from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
 
 import tws_processors as procs
-from arrowstate.checkpoint import CheckpointError
+from arrowstate.spark_state import CheckpointError
 from harness import (assert_same, assert_state_reads_same, run_query, state_command,
                      ttl_masked)
 

@@ -13,7 +13,7 @@ from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
 
 import tws_processors as procs
-from arrowstate.checkpoint import describe
+from arrowstate.spark_state import describe
 from harness import (EVENTS, assert_state_reads_same, ev, read_state, run_query,
                      spark_errors, state_command, ttl_masked)
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from arrowstate.checkpoint import partition_engine
+from arrowstate.spark_state import partition_engine
 
 
 def test_partition_engines_are_told_by_their_files():
@@ -37,7 +37,7 @@ def test_a_conversion_refuses_a_running_query_but_the_one_planning_it(tmp_path):
     """export's --planning-batch: the shim converts while its query plans batch N (offsets/N
     written, no commit), and only then; a batch planned further on, or another query
     planning, is refused as ever."""
-    from arrowstate.checkpoint.conversion import CheckpointError, refuse_running
+    from arrowstate.spark_state.conversion import CheckpointError, refuse_running
     _logs(tmp_path, offsets=[0, 1, 2], commits=[0, 1])
     refuse_running(str(tmp_path), 1, planning=2)
     for planning in (None, 1, 3):

@@ -92,7 +92,7 @@ def test_without_a_master_on_the_builder_it_is_what_the_launcher_gives(where, ma
         with open(os.path.join(os.environ["SPARK_CONF_DIR"], "spark-defaults.conf"), "w") as f:
             f.write(defaults)
     os.environ.update(where)
-    assert arrowstate._master({}) == master
+    assert arrowstate.session._master({}) == master
     pinned = master.startswith("local")
     assert (EXEC in _configured()) == pinned
     assert ("PYSPARK_PYTHON" in os.environ) == pinned

@@ -388,11 +388,11 @@ def test_transform_with_state_timers_expire_in_time_order_across_tasks_and_reloa
 
 
 def test_transform_with_state_change_feed_has_a_record_per_state_operation():
-    """What the family's deltas give Spark's change feed (state_data): every operation of a
+    """What the family's deltas give Spark's change feed (spark_state.readers): every operation of a
     task in order (repeated writes of a key too), a single value write from its put row."""
     import json
 
-    from arrowstate import state_data
+    from arrowstate.spark_state import readers
     from arrowstate.store import files
 
     (family, state), schema = tws_task()
@@ -427,12 +427,12 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
     user, n = struct(user="string"), struct(n="long")
 
     def feed(variable, key):
-        batches = state_data.read_column_family_changes(
+        batches = readers.read_column_family_changes(
             Files(), 1, 3, variable, json.dumps(key), json.dumps(n))
         return [(r["version"], r["op"], r["key"], r["value"])
                 for b in batches for r in b.to_pylist()]
 
-    put, merge, delete = state_data.FEED_PUT, state_data.FEED_MERGE, state_data.FEED_DELETE
+    put, merge, delete = readers.FEED_PUT, readers.FEED_MERGE, readers.FEED_DELETE
     a, b = {"user": "a"}, {"user": "b"}
     assert sorted(feed("count", user), key=str) == sorted([
         (1, put, a, {"n": 2}), (1, put, b, {"n": 1}), (2, put, a, {"n": 4}),

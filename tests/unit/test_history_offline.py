@@ -12,9 +12,9 @@ import sys
 import pyarrow as pa
 import pytest
 
-from arrowstate import tws_state
 from arrowstate.__main__ import main
-from arrowstate.checkpoint import CheckpointError, format_history, history
+from arrowstate.spark_state import CheckpointError, format_history, history
+from arrowstate.spark_state.transform_with_state import describe_variables
 from arrowstate.store import files as store_files
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
@@ -194,7 +194,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkey
     assert "pip install 'arrowstate[plot]'" in out.err and out.out == ""
     assert not plot.exists()
     with pytest.raises(CheckpointError, match=r"arrowstate\[plot\]"):
-        from arrowstate.checkpoint import plot_history
+        from arrowstate.spark_state import plot_history
         plot_history(history(str(tmp_path)), str(plot))
 
 
@@ -237,7 +237,7 @@ def test_describe_names_transform_with_state_variables_and_timers(tmp_path):
     info = {"stateStoreInfo": [{"storeName": "default", "stateSchemaFilePaths": [
         "file:/elsewhere/state/0/_stateSchema/default/0_abc"]}],
         "operatorPropertiesJson": json.dumps(props)}
-    variables, timers = tws_state.describe_variables(str(op_dir), info)
+    variables, timers = describe_variables(str(op_dir), info)
     assert variables == [
         {"name": "count", "kind": "value", "schema": "struct<n:bigint>", "ttl": True},
         {"name": "seen", "kind": "map", "schema": "struct<c:bigint>", "ttl": False,
@@ -245,5 +245,5 @@ def test_describe_names_transform_with_state_variables_and_timers(tmp_path):
         {"name": "recent", "kind": "list", "schema": "struct<n:bigint>", "ttl": False}]
     assert timers["time_mode"] == "EventTime"
     os.remove(op_dir / "_stateSchema" / "default" / "0_abc")   # without it: no schemas
-    variables, _ = tws_state.describe_variables(str(op_dir), info)
+    variables, _ = describe_variables(str(op_dir), info)
     assert [v["schema"] for v in variables] == [None, None, None]

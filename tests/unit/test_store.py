@@ -162,7 +162,7 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
 
 
 def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_changes():
-    from arrowstate.store.files import StateLayoutChanged
+    from arrowstate.store.files import StateColumnsChanged
 
     def named(*fields):
         return VersionedState([pa.field("k", pa.int64())], list(fields), named_columns=True)
@@ -176,9 +176,9 @@ def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_cha
     grown.load(files, 1)
     assert grown.rows.take(grown.rows.live_ids()).to_pydict() == {
         "k0": [1], "v0": [None], "v1": [10]}
-    with pytest.raises(StateLayoutChanged, match=r"does not declare: \['s_a'\]"):
+    with pytest.raises(StateColumnsChanged, match=r"does not declare: \['s_a'\]"):
         named(b).load(files, 1)
-    with pytest.raises(StateLayoutChanged, match="s_a is int64 in the files but string"):
+    with pytest.raises(StateColumnsChanged, match="s_a is int64 in the files but string"):
         named(pa.field("s_a", pa.string())).load(files, 1)
 
 

@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from .. import protocol
+from ..spark_state.aggregate import LAYOUT
 from ..store import VersionedState
-from .aggregate_layout import LAYOUT
 from .base import WATERMARK_METRICS, FamilyBase
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..spark_state.layout import SparkLayout
 from ..store import VersionedState, evolution
-from .spark_layout import SparkLayout
 
 
 class StateFamily(Protocol):

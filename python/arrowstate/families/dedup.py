@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from .. import keys as keycodec
 from .. import protocol
+from ..spark_state.dedup import LAYOUT
 from ..store import VersionedState
 from .base import WATERMARK_METRICS, FamilyBase
-from .dedup_layout import LAYOUT
 
 
 class Deduplicate(FamilyBase):

@@ -23,10 +23,11 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from ..spark_state.flatmap import LAYOUT
+from ..spark_state.layout import arrow_fields
 from ..store import VersionedState
 from .base import STORE_METRICS, FamilyBase, UnsortedInput, gather_rows
-from .flatmap_layout import LAYOUT
-from .group_state_values import StateValueWriter, arrow_fields, python_values
+from .group_state_values import StateValueWriter, python_values
 from .pandas_io import PandasIO
 
 NO_TIMESTAMP = -1

@@ -24,16 +24,6 @@ Converter = Callable[[Any], Any]
 _INT_BITS = {"byte": 8, "short": 16, "integer": 32, "long": 64}
 
 
-def arrow_fields(schema, timezone: str) -> list[pa.Field]:
-    """The Arrow fields of a Spark struct's fields as Spark's own Arrow conversion makes them
-    (the JVM's and pyspark's alike): a name a struct repeats is carried as name_0, name_1,
-    ... (pyspark's Row conversion reads it so). Top-level fields are nullable, as stored."""
-    from pyspark.sql.pandas.types import _deduplicate_field_names, to_arrow_type
-
-    return [pa.field(f.name, f.type)
-            for f in to_arrow_type(_deduplicate_field_names(schema), timezone=timezone)]
-
-
 def python_values(columns: list[pa.Array], schema) -> list[tuple]:
     """Stored state columns (one per field of `schema`) as the value tuples pyspark hands
     Python code for the schema's types (a timestamp as a naive local datetime, as natively,
@@ -186,7 +176,8 @@ def struct_from_java(schema) -> Converter:
     from pyspark.sql.pandas.types import _dedup_names
 
     fields = [from_java(f.dataType) for f in schema.fields]
-    names = _dedup_names(schema.names)   # as the Arrow struct names them (arrow_fields)
+    # as the Arrow struct names them (spark_state.layout.arrow_fields)
+    names = _dedup_names(schema.names)
 
     def convert(v):
         kind = _java_kind(v)

@@ -42,11 +42,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import keys as keycodec
+from ..spark_state.session_window import LAYOUT
 from ..store import VersionedState
 from ..store.bloom import prefixes
 from ..store.rows import KeyedRows
 from .base import WATERMARK_METRICS, FamilyBase
-from .session_window_layout import LAYOUT
 
 _NONE = object()   # no key looked up yet in this task
 # evicted sessions left in the index of each key's sessions before it is built again (when

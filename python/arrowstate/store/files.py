@@ -74,7 +74,7 @@ class CorruptStateFile(ArrowStateError):
             f"file {path} ({context}): {what}", path=path, context=context, reason=what)
 
 
-class StateLayoutChanged(ArrowStateError):
+class StateColumnsChanged(ArrowStateError):
     """Intact files whose columns this query cannot take: not damage (no older snapshot is
     tried instead); the message says what changed."""
 
@@ -107,7 +107,7 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
             or None in _column_names(wanted_fields[key_count:])):
         return []
     if [f.type for f in stored_fields[:key_count]] != [f.type for f in wanted_fields[:key_count]]:
-        raise StateLayoutChanged(path, context, "its key columns differ from this query's")
+        raise StateColumnsChanged(path, context, "its key columns differ from this query's")
     where = {n: key_count + i for i, n in enumerate(stored_names)}
     plan: list = list(range(key_count))
     for f in wanted_fields[key_count:]:
@@ -117,14 +117,14 @@ def _by_name(path: str, context: str, stored: pa.Schema, wanted: pa.Schema,
             try:
                 evolve(name, pa.array([], stored_fields[at].type), f.type)
             except ValueError:
-                raise StateLayoutChanged(path, context, f"column {name.decode()} is "
+                raise StateColumnsChanged(path, context, f"column {name.decode()} is "
                                          f"{stored_fields[at].type} in the files but "
                                          f"{f.type} in this query") from None
             at = (at, f.type, lambda column, to, name=name: evolve(name, column, to))
         plan.append(f.type if at is None else at)
     left_over = set(where) - dropped
     if left_over:
-        raise StateLayoutChanged(path, context, "the files hold columns this query does not "
+        raise StateColumnsChanged(path, context, "the files hold columns this query does not "
                                  f"declare: {sorted(n.decode() for n in left_over)}")
     return plan
 
@@ -332,7 +332,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
         for batch in reader:
             _structural_view(batch).validate(full=True)
             batches.append(batch)
-    except (CorruptStateFile, StateLayoutChanged):
+    except (CorruptStateFile, StateColumnsChanged):
         raise
     except (pa.ArrowException, ValueError, KeyError, OSError, IndexError) as e:
         if expected_format == FORMAT:
@@ -355,7 +355,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
 
 
 def _bytes_type(t: pa.DataType) -> pa.DataType:
-    """The type with every string replaced by binary of the same layout."""
+    """The type with every string replaced by binary of the same memory form."""
     if pa.types.is_string(t):
         return pa.binary()
     if pa.types.is_large_string(t):

@@ -21,8 +21,9 @@ HASH_TABLE_MIN_KEYS = 500_000
 
 
 def new_state(family: Any, state_key: str, budget: MemoryBudget) -> VersionedState:
-    """An empty partition state of the family's layout (families.base.StateFamily), in the
-    store the budget places it in (scripts/replay_tasks.py makes its states here too)."""
+    """An empty partition state with the family's key and value fields
+    (families.base.StateFamily), in the store the budget places it in
+    (scripts/replay_tasks.py makes its states here too)."""
     return VersionedState(family.key_fields, family.value_fields,
                           named_columns=family.named_columns,
                           dropped_columns=family.dropped_columns,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...spark_state.transform_with_state import TIMER_VARIABLE, is_map_type
 from ...store import VersionedState, evolution
 from ...store import files as store_files
 from .codec import state_error
-from .layout import MAP, TIMER_VARIABLE, is_map_type
+from .kinds import MAP
 from .clients import DELETED_CLIENTS
 from .variables import Variable
 from .working_set import entries_in

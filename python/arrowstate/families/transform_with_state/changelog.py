@@ -19,7 +19,7 @@ import pyarrow as pa
 from ...store import VersionedState
 from ...store.files import CHANGE_APPEND, CHANGE_UPDATE
 from .codec import list_offsets
-from .layout import LIST, MAP, TIMERS, VALUE
+from .kinds import LIST, MAP, TIMERS, VALUE
 from .variables import Variable
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ import itertools
 
 import pyarrow as pa
 
-from ..group_state_values import StateValueWriter, arrow_fields, python_values
+from ...spark_state.layout import arrow_fields
+from ..group_state_values import StateValueWriter, python_values
 
 
 def struct_schema(schema, parsed: str | None):

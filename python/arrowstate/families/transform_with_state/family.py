@@ -16,8 +16,8 @@ arrives before the first batch's rows (`initial_state`): handleInitialState per 
 Variables across runs (kept, deleted with deleteIfExists, their schemas evolved): see
 across_runs.
 
-State layout: see layout. Change feed: see changelog. State on the tier (a worker with a
-memory budget): see working_set.
+State rows: see spark_state.transform_with_state. Change feed: see changelog. State on the
+tier (a worker with a memory budget): see working_set.
 """
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from ... import keys as keycodec
+from ...spark_state.layout import arrow_fields
+from ...spark_state.transform_with_state import LAYOUT, STATE_NAME, TIMER_VARIABLE
 from ...store import VersionedState
 from ..base import WATERMARK_METRICS, FamilyBase, UnsortedInput, gather_rows
-from ..group_state_values import arrow_fields
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
 from .changelog import write_changes
 from .codec import state_error, struct_schema
-from .layout import COUNTED_METRICS, LIST, MAP, STATE_NAME, TIMER_VARIABLE, VALUE
+from .kinds import COUNTED_METRICS, LIST, MAP, VALUE
 from .processor_input import ProcessorInput, rows_to_arrow
-from .spark_layout import LAYOUT
 from .timers import Timers
 from .variables import NO_KEY, Variable, column_values, variable_column
 from .working_set import WorkingSet

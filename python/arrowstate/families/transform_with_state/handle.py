@@ -11,7 +11,7 @@ from pyspark.sql.streaming.stateful_processor import (ListState, MapState,
                                                       StatefulProcessorHandle, ValueState)
 
 from .codec import state_error
-from .layout import LIST, MAP, VALUE
+from .kinds import LIST, MAP, VALUE
 from .timers import Timers
 from .clients import ListClient, MapClient, ValueClient
 from .variables import Variable

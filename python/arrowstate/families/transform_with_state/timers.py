@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 
-from .layout import TIMER_VARIABLE, TIMERS
+from ...spark_state.transform_with_state import TIMER_VARIABLE
+from .kinds import TIMERS
 from .variables import SEQUENCE
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ...store.files import CHANGE_DELETE, CHANGE_UPDATE
 from .codec import Codec, TtlCodec, list_offsets
-from .layout import LIST, MAP, TIMERS, VALUE
+from .kinds import LIST, MAP, TIMERS, VALUE
 
 if TYPE_CHECKING:
     from .family import TransformWithState

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ...spark_state.transform_with_state import is_map_type
 from ...store import TimeIndex, VersionedState
-from .layout import MAP, TIMERS, VALUE, is_map_type
+from .kinds import MAP, TIMERS, VALUE
 
 if TYPE_CHECKING:
     from .family import TransformWithState

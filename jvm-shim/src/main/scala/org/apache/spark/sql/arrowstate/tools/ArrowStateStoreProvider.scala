@@ -170,7 +170,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       val changes = new WorkerReadStream(id, files,
         ArrowStateStoreProvider.workerSettings(storeConf), keys, values, request: _*)({
           (row, key, value) =>
-            val kind = row.getByte(2) match {   // state_data.FEED_*
+            val kind = row.getByte(2) match {   // spark_state.transform_with_state.FEED_*
               case 1 => RecordType.PUT_RECORD
               case 2 => RecordType.MERGE_RECORD
               case _ => RecordType.DELETE_RECORD

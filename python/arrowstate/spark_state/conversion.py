@@ -1,6 +1,6 @@
 """`python -m arrowstate state export` and `import`: an operator's state converted between
 arrowstate's files and Spark's own store (the newest committed version), by the family's
-layout object (families.layouts), in a Spark session; the offset log records a changed
+layout (spark_state.layouts), in a Spark session; the offset log records a changed
 provider, and the old engine's files are moved aside.
 """
 from __future__ import annotations
@@ -8,14 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .. import tws_state
-from ..families.layouts import LAYOUTS, layout_of_schema
-from ..families.spark_layout import (HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER,
-                                     OperatorJob, SparkLayout)
+from ..session import EXTENSION_CLASS, configure
 from ..store import files as store_files
-from .files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, LocalFiles, offset_conf,
-                    offsets_with_conf, planned_batch, read_schema_file, write_log_entry)
+from .checkpoint_files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, LocalFiles,
+                               offset_conf, offsets_with_conf, planned_batch, read_schema_file,
+                               write_log_entry)
 from .inventory import describe
+from .layout import HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER, OperatorJob, SparkLayout
+from .layouts import LAYOUTS, layout_of_schema
+from .readers import stored_schema
+from .transform_with_state import TIMER_VARIABLE, operator_properties
 
 
 def operator_layout(checkpoint: str, o: dict) -> SparkLayout:
@@ -68,12 +70,11 @@ def refuse_column_families(checkpoint: str, o: dict, last: int) -> None:
 def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
     """The state variables arrowstate's files of the operator hold at batch `last` that
     the processor (its newest operator metadata) does not declare."""
-    from ..state_data import stored_schema
     if ARROWSTATE not in o["engine"].split("+"):
         return []
     op_dir = os.path.join(checkpoint, "state", str(o["operator_id"]))
     declared = {v["stateName"] for v in
-                tws_state.operator_properties(op_dir, last)["stateVariables"]}
+                operator_properties(op_dir, last)["stateVariables"]}
     held = set()
     for p in range(o["partitions"]):
         where = os.path.join(op_dir, str(p))
@@ -81,7 +82,7 @@ def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
         if os.path.isdir(where) and any(store_files.parse_name(n) for n in source.names()):
             held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
                         for f in stored_schema(source, last + 1))
-    return sorted(held - declared - {"", tws_state.TIMER_VARIABLE})
+    return sorted(held - declared - {"", TIMER_VARIABLE})
 
 
 @contextlib.contextmanager
@@ -96,7 +97,6 @@ def conversion_session(app: str, conf: dict, on_driver: bool = False):
     which of the three it is ("active", "driver", "local")."""
     from pyspark.sql import SparkSession
 
-    from .. import EXTENSION_CLASS, configure
     active, kind = SparkSession.getActiveSession(), "active"
     if active is None and on_driver and "PYSPARK_GATEWAY_PORT" in os.environ:
         active, kind = _driver_session(), "driver"

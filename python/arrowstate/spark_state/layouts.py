@@ -1,18 +1,17 @@
 """Each family's layout object (`SparkLayout`), by family name: what the offline tools
 dispatch on. Each family's class names the same object (`layout`); contract.json names the
-families and the operator names Spark records for them. Needs pyarrow and numpy only: the
-live families are not imported.
+families and the operator names Spark records for them. Imports no live family.
 """
 from __future__ import annotations
 
-from .aggregate_layout import LAYOUT as AGGREGATE
-from .dedup_layout import LAYOUT as DEDUPLICATE
-from .dedup_layout import is_dummy
-from .flatmap_layout import LAYOUT as FLATMAP
-from .flatmap_layout import is_group_state
-from .session_window_layout import LAYOUT as SESSION_WINDOW
-from .spark_layout import SparkLayout
-from .transform_with_state.spark_layout import LAYOUT as TRANSFORM_WITH_STATE
+from .aggregate import LAYOUT as AGGREGATE
+from .dedup import LAYOUT as DEDUPLICATE
+from .dedup import is_dummy
+from .flatmap import LAYOUT as FLATMAP
+from .flatmap import is_group_state
+from .layout import SparkLayout
+from .session_window import LAYOUT as SESSION_WINDOW
+from .transform_with_state import LAYOUT as TRANSFORM_WITH_STATE
 
 LAYOUTS: dict[str, SparkLayout] = {layout.family: layout for layout in (
     DEDUPLICATE, AGGREGATE, SESSION_WINDOW, FLATMAP, TRANSFORM_WITH_STATE)}

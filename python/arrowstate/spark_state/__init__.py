@@ -1,12 +1,23 @@
-"""A streaming checkpoint's state, offline (`python -m arrowstate state describe|history|
-export|import|repartition`), in modules by concern: files (the checkpoint's files and logs),
-inventory (describe), history, conversion (export, import) and repartitioning.
+"""Spark's view of arrowstate's state: each family's rows in Spark's layout, and the tools
+that read and convert a checkpoint's state through it, in modules by concern:
+- layout: what a family's layout is (`SparkLayout`), and Spark's types as Arrow's;
+- dedup, aggregate, session_window, flatmap, transform_with_state: each family's layout;
+- layouts: the layouts by family, and the one a request with schemas alone reads by;
+- readers: Spark's state readers on arrowstate's files (READ_STATE);
+- importing: Spark's rows as an arrowstate snapshot (IMPORT_STATE);
+- checkpoint_files: a checkpoint's files and logs, as Spark names and writes them;
+- inventory (`state describe`), history (`state history`), conversion (`state export`,
+  `state import`) and repartitioning (`state repartition`), offline: `python -m
+  arrowstate state ...`, or the functions below.
+The live families (arrowstate.families) import their layouts from here; nothing here
+imports a live family.
 """
 from __future__ import annotations
 
+from .checkpoint_files import (ARROWSTATE, HDFS, ROCKSDB, CheckpointError, LocalFiles,
+                               last_committed_batch, offset_conf, partition_engine,
+                               read_schema_file)
 from .conversion import export_to_spark, import_from_spark
-from .files import (ARROWSTATE, HDFS, ROCKSDB, CheckpointError, LocalFiles, last_committed_batch,
-                    offset_conf, partition_engine, read_schema_file)
 from .history import format_history, history, plot_history, require_plotting
 from .inventory import FAMILIES, Operator, describe, format_text
 from .repartitioning import repartition

@@ -2,7 +2,7 @@
 row, the aggregation buffer, field for field, as Spark's value row."""
 from __future__ import annotations
 
-from .spark_layout import KeyValueLayout
+from .layout import KeyValueLayout
 
 
 class AggregateLayout(KeyValueLayout):

@@ -10,8 +10,8 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from .families.layouts import layout_of_schema
-from .store import files as store_files
+from ..store import files as store_files
+from .layouts import layout_of_schema
 
 
 def our_rows(batch: pa.RecordBatch, value_schema: dict) -> pa.RecordBatch:

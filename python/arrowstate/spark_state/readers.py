@@ -1,7 +1,7 @@
 """arrowstate state as Spark's state stores present it: key and value rows in the schemas
 Spark records for the operator (its `_metadata/schema` files), so that Spark's own readers
 (`spark.read.format("statestore")`) show arrowstate state as they show native state. The
-rows are laid out by the family's layout object (families.layouts); the requests read here
+rows are laid out by the family's layout object (layouts); the requests read here
 carry Spark's schemas only, so the layout is the one those schemas are
 (`layouts.layout_of_schema`).
 """
@@ -13,14 +13,12 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .families.layouts import layout_of_schema
-from .families.transform_with_state.layout import TIMER_VARIABLE
-from .families.transform_with_state.spark_layout import (FEED_DELETE, FEED_MERGE,  # noqa: F401
-                                                         FEED_PUT, TIMER_FAMILIES,
-                                                         change_records)
-from .store import VersionedState, evolution
-from .store import files as store_files
-from .store.lifecycle import FileSource, load_plans
+from ..store import VersionedState, evolution
+from ..store import files as store_files
+from ..store.lifecycle import FileSource, load_plans
+from .layouts import layout_of_schema
+from .transform_with_state import (FEED_DELETE, FEED_MERGE, FEED_PUT,  # noqa: F401
+                                   TIMER_FAMILIES, TIMER_VARIABLE, change_records)
 
 BATCH_ROWS = 1 << 16
 
@@ -126,7 +124,7 @@ def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
 
 
 # transformWithState: Spark keeps each state variable in a column family of its own
-# (families/transform_with_state/spark_layout.py lays its rows out)
+# (transform_with_state.py lays its rows out)
 
 
 def _variable_column(source: FileSource, state: VersionedState, column_family: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .spark_layout import KeyValueLayout, fields_value
+from .layout import KeyValueLayout, fields_value
 
 DUMMY = "__dummy__"
 

@@ -5,7 +5,7 @@ and writes it with the key encoding, and places its rows by the partitioning, th
 operator's metadata records (`numColsPrefixKey`)."""
 from __future__ import annotations
 
-from .spark_layout import KeyValueLayout
+from .layout import KeyValueLayout
 
 
 class SessionWindowLayout(KeyValueLayout):

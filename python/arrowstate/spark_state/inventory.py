@@ -9,11 +9,14 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from .. import contract, tws_state
-from ..families.layouts import LAYOUTS
+from .. import contract
 from ..store import files as store_files
-from .files import (ARROWSTATE, CheckpointError, LocalFiles, dir_size, last_committed_batch,
-                    offset_conf, operator_metadata, partition_engine, read_schema_file)
+from .checkpoint_files import (ARROWSTATE, CheckpointError, LocalFiles, dir_size,
+                               last_committed_batch, offset_conf, operator_metadata,
+                               partition_engine, read_schema_file)
+from .layouts import LAYOUTS
+from .readers import stored_state
+from .transform_with_state import describe_variables
 
 # Spark's operator names (operator metadata) and the arrowstate family that runs them
 FAMILIES = {name: family for family, declared in contract.FAMILIES.items()
@@ -35,7 +38,7 @@ class Operator:
     stores: list[str] = field(default_factory=list)
     note: str | None = None
     holds: str | None = None               # what the family's state holds, in a sentence
-    state_variables: list[dict] | None = None   # transformWithState's (tws_state)
+    state_variables: list[dict] | None = None   # transformWithState's
     timers: dict | None = None             # transformWithState's, unless NoTime
 
 
@@ -115,14 +118,13 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
     family = FAMILIES.get(name)
     variables = timers = None
     if family is not None and LAYOUTS[family].column_families and info is not None:
-        variables, timers = tws_state.describe_variables(op_dir, info)
+        variables, timers = describe_variables(op_dir, info)
     return Operator(op, name, family, engine, declared or len(parts), newest, rows,
                     dir_size(op_dir), key_schema, value_schema, stores, note,
                     None if family is None else LAYOUTS[family].holds, variables, timers)
 
 
 def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
-    from ..state_data import stored_state
     source = LocalFiles(where, f"operator {op}, partition {partition}, version {version}")
     if not any(store_files.parse_name(n) for n in source.names()):
         return 0

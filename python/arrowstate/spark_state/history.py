@@ -30,8 +30,8 @@ import os
 import re
 
 from ..store import files as store_files
-from .files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
-                    last_committed_batch, operator_metadata, planned_batch)
+from .checkpoint_files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
+                               last_committed_batch, operator_metadata, planned_batch)
 from .inventory import FAMILIES
 
 # Spark's progress names of the figures a delta records (store_files.STATE_FIGURES)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .spark_layout import KeyValueLayout
+from .layout import KeyValueLayout
 
 GROUP_STATE, TIMEOUT = "groupState", "timeoutTimestamp"
 NO_TIMESTAMP = -1

@@ -1,14 +1,15 @@
-"""What a family's layout object is (`SparkLayout`): its rows as Spark's stores lay them out,
-to and from arrowstate's, for the offline tools (Spark's state readers through READ_STATE,
-IMPORT_STATE, `python -m arrowstate state export|import|repartition|describe`).
+"""What a family's layout object is (`SparkLayout`): its rows as Spark's stores lay them out
+(its layout), to and from arrowstate's, for the offline tools (Spark's state readers through
+READ_STATE, IMPORT_STATE, `python -m arrowstate state export|import|repartition|describe`).
 
 arrowstate's files hold the key columns `k0..` then the value columns `v0..` of a family
 (transformWithState names its value columns, one per state variable). Spark's stores hold
 a `key` and a `value` row in the schemas it records for the operator (its `_metadata/schema`
 file), or, for transformWithState, one column family per state variable.
 
-This module and the layouts need pyarrow and numpy only: the offline tools import them
-without the live families.
+This module and the layouts need pyarrow and numpy only (and pyspark, deferred, for
+`arrow_fields`: Spark's types as Arrow's, which the live families use for their columns
+too): the offline tools import them without the live families.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pyarrow as pa
+
+from .checkpoint_files import read_schema_file
 
 
 @dataclass
@@ -50,7 +53,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 
 class SparkLayout(abc.ABC):
     """A family's rows as Spark's stores lay them out, to and from arrowstate's. One object
-    per family (`families.layouts.LAYOUTS`); every operation below is the family's own."""
+    per family (`layouts.LAYOUTS`); every operation below is the family's own."""
 
     family: ClassVar[str]
     # what the family's state holds, in a sentence (`state describe` prints it)
@@ -119,7 +122,6 @@ class KeyValueLayout(SparkLayout):
     @staticmethod
     def schemas(job: OperatorJob) -> tuple[str, str]:
         """The operator's key and value schemas (Spark's JSON) from its schema file."""
-        from ..checkpoint.files import read_schema_file
         return tuple(map(json.dumps, read_schema_file(os.path.join(
             job.state_root, str(job.operator_id), "0", "_metadata", "schema"))))
 
@@ -146,6 +148,16 @@ class KeyValueLayout(SparkLayout):
         return list(job.conversion.repartitionOperator(
             job.spark._jsparkSession, rows._jdf, job.state_root, job.operator_id,
             job.partitions, job.version, key, value, job.time_zone))
+
+
+def arrow_fields(schema, timezone: str) -> list[pa.Field]:
+    """The Arrow fields of a Spark struct's fields as Spark's own Arrow conversion makes them
+    (the JVM's and pyspark's alike): a name a struct repeats is carried as name_0, name_1,
+    ... (pyspark's Row conversion reads it so). Top-level fields are nullable, as stored."""
+    from pyspark.sql.pandas.types import _deduplicate_field_names, to_arrow_type
+
+    return [pa.field(f.name, f.type)
+            for f in to_arrow_type(_deduplicate_field_names(schema), timezone=timezone)]
 
 
 def fields_value(values: list[pa.Array], value_schema: dict) -> pa.StructArray:

@@ -1,11 +1,20 @@
-"""transformWithState state, offline (`state import`, `export`, `repartition`): Spark keeps each
-state variable of the processor in column families of its own (the variable's, and
-internal ones for TTLs, list sizes and the two timer indexes); arrowstate keeps one row per
-grouping key and variable (families/transform_with_state/layout.py). Both engines' state reads
-the same through Spark's `statestore` reader, one variable at a time, so that reader is
-the source here: each variable's rows (and the registered timers) of the newest committed
-batch become arrowstate snapshots, one per partition: the partition the rows were read
-from (import), or the one Spark's hash partitioning of the grouping key gives (repartition).
+"""transformWithState's state in Spark's layout, and arrowstate's own rows of it.
+
+arrowstate's rows: one per grouping key and state variable: the grouping key columns and
+`__state` (the variable's name) as key; one typed value column per variable (a struct for
+a value, a list of structs for a list, a list of key/value structs for a map), null in the
+other variables' rows. A key's timers are one more such variable, `$timers` (its sorted
+expiry times), in time modes that have timers. The files name the value columns, so a
+processor may add variables between runs. The live family (families.transform_with_state)
+keeps its rows so, with these names.
+
+Spark's layout: each state variable in a column family of its own (one row per value, per
+list element, per map entry, and per timer in the two timer column families). The offline
+conversions to and from Spark's own store (`state import`, `export`, `repartition`) go per
+state variable through Spark's `statestore` reader, which reads both engines' state the
+same: each variable's rows (and the registered timers) of the newest committed batch
+become arrowstate snapshots, one per partition: the partition the rows were read from
+(import), or the one Spark's hash partitioning of the grouping key gives (repartition).
 """
 from __future__ import annotations
 
@@ -15,10 +24,125 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .families.group_state_values import arrow_fields
-from .families.transform_with_state.layout import STATE_NAME, TIMER_VARIABLE
-from .store import VersionedState
-from .store import files as store_files
+from .. import keys as keycodec
+from ..store import VersionedState
+from ..store import files as store_files
+from .checkpoint_files import read_column_family_schemas
+from .layout import OperatorJob, SparkLayout, arrow_fields
+
+STATE_NAME = "__state"
+TIMER_VARIABLE = "$timers"   # "$" names are Spark's own column families, never a processor's
+
+
+def is_map_type(t: pa.DataType) -> bool:
+    """A map variable's column: a list of key/value structs."""
+    return (pa.types.is_list(t) and pa.types.is_struct(t.value_type)
+            and [f.name for f in t.value_type] == ["key", "value"])
+
+
+TIMER_FAMILIES = ("$procTimers_keyToTimestamp", "$eventTimers_keyToTimestamp")
+
+# what the change feed of a transformWithState variable gives per record, as Spark's RocksDB
+# changelog: 1 a put (Spark's "update"), 2 a merge ("append"), 0 a delete
+FEED_PUT, FEED_MERGE, FEED_DELETE = 1, 2, 0
+
+
+def _renamed(array: pa.StructArray, names: list[str]) -> pa.StructArray:
+    """The struct with Spark's field names (arrowstate's TTL struct names its expiry
+    `expiresAtMs`, Spark's `ttlExpirationMs`); nulls stay nulls."""
+    return pa.StructArray.from_arrays(array.flatten(), names=names, mask=array.is_null())
+
+
+def change_records(batch: pa.RecordBatch, grouping_count: int, column: int,
+                   key_schema: dict, value_names: list[str], version: int
+                   ) -> pa.RecordBatch:
+    """One delta's rows of a variable as change feed records, per key in order."""
+    ops = batch.column(batch.num_columns - 1).to_pylist()
+    groups = keycodec.rows(batch.columns[:grouping_count], batch.num_rows)
+    with_records = {g for g, op in zip(groups, ops) if op > store_files.OP_PUT}
+    values = batch.column(column)
+    is_list = pa.types.is_list(values.type)
+    is_map = is_map_type(values.type)
+    lengths = (pc.fill_null(pc.list_value_length(values), 0).to_pylist() if is_list
+               else None)
+    offsets = values.offsets.to_pylist() if is_list else None
+    # per record: its row, the element it shows (an index into the list's elements, or
+    # the row's value), its feed op
+    rows, elements, feed = [], [], []
+    for i, (group, op) in enumerate(zip(groups, ops)):
+        if (op > store_files.OP_PUT) != (group in with_records):
+            continue   # a key with change records: its rows are the state they led to
+        if op in (store_files.OP_REMOVE, store_files.CHANGE_DELETE) and not is_map:
+            rows.append(i)
+            elements.append(None)
+            feed.append(FEED_DELETE)
+        elif not is_list:
+            rows.append(i)
+            elements.append(i)
+            feed.append(FEED_PUT)
+        else:
+            for j in range(lengths[i]):
+                rows.append(i)
+                elements.append(offsets[i] + j)
+                if is_map:
+                    feed.append(FEED_DELETE if op == store_files.CHANGE_DELETE else FEED_PUT)
+                else:
+                    feed.append(FEED_PUT if j == 0 and op != store_files.CHANGE_APPEND
+                                else FEED_MERGE)
+    take_rows = pa.array(rows, pa.int32())
+    picked = pa.array(elements, pa.int32())
+    grouping_names = [f["name"] for f in (key_schema["fields"][0]["type"] if is_map
+                                          else key_schema)["fields"]]
+    grouping = pa.StructArray.from_arrays(
+        [c.take(take_rows) for c in batch.columns[:grouping_count]], names=grouping_names)
+    if is_map:
+        entries = values.flatten().take(picked)
+        user_key, value = entries.flatten()
+        key = pa.StructArray.from_arrays([grouping, user_key],
+                                         names=[f["name"] for f in key_schema["fields"]])
+    else:
+        key, value = grouping, (values.flatten() if is_list else values).take(picked)
+    return pa.RecordBatch.from_arrays(
+        [key, _renamed(value, value_names), pa.array(feed, pa.int8()),
+         pa.array([version] * len(feed), pa.int64())], names=["key", "value", "op", "version"])
+
+
+def family_rows(batch: pa.RecordBatch, grouping_count: int, values: pa.Array,
+                column_family: str, grouping_names: list[str], key_schema: dict,
+                value_names: list[str]) -> pa.RecordBatch:
+    """A variable's stored rows (`batch`) as Spark's rows of its column family."""
+    grouping = pa.StructArray.from_arrays(batch.columns[:grouping_count], names=grouping_names)
+    if not pa.types.is_list(values.type):   # a value
+        return pa.RecordBatch.from_arrays([grouping, _renamed(values, value_names)],
+                                          names=["key", "value"])
+    owner = pc.list_parent_indices(values)
+    grouping, elements = grouping.take(owner), values.flatten()
+    outer = [f["name"] for f in key_schema["fields"]]
+    if column_family in TIMER_FAMILIES:
+        key = pa.StructArray.from_arrays([grouping, elements], names=outer)
+        value = pa.StructArray.from_arrays(
+            [pa.nulls(len(elements), pa.null()) for _ in value_names], names=value_names)
+    elif is_map_type(values.type):
+        user_key, value = elements.flatten()
+        key = pa.StructArray.from_arrays([grouping, user_key], names=outer)
+        value = _renamed(value, value_names)
+    else:
+        key, value = grouping, _renamed(elements, value_names)
+    return pa.RecordBatch.from_arrays([key, value], names=["key", "value"])
+
+
+def variable_column(schema: pa.Schema, column_family: str) -> tuple[int, int, str] | None:
+    """In stored columns (`schema`, which names its value columns): the key column count,
+    and the column and name of the column family's variable; None when the columns are not
+    named or hold no such variable."""
+    fields = list(schema)
+    named = [(f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode() for f in fields]
+    key_count = next((i for i, n in enumerate(named) if n), len(named))
+    variable = TIMER_VARIABLE if column_family in TIMER_FAMILIES else column_family
+    if key_count == len(named) or f"s_{variable}" not in named[key_count:]:
+        return None
+    return key_count, named.index(f"s_{variable}"), variable
+
 
 TIMER_FIELD = "expiration_timestamp_ms"
 
@@ -47,8 +171,6 @@ def describe_variables(op_dir: str, info: dict) -> tuple[list[dict], dict | None
     timers (the time mode and what a timer is; None in NoTime mode). Schemas are None when
     the schema file is not there (simpleString otherwise)."""
     from pyspark.sql.types import StructType
-
-    from .checkpoint.files import read_column_family_schemas
 
     def simple(schema: dict | None) -> str | None:
         return None if schema is None else StructType.fromJson(schema).simpleString()
@@ -131,9 +253,9 @@ class _Builder:
                                           fields=list(element_type))
 
 
-def _variable_column(builder: _Builder, kind: str, ttl: bool, df, table: pa.Table
+def _stored_column(builder: _Builder, kind: str, ttl: bool, df, table: pa.Table
                      ) -> tuple[pa.DataType, pa.Array]:
-    """The variable's type in arrowstate's layout and its column for the table's rows."""
+    """The variable's type in arrowstate's rows and its column for the table's rows."""
     if kind == "ValueState":
         t = builder.element(df.schema["value"].dataType, ttl)
         return t, builder.elements(table.column("value").combine_chunks(), t, ttl)
@@ -189,7 +311,7 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
         df = _partitioned(_reader(spark, checkpoint, operator, batch, stateVarName=name,
                                   flattenCollectionTypes="false"), to)
         table = df.toArrow()
-        t, column = _variable_column(builder, kind, ttl, df, table)
+        t, column = _stored_column(builder, kind, ttl, df, table)
         parts.append((name, table.select(["key", "partition_id"]), t, column))
         grouping = df.schema["key"].dataType
     if props.get("timeMode", "NoTime") != "NoTime":
@@ -262,3 +384,55 @@ def export_operator(spark, checkpoint: str, state_root: str, operator: int, batc
     export = spark._jvm.org.apache.spark.sql.arrowstate.tools.TransformWithStateExport
     return list(export.exportOperator(spark._jsparkSession, state_root, operator, partitions,
                                       version, names, kinds, ttls, frames, time_mode))
+
+
+class TransformWithStateLayout(SparkLayout):
+    family = "transformWithState"
+    holds = ("the processor's state variables per grouping key (values, lists, maps, each "
+             "value's TTL expiry beside it) and its timers; arrowstate keeps one row per "
+             "grouping key and variable, Spark one column family per variable")
+    column_families = True
+
+    def spark_rows(self, batch: pa.RecordBatch, key_schema: dict, value_schema: dict,
+                   column_family: str | None = None) -> pa.RecordBatch:
+        """The rows of `column_family` among stored rows (`batch`, in the stored schema,
+        which names its value columns): one per value (value state), per list element, per
+        map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
+        expiryTimestampMs>`, for the timer column families)."""
+        found = None if column_family is None else variable_column(batch.schema,
+                                                                   column_family)
+        if found is None:
+            raise ValueError(f"arrowstate: transformWithState rows are read per column "
+                             f"family; these rows have none named {column_family!r}")
+        key_count, column, variable = found
+        mine = batch.filter(pc.equal(batch.column(key_count - 1), variable))
+        values = mine.column(column)
+        grouping_names = [f["name"] for f in (
+            key_schema["fields"][0]["type"] if column_family in TIMER_FAMILIES
+            or is_map_type(values.type) else key_schema)["fields"]]
+        return family_rows(mine, key_count - 1, values, column_family, grouping_names,
+                           key_schema, [f["name"] for f in value_schema["fields"]])
+
+    def our_rows(self, batch: pa.RecordBatch, value_schema: dict) -> pa.RecordBatch:
+        # Spark's rows of one column family do not make arrowstate rows by themselves (a
+        # key's row holds its variable's whole list or map, typed by the processor's
+        # declaration): import_operator builds them per variable from Spark's reader
+        raise ValueError("arrowstate: transformWithState state is imported per state "
+                         "variable (state import), not from one store's key and value rows")
+
+    def export_operator(self, job: OperatorJob) -> list[int]:
+        return export_operator(job.spark, job.checkpoint, job.state_root, job.operator_id,
+                               job.batch, job.version, job.partitions)
+
+    def import_operator(self, job: OperatorJob) -> list[int]:
+        return convert_operator(job.spark, job.checkpoint, job.operator_id, job.batch,
+                                job.version, job.partitions, job.time_zone,
+                                repartition=False)
+
+    def repartition_operator(self, job: OperatorJob) -> list[int]:
+        return convert_operator(job.spark, job.checkpoint, job.operator_id, job.batch,
+                                job.version, job.partitions, job.time_zone,
+                                repartition=True)
+
+
+LAYOUT = TransformWithStateLayout()

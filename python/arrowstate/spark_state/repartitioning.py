@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
-from ..families.spark_layout import OperatorJob
+from .checkpoint_files import (ARROWSTATE, CheckpointError, offset_conf, offsets_with_conf,
+                               planned_batch, write_log_entry)
 from .conversion import conversion_session, operator_layout, refuse_column_families, \
     refuse_running
-from .files import (ARROWSTATE, CheckpointError, offset_conf, offsets_with_conf, planned_batch,
-                    write_log_entry)
 from .inventory import describe
+from .layout import OperatorJob
 
 
 def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) -> dict:

@@ -1,12 +1,12 @@
-"""A streaming checkpoint's files, as Spark lays them out, read (and the logs written) on the
-local filesystem: `commits/<batch>`, `offsets/<batch>` (with the SQL settings a restart
-keeps), `state/<op>/_metadata/metadata` (operator metadata v1: name, stores, partitions;
-transformWithState writes v2 entries, `_metadata/v2/<batch>`), `state/<op>/<partition>/
-_metadata/schema` (state schema v1 or v2: the key and value schemas as JSON),
-`state/<op>/_stateSchema/<store>/<batch>_<uuid>` (state schema v3, transformWithState's:
-per column family its key and value schemas) and the
-partition directories with the engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`,
-Spark's HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`.
+"""A streaming checkpoint's files, as Spark names and writes them, read (and the logs
+written) on the local filesystem: `commits/<batch>`, `offsets/<batch>` (with the SQL
+settings a restart keeps), `state/<op>/_metadata/metadata` (operator metadata v1: name,
+stores, partitions; transformWithState writes v2 entries, `_metadata/v2/<batch>`),
+`state/<op>/<partition>/_metadata/schema` (state schema v1 or v2: the key and value schemas
+as JSON), `state/<op>/_stateSchema/<store>/<batch>_<uuid>` (state schema v3,
+transformWithState's: per column family its key and value schemas) and the partition
+directories with the engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`, Spark's
+HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`.
 """
 from __future__ import annotations
 
