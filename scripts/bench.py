@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench_lib import functions
+from bench_lib.checkpoints import Checkpoints, per_batch
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(functions)   # Spark's workers need not import it
@@ -173,6 +174,9 @@ SCALING_CASES = {
 }
 
 
+CHECKPOINTS = Checkpoints("local")   # where run_once's checkpoints go (--checkpoint)
+
+
 def run_once(spark, source: str, case, arrowstate: bool):
     """Runs the query over every file of `source`; returns seconds and the progress list."""
     build, mode, node = case
@@ -183,7 +187,7 @@ def run_once(spark, source: str, case, arrowstate: bool):
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     else:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
+    checkpoint = CHECKPOINTS.new()
     try:
         stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")
                   .option("maxFilesPerTrigger", 1).parquet(source))
@@ -196,7 +200,7 @@ def run_once(spark, source: str, case, arrowstate: bool):
         assert node is None or (node in plan) == arrowstate, plan
         return elapsed, q.recentProgress
     finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        CHECKPOINTS.remove(checkpoint)
 
 
 def jit_seconds(spark) -> float:
@@ -267,6 +271,10 @@ def main() -> None:
                              "no-state and floor runs as many): the JVM compiles Spark's "
                              "code over a dozen runs, and a run measured before that "
                              "settles carries whichever compiling falls in it")
+    parser.add_argument("--checkpoint", choices=("local", "hdfs", "s3"), default="local",
+                        help="where the queries' checkpoints are: the local disk, or HDFS or "
+                             "an S3-compatible store started here on loopback (the tests' "
+                             "own: tests/helpers/storage.py)")
     parser.add_argument("--arrowstate-only", action="store_true",
                         help="leave out Spark's own runs (for long runs of the cases Spark "
                              "runs slowly: transformWithState natively takes 10-20x longer)")
@@ -345,6 +353,8 @@ def main() -> None:
     from bench_lib.scaling import scaling
     from procinfo import descendants_cpu_seconds, rss_bytes, state_worker_pids
 
+    global CHECKPOINTS
+    CHECKPOINTS = Checkpoints(args.checkpoint)
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
     if args.exchange:   # before Spark starts: its workers' interpreter and environment
@@ -357,6 +367,7 @@ def main() -> None:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "8g")
         .config(map={"spark.executor.pyspark.memory": budget} if budget else {})
+        .config(map=CHECKPOINTS.spark_settings())
         .config(map=dict(c.split("=", 1) for c in args.conf))
     ).config(map=exchange_settings).getOrCreate()   # after configure's own interpreter
     spark.sparkContext.setLogLevel("ERROR")
@@ -385,6 +396,7 @@ def main() -> None:
                 shapes(spark, args, CASES, run_once, write_batches, floor_figures)
         finally:
             spark.stop()
+            CHECKPOINTS.stop()
         return
     source = tempfile.mkdtemp(prefix="bench-in-")
     write_batches(source, args.rows, args.batches, args.keys)
@@ -399,10 +411,13 @@ def main() -> None:
             progress = {on: [] for on in engines}
             cpu = {on: [] for on in engines}   # CPU seconds of the JVM and its Python workers
             jit = {on: [] for on in engines}   # of it, the JVM's compiling
+            requests = {on: [] for on in engines}   # the object store's, per batch and run
             for i in range(args.runs):
                 for on in (engines[::-1] if i % 2 == 0 else engines):
                     before, compiled = descendants_cpu_seconds(), jit_seconds(spark)
+                    asked = CHECKPOINTS.requests()
                     seconds, batches = run_once(spark, source, case, on)
+                    requests[on].append(per_batch(asked, CHECKPOINTS.requests(), len(batches)))
                     cpu[on].append(descendants_cpu_seconds() - before)
                     jit[on].append(jit_seconds(spark) - compiled)
                     times[on].append(seconds)
@@ -422,9 +437,12 @@ def main() -> None:
                 "native_cpu_s": round(median_cpu[False], 2),
                 # beside wall time, less moved by what else the machine runs
                 "cpu_ratio": round(median_cpu[False] / max(median_cpu[True], 1e-9), 3),
-                "native_jit_s": round(statistics.median(jit[False]), 2)}
+                "native_jit_s": round(statistics.median(jit[False]), 2),
+                **({"native_requests_per_batch": requests[False][-1]}
+                   if args.checkpoint == "s3" else {})}
             print(json.dumps({
-                "case": name, "rows": args.rows, "batches": args.batches, "keys": args.keys,
+                "case": name, "checkpoint": args.checkpoint, "rows": args.rows,
+                "batches": args.batches, "keys": args.keys,
                 "runs": args.runs, "arrowstate_rows_per_s": round(ours), **native,
                 **({"floor_rows_per_s": round(args.rows / floor["floor_s"]),
                     "arrowstate_vs_floor": round(ours * floor["floor_s"] / args.rows, 3),
@@ -437,11 +455,14 @@ def main() -> None:
                 "arrowstate_s": [round(t, 2) for t in times[True]],
                 "arrowstate_cpu_s": round(median_cpu[True], 2),
                 "arrowstate_jit_s": round(statistics.median(jit[True]), 2),
+                **({"arrowstate_requests_per_batch": requests[True][-1]}
+                   if args.checkpoint == "s3" else {}),
                 **floor, **no_state, **batches,
                 **memory()}), flush=True)
     finally:
         shutil.rmtree(source, ignore_errors=True)
         spark.stop()
+        CHECKPOINTS.stop()
 
 
 if __name__ == "__main__":

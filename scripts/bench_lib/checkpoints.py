@@ -1,0 +1,56 @@
+"""Where the bench's queries keep their checkpoints (`--checkpoint local|hdfs|s3`): the local
+disk, or the tests' HDFS (Hadoop's MiniDFSCluster) or S3-compatible store (SeaweedFS through
+`s3a://`), started here on loopback (tests/helpers/storage.py), and the requests each run
+makes to the object store, so that a figure says on which storage it was measured and what
+it cost there."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+
+
+class Checkpoints:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.store = None
+        self.jars: list[str] = []
+        if kind == "local":
+            return
+        import storage   # tests/helpers, on the path bench.py sets
+
+        jars = storage.storage_jars()
+        self.jars = jars["s3a"]
+        self.store = (storage.Hdfs(jars["minicluster"]) if kind == "hdfs"
+                      else storage.ObjectStore()).start()
+
+    def spark_settings(self) -> dict[str, str]:
+        """Settings for the bench's session (before it starts)."""
+        if self.store is None:
+            return {}
+        return {"spark.driver.extraClassPath": ":".join(self.jars),
+                **self.store.spark_settings()}
+
+    def new(self) -> str:
+        if self.store is None:
+            return tempfile.mkdtemp(prefix="bench-ck-")
+        return self.store.uri(f"bench/{uuid.uuid4().hex[:12]}/ck")
+
+    def remove(self, checkpoint: str) -> None:
+        # remote ones go with the store's directory when it stops
+        if self.store is None:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    def requests(self) -> dict[str, int]:
+        """The object store's requests so far, by type (none counted elsewhere)."""
+        return self.store.requests() if self.kind == "s3" else {}
+
+    def stop(self) -> None:
+        if self.store is not None:
+            self.store.stop()
+
+
+def per_batch(before: dict[str, int], after: dict[str, int], batches: int) -> dict:
+    """Requests a run made, by type, per micro-batch."""
+    return {k: round((after.get(k, 0) - before.get(k, 0)) / max(batches, 1), 1)
+            for k in sorted(set(after) | set(before)) if after.get(k, 0) != before.get(k, 0)}
