@@ -17,9 +17,14 @@ def pytest_collection_modifyitems(config, items):
     their own each, 50-150 s in one file), then the other Spark files, most tests first, the
     Spark-free ones last, so that the two processes end on short files and finish together
     (xdist's own order, most tests first, left the long one-test files for the end)."""
+    elsewhere = os.environ.get("ARROWSTATE_TEST_CHECKPOINTS", "local")
     for item in items:
         if f"{os.sep}spark{os.sep}" in str(item.fspath):
             item.add_marker(pytest.mark.spark)
+        if elsewhere != "local" and "local_checkpoints" in item.keywords:
+            item.add_marker(pytest.mark.skip(
+                reason=f"reads checkpoint files on the local disk; checkpoints are on "
+                       f"{elsewhere} (ARROWSTATE_TEST_CHECKPOINTS)"))
     items.sort(key=lambda item: ("spark" in item.keywords, "slow" in item.keywords))
     if "PYTEST_XDIST_WORKER" in os.environ:
         files: dict[str, list] = {}

@@ -90,16 +90,6 @@ def checkpoint_uri(run_dir: str) -> str:
     return checkpoint_root(os.path.basename(run_dir))
 
 
-def local_checkpoints_only(what: str) -> None:
-    """Skips a test that reads or damages checkpoint files with the local disk's calls
-    when the suite's checkpoints are elsewhere."""
-    if checkpoint_root is not None:
-        import pytest
-
-        pytest.skip(f"{what}: on the local disk only (the suite's checkpoints are on "
-                    f"{checkpoint_root('x').split('://')[0]})")
-
-
 @dataclass
 class Run:
     outputs: dict[int, list] = field(default_factory=dict)

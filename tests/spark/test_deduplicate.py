@@ -170,6 +170,7 @@ def test_killed_worker_fails_the_task_and_the_retry_reloads_from_checkpoint(spar
     assert ours.custom[2][0]["stateCacheMisses"] > 0, "the retry must reload from files"
 
 
+@pytest.mark.local_checkpoints
 def test_corrupt_state_file_fails_loudly_naming_it(spark, tmp_path):
     batches = [[ev("a", 1)], [ev("b", 2)], [ev("c", 3)]]
     corrupted = []

@@ -101,6 +101,7 @@ def _run_with_trigger(spark, directory, arrowstate, trigger):
 
 @pytest.mark.parametrize("trigger", [{"once": True}, {"availableNow": True}],
                          ids=["once", "availableNow"])
+@pytest.mark.local_checkpoints
 def test_terminating_triggers_run_on_arrowstate(spark, tmp_path, trigger):
     native, _ = _run_with_trigger(spark, str(tmp_path / "off"), False, trigger)
     ours, plans = _run_with_trigger(spark, str(tmp_path / "on"), True, trigger)

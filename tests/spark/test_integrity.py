@@ -128,6 +128,7 @@ def test_worker_killed_before_the_input_ends(spark, tmp_path):
     assert all(os.path.exists(tmp_path / f"died-{i}") for i in range(2))
 
 
+@pytest.mark.local_checkpoints
 def test_damaged_newest_snapshot_is_repaired_around(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 2})
     damaged = []
@@ -152,6 +153,7 @@ def test_damaged_newest_snapshot_is_repaired_around(spark, spark_conf, tmp_path)
     assert sum(c[0]["stateSnapshotsSkipped"] for c in ours.custom.values()) == len(damaged)
 
 
+@pytest.mark.local_checkpoints
 def test_damaged_delta_fails_naming_file_operator_partition_and_version(spark, tmp_path):
     batches = [[ev("a", 1)], [ev("b", 2)], [ev("c", 3)]]
     damaged = []
@@ -177,11 +179,13 @@ def test_damaged_delta_fails_naming_file_operator_partition_and_version(spark, t
     assert "checksum mismatch" in params["reason"], params
 
 
+@pytest.mark.local_checkpoints
 def test_checkpoint_deleted_and_reused_at_the_same_path(spark, tmp_path):
     assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
                 restart_after=[2], on_restart=lambda i, ck: shutil.rmtree(ck))
 
 
+@pytest.mark.local_checkpoints
 def test_checkpoint_restored_from_a_copy_at_the_same_path(spark, tmp_path):
     """Two lineages reach the same version: the worker holds lineage B's, the checkpoint
     is restored to lineage A's copy. The state in memory must not be taken for the copy's."""
@@ -215,6 +219,7 @@ def test_checkpoint_restored_from_a_copy_at_the_same_path(spark, tmp_path):
                 custom_metrics=["stateCacheHits"])
 
 
+@pytest.mark.local_checkpoints
 def test_newest_offsets_and_commits_deleted_and_the_batch_run_again(spark, tmp_path):
     def rewind(i, checkpoint):
         newest = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits"))
@@ -228,6 +233,7 @@ def test_newest_offsets_and_commits_deleted_and_the_batch_run_again(spark, tmp_p
                 restart_after=[2, 4], on_restart=rewind)
 
 
+@pytest.mark.local_checkpoints
 def test_state_files_written_whole_without_checksum_files(spark, tmp_path):
     """On the local filesystem the JVM writes state files itself (no child process per
     file): each renamed into place whole, no temporary file and no Hadoop checksum file left

@@ -49,6 +49,7 @@ def _refused(failure, condition: str, key: str, value: str) -> dict:
     return error["parameters"]
 
 
+@pytest.mark.local_checkpoints
 def test_enabled_yes_fails_at_planning_and_leaves_the_checkpoint_alone(spark, tmp_path):
     """`yes` once read as false: arrowstate switched off and converted the state arrowstate
     wrote to Spark's store at planning. Now the restarted query fails, its state as it was."""
@@ -95,6 +96,7 @@ def test_booleans_take_true_and_false_in_any_case(spark, spark_conf, tmp_path):
     ("spark.arrowstate.worker.stateMemoryPercent", "150", "INVALID_CONF_VALUE.REQUIREMENT"),
     ("spark.arrowstate.worker.memory", "lots", "INVALID_CONF_VALUE.TYPE_MISMATCH"),
 ], ids=["boolean", "integer", "integer-bounds", "size"])
+@pytest.mark.local_checkpoints
 def test_a_bad_value_fails_the_query_naming_the_setting(spark, spark_conf, tmp_path, key,
                                                         value, condition):
     spark_conf(**{key: value})

@@ -163,6 +163,7 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
 @pytest.mark.parametrize("name, switch, provider", [
     ("dedup", "spark.arrowstate.enabled", "HDFSBackedStateStoreProvider"),
     ("aggregation_update", "spark.arrowstate.aggregate.enabled", "RocksDBStateStoreProvider")])
+@pytest.mark.local_checkpoints
 def test_a_query_leaving_arrowstate_continues_on_sparks_operator(spark, spark_conf, tmp_path,
                                                                  name, switch, provider):
     """Restarting an arrowstate checkpoint with arrowstate switched off (at all, or for the
@@ -273,6 +274,7 @@ def test_arrowstate_adopts_sparks_state_on_first_load(spark, spark_conf, tmp_pat
 # fewer partitions and more; transformWithState's: test_tws_state_tools.py
 @pytest.mark.parametrize("name, partitions", [("apply_in_pandas_with_state", 1),
                                               ("session_window_append", 4)])
+@pytest.mark.local_checkpoints
 def test_repartition_gives_what_sparks_repartition_gives(spark, spark_conf, tmp_path, name,
                                                          partitions):
     """`state repartition` on an arrowstate checkpoint, and Spark 4.3's own offline
@@ -348,6 +350,7 @@ def _as_spark_3_3_0_recorded_it(checkpoint):
             os.remove(crc)
 
 
+@pytest.mark.local_checkpoints
 def test_dedup_state_recorded_before_spark_3_3_1_is_adopted_as_spark_recovers_it(
         spark, spark_conf, tmp_path):
     """SPARK-39650: a dedup checkpoint whose schema file names every input column as the

@@ -187,6 +187,7 @@ def test_workers_killed_and_query_restarted_rebuild_the_tier_from_the_checkpoint
     assert all(_on_disk(ours)[1:]), ours.custom
 
 
+@pytest.mark.local_checkpoints
 def test_a_restored_checkpoint_is_loaded_from_its_files_not_from_a_live_tier(
         spark, tmp_path, tiered):
     """An operator restores an older copy of the checkpoint (taken after batch 1) while the
@@ -214,6 +215,7 @@ def test_a_restored_checkpoint_is_loaded_from_its_files_not_from_a_live_tier(
     assert all(_on_disk(ours)[1:]), ours.custom
 
 
+@pytest.mark.local_checkpoints
 def test_a_worker_killed_while_it_writes_to_the_tier_loses_nothing(spark, spark_conf,
                                                                    tmp_path):
     """Runs over 1 MiB go to disk in the middle of a batch here: the workers are killed as

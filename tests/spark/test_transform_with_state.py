@@ -160,6 +160,7 @@ def test_state_variables_with_ttl(spark, spark_conf, tmp_path):
                             change_feed=True)
 
 
+@pytest.mark.local_checkpoints
 def test_a_state_variable_added_then_removed_between_runs(spark, tmp_path):
     """The second run's processor adds a variable; the third no longer declares it (its
     rows stay, counted); the fourth deletes it with deleteIfExists without declaring it."""
@@ -209,6 +210,7 @@ def _inits(directory):
     return noted
 
 
+@pytest.mark.local_checkpoints
 def test_init_while_spark_plans_runs_in_a_forked_worker(spark, tmp_path):
     """Spark learns a processor's state variables on the driver, in a query run's first
     batch, by running its init() against a state server there; natively in a new Python

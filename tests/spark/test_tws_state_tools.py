@@ -37,6 +37,7 @@ def _state_at(spark, checkpoint, batch, variables=VARIABLES):
             + [{"readRegisteredTimers": "true"}]]
 
 
+@pytest.mark.local_checkpoints
 def test_import_repartition_and_export_continue_as_spark(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.stateStore.providerClass":
                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -115,6 +116,7 @@ def test_export_of_state_arrowstate_kept_with_the_hdfs_provider(spark, spark_con
     assert "Arrow" in run.plans[0] and "Arrow" not in run.plans[-1], run.plans
 
 
+@pytest.mark.local_checkpoints
 def test_leaving_is_refused_at_planning_where_spark_could_not_run_it(spark, tmp_path):
     """transformWithState state arrowstate kept with the HDFS-backed provider, restarted with
     arrowstate off: Spark runs transformWithState on RocksDB only and this run's provider is
