@@ -1,7 +1,10 @@
 """Runs the differential deduplication case on a standalone cluster (one master, two
 workers on loopback), so arrowstate's operator and Python workers run inside executor JVMs
-that are not the driver's. Started by test_cluster.py in its own process, since a process
-holds one SparkContext. Prints one JSON line with what it saw."""
+that are not the driver's, with the input and the checkpoints on a store the executors
+reach by URI (HDFS or the object store: `where`, JSON of its root URI, Spark settings and
+the jars that reach it, shipped to the executors with spark.jars). Started by
+test_cluster.py in its own process, since a process holds one SparkContext. Prints one JSON
+line with what it saw."""
 import datetime as dt
 import json
 import os
@@ -14,16 +17,22 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 import arrowstate  # noqa: E402
 from procinfo import jvm_pid, parent_command, parent_pid, state_worker_pids  # noqa: E402
+import harness  # noqa: E402
 from harness import _as_text, run_query, scratch_dir  # noqa: E402
 
 
 INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
 
 
-def main(master: str, test_jar: str, attempt_log: str) -> None:
+def main(master: str, test_jar: str, attempt_log: str, where: str) -> None:
+    store = json.loads(where)
     spark = arrowstate.configure(
         SparkSession.builder.master(master).appName("arrowstate-cluster-test")
-        .config("spark.jars", test_jar)
+        # to the executors through the driver (no shared path); the driver's own class path
+        # has them too, as Hadoop loads a filesystem's class from there
+        .config("spark.jars", ",".join([test_jar, *store["jars"]]))
+        .config("spark.driver.extraClassPath", os.pathsep.join(store["jars"]))
+        .config(map=store["settings"])
         # a task that runs 1.5x the median of the others gets a second attempt elsewhere
         .config("spark.speculation", "true")
         .config("spark.speculation.interval", "100ms")
@@ -48,6 +57,9 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
     def build(df):
         return df.withWatermark("ts", "60 seconds").dropDuplicates(["user", "ts"])
 
+    root = store["root"]
+    harness.checkpoint_root = lambda name: f"{root}/{name}/ck" if name else root
+    harness.source_on_checkpoint_store = True
     workdir = scratch_dir("arrowstate-cluster-")
     off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
     on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
@@ -61,6 +73,9 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
     # (Spark's own run writes no arrowstate files: the run above is its oracle too)
     spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    # where each executor keeps its local files (Spark's block manager's directories)
+    local_dirs = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(
+        lambda _: __import__("os").environ.get("SPARK_EXECUTOR_DIRS", "?")).collect()))
     # This app's workers: under its executors (their command names the app), or under its
     # driver JVM (a child of this process), where none may be. Other Spark apps of the
     # machine (the test session's own) are left out.
@@ -77,9 +92,11 @@ def main(master: str, test_jar: str, attempt_log: str) -> None:
         "worker_parents": [parent_command(p) for p in ours],
         "speculation_same_outputs": _as_text(spec_on.outputs) == _as_text(off.outputs),
         "speculation_same_figures": spec_on.figures == off.figures,
+        "checkpoints": [off.checkpoint, on.checkpoint, spec_on.checkpoint],
+        "executor_local_dirs": local_dirs,
     }))
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

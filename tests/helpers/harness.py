@@ -82,6 +82,11 @@ _run_ids = itertools.count()
 checkpoint_root: Callable[[str], str] | None = None
 
 
+# with a remote checkpoint root: the query's input there too (a cluster whose executors
+# share no disk with the driver)
+source_on_checkpoint_store = False
+
+
 def checkpoint_uri(run_dir: str) -> str:
     """A new run's checkpoint: beside its input on the local disk, or on the filesystem
     `checkpoint_root` puts it on."""
@@ -125,6 +130,12 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     run_dir = os.path.join(workdir, f"run{next(_run_ids)}-{'on' if arrowstate else 'off'}")
     source, checkpoint = os.path.join(run_dir, "in"), checkpoint_uri(run_dir)
     os.makedirs(source)
+    local_source = source
+    if source_on_checkpoint_store and checkpoint_root is not None:
+        source = checkpoint_root(os.path.basename(run_dir))[:-len("/ck")] + "/in"
+        jvm = spark._jvm
+        where = jvm.org.apache.hadoop.fs.Path(source)
+        where.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()).mkdirs(where)
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     result = Run(checkpoint=checkpoint)
 
@@ -167,8 +178,11 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
         for i, rows in enumerate(batches):
             if between_batches is not None:
                 between_batches(i, checkpoint)
+            name = f"{i:05d}.parquet"
             write_source_file(pa.Table.from_pylist(list(rows), schema=schema),
-                              os.path.join(source, f"{i:05d}.parquet"))
+                              os.path.join(local_source, name))
+            if source != local_source:
+                upload(spark, os.path.join(local_source, name), f"{source}/{name}")
             try:
                 query.processAllAvailable()
             except StreamingQueryException as failed:
@@ -203,6 +217,21 @@ def write_source_file(table: pa.Table, path: str) -> None:
     partial = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".partial")
     pq.write_table(table, partial)
     os.replace(partial, path)
+
+
+def upload(spark: SparkSession, local: str, uri: str) -> None:
+    """Copies a local file to a Hadoop filesystem URI whole: written beside its directory,
+    then renamed into it (a file source never lists it half written)."""
+    jvm = spark._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    target = jvm.org.apache.hadoop.fs.Path(uri)
+    staging = jvm.org.apache.hadoop.fs.Path(target.getParent().getParent(),
+                                            "." + target.getName() + ".partial")
+    fs = target.getFileSystem(conf)
+    fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path(local), staging)
+    fs.mkdirs(target.getParent())
+    if not fs.rename(staging, target):
+        raise OSError(f"could not rename {staging} to {target}")
 
 
 _native_runs: dict[str, Run] = {}

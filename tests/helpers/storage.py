@@ -170,6 +170,16 @@ class ObjectStore:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ObjectStore":
+        self._ports = [free_port() for _ in range(7)]
+        return self._launch()
+
+    def restart(self) -> None:
+        """Stops the server and starts it again on the same ports and data (a storage
+        service's restart, as clients see it: connections refused, then answered again)."""
+        _stop(self.proc)
+        self._launch()
+
+    def _launch(self) -> "ObjectStore":
         weed = shutil.which("weed")
         if weed is None:
             raise StorageUnavailable("SeaweedFS's `weed` is not installed "
@@ -187,7 +197,7 @@ class ObjectStore:
             {"name": "anonymous", "actions": ["Admin", "Read", "Write", "List"]}]}))
         # every port chosen here (the gRPC ones default to the HTTP port + 10000); no
         # telemetry, no Iceberg or Lance catalog
-        ports = iter([free_port() for _ in range(7)])
+        ports = iter(self._ports)
         cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={next(ports)}", f"-master.port.grpc={next(ports)}",
                f"-volume.port={next(ports)}", f"-volume.port.grpc={next(ports)}",
@@ -196,7 +206,7 @@ class ObjectStore:
                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
                "-master.volumeSizeLimitMB=64", "-volume.max=0",
                f"-metricsPort={self.metrics_port}"]
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:

@@ -1,5 +1,7 @@
 """arrowstate on a real multi-process cluster: a standalone master and two workers started
-on loopback with the pyspark wheel's bin/spark-class."""
+on loopback with the pyspark wheel's bin/spark-class, sharing no directory with the driver
+or each other (each worker its own work and local directories; the input and the
+checkpoint on HDFS, then on the object store, as on a cluster whose hosts share no disk)."""
 import json
 import os
 import socket
@@ -38,25 +40,34 @@ def standalone_cluster(tmp_path_factory):
     port = free_port()
     procs = []
 
-    def start(name, *args, host="127.0.0.1"):
+    def start(name, *args, host="127.0.0.1", local_dirs=None):
         log = open(logs / f"{name}.log", "w")
-        procs.append(subprocess.Popen([spark_class, *args], env=dict(env, SPARK_LOCAL_IP=host),
+        own = dict(env, SPARK_LOCAL_IP=host)
+        if local_dirs:
+            own.update(SPARK_LOCAL_DIRS=local_dirs, TMPDIR=local_dirs)
+        procs.append(subprocess.Popen([spark_class, *args], env=own,
                                       stdout=log, stderr=subprocess.STDOUT))
 
+    # the driver's own local directory (the app's process); each worker its own below
+    env["SPARK_LOCAL_DIRS"] = str(tmp_path_factory.mktemp("driver-local"))
     try:
         start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
               "--port", str(port), "--webui-port", str(free_port()))
         wait_for_port(port, 60)
         # two hosts on loopback: Spark never speculates a task onto the host already
         # running it
+        workers = []
         for i in range(2):
             work_dir = tmp_path_factory.mktemp(f"worker{i}")
+            local_dir = tmp_path_factory.mktemp(f"worker{i}-local")
+            workers.append(str(local_dir))
             host = f"127.0.0.{i + 1}"
             start(f"worker{i}", "org.apache.spark.deploy.worker.Worker",
                   f"spark://127.0.0.1:{port}", "--host", host, "--cores", "1",
                   "--memory", "1g", "--webui-port", str(free_port()),
-                  "--work-dir", str(work_dir), host=host)
-        yield f"spark://127.0.0.1:{port}", env, logs
+                  "--work-dir", str(work_dir), host=host,
+                  local_dirs=str(local_dir))
+        yield f"spark://127.0.0.1:{port}", env, logs, workers
     finally:
         for p in procs:
             p.terminate()
@@ -69,14 +80,20 @@ def standalone_cluster(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path):
+@pytest.mark.parametrize("kind", ["hdfs", "s3"])
+def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path,
+                                                   remote_stores, kind):
     """Also two attempts of one task committing the same version: speculation, with the
     first attempt held back 20 s before it writes its delta (and writing it all the same)."""
-    master, env, logs = standalone_cluster
+    master, env, logs, worker_dirs = standalone_cluster
+    store = remote_stores.get(kind)
     app = os.path.join(os.path.dirname(__file__), "..", "helpers", "cluster_app.py")
     attempt_log = tmp_path / "attempts.log"
-    done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_log)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    where = json.dumps({"root": store.uri(f"cluster-{tmp_path.name}"),
+                        "settings": store.spark_settings(),
+                        "jars": remote_stores.jars["s3a"]})
+    done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_log), where],
+                          env=env, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
     seen = json.loads(lines[-1])
@@ -87,5 +104,10 @@ def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar,
     attempts = {line.split()[0] for line in attempt_log.read_text().splitlines()}
     assert {"0", "1"} <= attempts, "the slow first attempt was not speculated"
     assert seen["cache_hits"] > 0, "state must stay loaded in the executors' workers"
+    assert seen["checkpoints"] and all(c.startswith(store.uri("")) for c in seen["checkpoints"])
+    # each executor in its own worker's local directory, none in the driver's
+    dirs = seen["executor_local_dirs"]
+    assert len(set(dirs)) == 2 and all(
+        any(d.startswith(w) for w in worker_dirs) for d in dirs), (dirs, worker_dirs)
     parents = seen["worker_parents"]
     assert parents and all("CoarseGrainedExecutorBackend" in p for p in parents), parents

@@ -12,9 +12,14 @@ EXEC = "spark.arrowstate.pythonExec"
 
 
 @pytest.fixture(autouse=True)
-def environ(tmp_path):
+def environ(tmp_path, monkeypatch):
     """A clean environment for the master and interpreter settings (restored afterwards),
-    with an empty Spark conf directory: no spark-defaults.conf of the machine's counts."""
+    with an empty Spark conf directory: no spark-defaults.conf of the machine's counts, and
+    no running SparkContext (in the suite, this process may hold the Spark tests' session,
+    whose master would count first)."""
+    from pyspark import SparkContext
+
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
     saved = dict(os.environ)
     for name in ("PYSPARK_PYTHON", "PYSPARK_SUBMIT_ARGS", "MASTER", "SPARK_REMOTE"):
         os.environ.pop(name, None)
