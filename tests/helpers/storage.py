@@ -170,16 +170,6 @@ class ObjectStore:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ObjectStore":
-        self._ports = [free_port() for _ in range(7)]
-        return self._launch()
-
-    def restart(self) -> None:
-        """Stops the server and starts it again on the same ports and data (a storage
-        service's restart, as clients see it: connections refused, then answered again)."""
-        _stop(self.proc)
-        self._launch()
-
-    def _launch(self) -> "ObjectStore":
         weed = shutil.which("weed")
         if weed is None:
             raise StorageUnavailable("SeaweedFS's `weed` is not installed "
@@ -197,7 +187,7 @@ class ObjectStore:
             {"name": "anonymous", "actions": ["Admin", "Read", "Write", "List"]}]}))
         # every port chosen here (the gRPC ones default to the HTTP port + 10000); no
         # telemetry, no Iceberg or Lance catalog
-        ports = iter(self._ports)
+        ports = iter([free_port() for _ in range(7)])
         cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={next(ports)}", f"-master.port.grpc={next(ports)}",
                f"-volume.port={next(ports)}", f"-volume.port.grpc={next(ports)}",
@@ -206,7 +196,7 @@ class ObjectStore:
                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
                "-master.volumeSizeLimitMB=64", "-volume.max=0",
                f"-metricsPort={self.metrics_port}"]
-        with open(log, "ab") as out:
+        with open(log, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:
@@ -217,15 +207,22 @@ class ObjectStore:
         return self
 
     def _bucket_made(self) -> bool:
-        """Makes the bucket (an anonymous request)."""
-        request = urllib.request.Request(f"{self.endpoint}/{self.BUCKET}", method="PUT")
-        try:
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                return answer.status == 200
-        except urllib.error.HTTPError as e:
-            return e.code == 409   # BucketAlreadyOwnedByYou
-        except OSError:
+        """Makes the bucket and writes and reads back an object in it (anonymous requests):
+        ready once the store has a volume to write to and answers for it."""
+        def status(method: str, path: str, data: bytes | None = None) -> int:
+            request = urllib.request.Request(f"{self.endpoint}/{path}", data=data,
+                                             method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as e:
+                return e.code
+            except OSError:
+                return 0
+        if status("PUT", self.BUCKET) not in (200, 409):   # 409: it is there already
             return False
+        return (status("PUT", f"{self.BUCKET}/.ready", b"ready") == 200
+                and status("HEAD", f"{self.BUCKET}/.ready") == 200)
 
     def uri(self, name: str) -> str:
         return f"s3a://{self.BUCKET}/{name}"

@@ -95,24 +95,3 @@ def test_transform_with_state_timers_and_change_feed(spark, spark_conf, tmp_path
     assert_state_reads_same(spark, native, ours, [1, max(ours.outputs)], ["count"],
                             timers=True, change_feed=True)
 
-
-def test_the_object_store_restarted_between_batches(spark, tmp_path, remote_checkpoints):
-    """The storage service goes away and comes back between micro-batches (its clients'
-    pooled connections broken): the query goes on, and a restart of the query from the
-    checkpoint gives Spark's answers; nothing committed is lost."""
-    if not hasattr(remote_checkpoints, "restart"):
-        pytest.skip("the object store's restart (HDFS: Hadoop's own tests cover it)")
-    restarted = []
-
-    def restart_store(i, _checkpoint):
-        if i in (2, 4):
-            remote_checkpoints.restart()
-            restarted.append(i)
-
-    native, ours = assert_same(
-        spark, tmp_path, EVENTS, BATCHES,
-        lambda df: df.withWatermark("ts", "10 seconds").dropDuplicates(["user", "ts"]),
-        expect_node="ArrowStreamingDeduplicate", restart_after=[3],
-        between_batches=restart_store)
-    assert restarted == [2, 4, 2, 4]   # during Spark's run, then during ours
-    _same_state(spark, native, ours, 4)
