@@ -32,22 +32,24 @@ def main(argv: list[str] | None = None) -> int:
              "--conf: the filesystem's (spark.hadoop.fs.s3a.endpoint=...), its jars "
              "(spark.jars.packages=org.apache.hadoop:hadoop-aws:3.5.0); repeatable")
     describe = state_sub.add_parser(
-        "describe", parents=[spark_settings], help="per stateful operator: family, engine, partitions, newest version, "
-                         "rows, bytes on disk, key and value schema")
+        "describe", parents=[spark_settings],
+        help="per stateful operator: family, engine, partitions, newest version, rows, bytes "
+             "on disk, key and value schema")
     describe.add_argument("checkpoint")
     describe.add_argument("--json", action="store_true", help="print JSON, for scripts")
     hist = state_sub.add_parser(
-        "history", parents=[spark_settings], help="per committed batch and stateful operator: state rows (total, "
-                        "updated, removed), bytes on disk and the batch's duration")
+        "history", parents=[spark_settings],
+        help="per committed batch and stateful operator: state rows (total, updated, "
+             "removed), bytes on disk and the batch's duration")
     hist.add_argument("checkpoint")
     hist.add_argument("--json", action="store_true", help="print JSON, for scripts")
     hist.add_argument("--plot", metavar="FILE.png",
                       help="also draw rows, bytes and duration over the batches into a PNG "
                            "(needs the plot extra: pip install 'arrowstate[plot]')")
     export = state_sub.add_parser(
-        "export", parents=[spark_settings], help="convert the state of a stopped query's checkpoint to the format of "
-                       "the Spark state store it records (HDFS-backed or RocksDB), to "
-                       "continue without arrowstate")
+        "export", parents=[spark_settings],
+        help="convert the state of a stopped query's checkpoint to the format of the Spark "
+             "state store it records (HDFS-backed or RocksDB), to continue without arrowstate")
     export.add_argument("checkpoint")
     export.add_argument("--operator", type=int, help="convert this operator's state only")
     export.add_argument("--planning-batch", type=int, metavar="N",
@@ -56,15 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                              "(in its driver, through the py4j gateway PYSPARK_GATEWAY_PORT "
                              "names, if set)")
     imp = state_sub.add_parser(
-        "import", parents=[spark_settings], help="convert the Spark state store (HDFS-backed or RocksDB) state of a "
-                       "stopped query's checkpoint to arrowstate's format, to continue on "
-                       "arrowstate")
+        "import", parents=[spark_settings],
+        help="convert the Spark state store (HDFS-backed or RocksDB) state of a stopped "
+             "query's checkpoint to arrowstate's format, to continue on arrowstate")
     imp.add_argument("checkpoint")
     imp.add_argument("--time-zone", help="the session time zone the query runs with "
                                          "(default: this machine's)")
     rep = state_sub.add_parser(
-        "repartition", parents=[spark_settings], help="repartition the arrowstate state of a stopped query's checkpoint "
-                            "into N partitions (as Spark 4.3's repartition does for RocksDB)")
+        "repartition", parents=[spark_settings],
+        help="repartition the arrowstate state of a stopped query's checkpoint into N "
+             "partitions (as Spark 4.3's repartition does for RocksDB)")
     rep.add_argument("checkpoint")
     rep.add_argument("partitions", type=int)
     rep.add_argument("--time-zone", help="the session time zone the query runs with "

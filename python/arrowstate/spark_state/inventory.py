@@ -1,7 +1,8 @@
 """`python -m arrowstate state describe`: a streaming checkpoint's state, read offline (no
-Spark for a checkpoint on the local disk): per stateful operator, its family and what its state holds,
-partitions, newest version, rows, bytes on disk, key and value schemas and the engine whose
-files hold it; for transformWithState each state variable (kind, schema, TTL) and the timers.
+Spark for a checkpoint on the local disk): per stateful operator, its family and what its
+state holds, partitions, newest version, rows, bytes on disk, key and value schemas and the
+engine whose files hold it; for transformWithState each state variable (kind, schema, TTL)
+and the timers.
 """
 from __future__ import annotations
 
