@@ -74,8 +74,8 @@ object LeaveArrowState extends Logging {
     val checkpoint = new Path(info.checkpointLocation).getParent
     val uri = checkpoint.toUri
     // the checkpoint as the state tools take it: a local path, else its URI, scheme included
-    val where = if (uri.getScheme == null || uri.getScheme == "file") uri.getPath
-      else checkpoint.toString
+    val local = uri.getScheme == null || uri.getScheme == "file"
+    val where = if (local) uri.getPath else checkpoint.toString
     val session = SparkSession.active   // the planning query's
     val command = Seq(pythonExec(session), "-m", "arrowstate", "state", "export", where,
       "--operator", info.operatorId.toString, "--planning-batch", info.storeVersion.toString)
@@ -87,7 +87,9 @@ object LeaveArrowState extends Logging {
       s"arrowstate: operator ${info.operatorId} ($nodeName) runs on Spark's own state store " +
         s"(${reasons.mkString("; ")}), but its state in $stateDir was written by arrowstate, " +
         s"and $why. Run it on arrowstate, or convert the checkpoint's state to Spark's " +
-        s"format with the query stopped: `python -m arrowstate state export $where`.")
+        s"format with the query stopped: `python -m arrowstate state export $where`" +
+        (if (local) "." else " with the filesystem's settings as `--conf KEY=VALUE` " +
+          "(docs/state-tools.md)."))
 
     logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) leaves arrowstate " +
       s"(${reasons.mkString("; ")}): converting its state at batch ${info.storeVersion} to " +
