@@ -194,3 +194,26 @@ def test_leaving_arrowstate_at_planning(spark, tmp_path, remote_checkpoints):
              if n.startswith("arrowstate-exported-")]
     assert moved == ["arrowstate-exported-3"]
     assert [o["engine"] for o in describe(ours.checkpoint)["operators"]] == ["spark-hdfs"] * 2
+
+
+def test_files_on_the_store_are_written_whole_and_replaced(spark, remote_checkpoints):
+    """What the tools do to files there beyond a query's own writes: a file written over (an
+    offset log entry a conversion rewrites) and renamed over another, read whole and by its
+    tail, listed, sized and removed."""
+    root = harness.checkpoint_root(f"files-{os.getpid()}")
+    files = files_for(root)
+    path = os.path.join(root, "a", "1")
+    files.write_atomic(path, b"one")
+    files.write_atomic(path, b"two")
+    assert files.read_text(path) == "two" and files.listdir(os.path.join(root, "a")) == ["1"]
+    files.write_atomic(os.path.join(root, "2"), b"three")
+    files.rename(os.path.join(root, "2"), path)
+    assert files.read_bytes(path) == b"three" and files.tail(path, 2) == b"ee"
+    assert files.file_sizes(root) == {} and files.isdir(os.path.join(root, "a"))
+    assert files.tree_size(root) == 5 and files.modified_ms(path) > 0
+    assert files.absolute(path) == path
+    files.remove(path)
+    files.remove(path)   # a missing file: no error
+    assert not files.exists(path)
+    with pytest.raises(FileNotFoundError):
+        files.read_bytes(path)

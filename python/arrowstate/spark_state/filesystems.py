@@ -229,6 +229,7 @@ class HadoopFiles:
             .CheckpointFileManager
 
         def write(fs, p):
+            fs.mkdirs(p.getParent())   # Spark's manager on a FileContext makes none (HDFS)
             out = managers.create(p.getParent(), self.conf).createAtomic(p, True)
             try:
                 for i in range(0, len(data), _WRITE_PIECE):
@@ -242,10 +243,10 @@ class HadoopFiles:
     def rename(self, src: str, dst: str) -> None:
         def move(fs, p):
             target = self._path(dst)
+            # HDFS and S3A rename over no file (false, or FileAlreadyExistsException)
+            if fs.exists(target):
+                fs.delete(target, False)
             if not fs.rename(p, target):
-                # HDFS and object stores do not rename over a file: as os.replace does
-                if fs.exists(target) and fs.delete(target, False) and fs.rename(p, target):
-                    return
                 raise OSError(f"{src}: could not be renamed to {dst}")
         self._call(src, move)
 
@@ -260,7 +261,6 @@ class HadoopFiles:
 
 
 _bound: list[HadoopFiles] = []
-_of_active: list = []   # (session, HadoopFiles): the active session's, kept while it is
 
 
 @contextlib.contextmanager
@@ -275,7 +275,7 @@ def bound(session):
 
 def files_for(path: str) -> CheckpointFiles:
     """The filesystem holding `path`: the local disk, or Hadoop's in the bound session (else
-    the active one)."""
+    the active one, with its Hadoop settings as they are now)."""
     if not is_remote(path):
         return LOCAL
     if _bound:
@@ -287,6 +287,4 @@ def files_for(path: str) -> CheckpointFiles:
         raise CheckpointError(
             f"{path}: a checkpoint on {scheme(path)} is read through Hadoop's FileSystem in a "
             "Spark session, and none is active (`python -m arrowstate state ...` starts one)")
-    if not _of_active or _of_active[0] is not active:
-        _of_active[:] = [active, HadoopFiles(active)]
-    return _of_active[1]
+    return HadoopFiles(active)
