@@ -98,7 +98,10 @@ def test_describe_and_history_as_on_the_local_disk(spark, tmp_path, remote_check
     times = ("batchTimestampMs", "committedAtMs", "durationMs")
     assert [_without(b, *times) for b in h["batches"]] == \
         [_without(b, *times) for b in local_h["batches"]]
-    assert all(b["durationMs"] is not None and b["durationMs"] >= 0 for b in h["batches"])
+    # an object's time on S3 is to the second: a batch shorter than that may have none
+    durations = [b["durationMs"] for b in h["batches"]]
+    assert all(d is None or d >= 0 for d in durations), durations
+    assert None not in durations or remote.checkpoint.startswith("s3a:"), durations
     # the rows the query's progress reported
     assert {b["batchId"]: [o["numRowsTotal"] for o in b["operators"]] for b in h["batches"]} \
         == {bid: [f["numRowsTotal"] for f in figs] for bid, figs in remote.figures.items()}
