@@ -116,6 +116,13 @@ class RemoteStores:
         store = self.get(kind)
         return lambda name: store.uri(f"{self._prefix}/{name}/ck" if name else self._prefix)
 
+    def process_settings(self, kind: str) -> dict:
+        """What a Spark of its own needs to reach the store: its settings and, on the
+        driver's class path, the connector's jars (harness.checkpoint_conf)."""
+        jars = {"spark.driver.extraClassPath": os.pathsep.join(self.jars["s3a"])} \
+            if kind == "s3" and self.jars["s3a"] else {}
+        return {**self.get(kind).spark_settings(), **jars}
+
     def stop(self):
         for store in self._started.values():
             if not isinstance(store, Exception):
@@ -162,6 +169,7 @@ def spark(test_jar, tmp_path_factory, remote_stores):
             raise pytest.UsageError(f"ARROWSTATE_TEST_CHECKPOINTS={everywhere}: local, hdfs "
                                     f"or s3")
         harness.checkpoint_root = remote_stores.root(everywhere)
+        harness.checkpoint_conf = remote_stores.process_settings(everywhere)
         for key, value in remote_stores.get(everywhere).spark_settings().items():
             builder = builder.config(key, value)
     session = arrowstate.configure(builder).getOrCreate()
@@ -180,9 +188,11 @@ def remote_checkpoints(request, spark, remote_stores):
     store = remote_stores.get(request.param)
     for key, value in store.spark_settings().items():
         spark.conf.set(key[len("spark.hadoop."):], value)
-    before, harness.checkpoint_root = harness.checkpoint_root, remote_stores.root(request.param)
+    before = harness.checkpoint_root, harness.checkpoint_conf
+    harness.checkpoint_root = remote_stores.root(request.param)
+    harness.checkpoint_conf = remote_stores.process_settings(request.param)
     yield store
-    harness.checkpoint_root = before
+    harness.checkpoint_root, harness.checkpoint_conf = before
 
 
 @pytest.fixture(autouse=True)

@@ -18,25 +18,38 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="compile the JVM shim jar against the installed Spark")
     sub.add_parser("demo", help="run a short deduplicating query on local Spark")
     sub.add_parser("version", help="print the version")
-    state = sub.add_parser("state", help="a checkpoint's state, offline")
+    state = sub.add_parser(
+        "state", help="a checkpoint's state, offline (on the local disk, or any filesystem "
+                      "Hadoop reaches: hdfs://, s3a:// ...)")
     state_sub = state.add_subparsers(dest="state_command", required=True)
+    # every state command: the settings of the Spark it starts (spark-defaults.conf and
+    # PYSPARK_SUBMIT_ARGS apply too, as pyspark reads them)
+    spark_settings = argparse.ArgumentParser(add_help=False)
+    spark_settings.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a setting of the Spark the command starts (export, import, repartition; "
+             "describe and history for a checkpoint off the local disk), as spark-submit's "
+             "--conf: the filesystem's (spark.hadoop.fs.s3a.endpoint=...), its jars "
+             "(spark.jars.packages=org.apache.hadoop:hadoop-aws:3.5.0); repeatable")
     describe = state_sub.add_parser(
-        "describe", help="per stateful operator: family, engine, partitions, newest version, "
-                         "rows, bytes on disk, key and value schema")
+        "describe", parents=[spark_settings],
+        help="per stateful operator: family, engine, partitions, newest version, rows, bytes "
+             "on disk, key and value schema")
     describe.add_argument("checkpoint")
     describe.add_argument("--json", action="store_true", help="print JSON, for scripts")
     hist = state_sub.add_parser(
-        "history", help="per committed batch and stateful operator: state rows (total, "
-                        "updated, removed), bytes on disk and the batch's duration")
+        "history", parents=[spark_settings],
+        help="per committed batch and stateful operator: state rows (total, updated, "
+             "removed), bytes on disk and the batch's duration")
     hist.add_argument("checkpoint")
     hist.add_argument("--json", action="store_true", help="print JSON, for scripts")
     hist.add_argument("--plot", metavar="FILE.png",
                       help="also draw rows, bytes and duration over the batches into a PNG "
                            "(needs the plot extra: pip install 'arrowstate[plot]')")
     export = state_sub.add_parser(
-        "export", help="convert the state of a stopped query's checkpoint to the format of "
-                       "the Spark state store it records (HDFS-backed or RocksDB), to "
-                       "continue without arrowstate")
+        "export", parents=[spark_settings],
+        help="convert the state of a stopped query's checkpoint to the format of the Spark "
+             "state store it records (HDFS-backed or RocksDB), to continue without arrowstate")
     export.add_argument("checkpoint")
     export.add_argument("--operator", type=int, help="convert this operator's state only")
     export.add_argument("--planning-batch", type=int, metavar="N",
@@ -45,15 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                              "(in its driver, through the py4j gateway PYSPARK_GATEWAY_PORT "
                              "names, if set)")
     imp = state_sub.add_parser(
-        "import", help="convert the Spark state store (HDFS-backed or RocksDB) state of a "
-                       "stopped query's checkpoint to arrowstate's format, to continue on "
-                       "arrowstate")
+        "import", parents=[spark_settings],
+        help="convert the Spark state store (HDFS-backed or RocksDB) state of a stopped "
+             "query's checkpoint to arrowstate's format, to continue on arrowstate")
     imp.add_argument("checkpoint")
     imp.add_argument("--time-zone", help="the session time zone the query runs with "
                                          "(default: this machine's)")
     rep = state_sub.add_parser(
-        "repartition", help="repartition the arrowstate state of a stopped query's checkpoint "
-                            "into N partitions (as Spark 4.3's repartition does for RocksDB)")
+        "repartition", parents=[spark_settings],
+        help="repartition the arrowstate state of a stopped query's checkpoint into N "
+             "partitions (as Spark 4.3's repartition does for RocksDB)")
     rep.add_argument("checkpoint")
     rep.add_argument("partitions", type=int)
     rep.add_argument("--time-zone", help="the session time zone the query runs with "
@@ -63,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "state":
         from . import spark_state   # pyarrow and numpy: not for `jar`, `build` or `version`
         plot = getattr(args, "plot", None)
+        spark_conf = {}
+        for setting in args.conf:
+            key, is_set, value = setting.partition("=")
+            if not is_set or not key:
+                parser.error(f"--conf {setting}: not KEY=VALUE")
+            spark_conf[key] = value
         try:
             if plot is not None:   # before any work: without the extra, nothing is done
                 spark_state.require_plotting()
@@ -70,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                                                getattr(args, "partitions", None),
                                                getattr(args, "time_zone", None),
                                                getattr(args, "operator", None),
-                                               getattr(args, "planning_batch", None))
+                                               getattr(args, "planning_batch", None),
+                                               spark_conf)
             if plot is not None:
                 spark_state.plot_history(result, plot)
         except spark_state.CheckpointError as e:

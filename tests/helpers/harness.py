@@ -80,6 +80,9 @@ _run_ids = itertools.count()
 # (tests/conftest.py sets it from ARROWSTATE_TEST_CHECKPOINTS; the `remote_checkpoints`
 # fixture for one test)
 checkpoint_root: Callable[[str], str] | None = None
+# what a process of its own needs to reach `checkpoint_root`'s store, as `--conf` settings
+# (the store's `spark.hadoop.*` settings, its connector's jars); set with it
+checkpoint_conf: dict[str, str] = {}
 
 
 # with a remote checkpoint root: the query's input there too (a cluster whose executors
@@ -425,13 +428,17 @@ def ttl_masked(row):
 
 def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) -> dict:
     """`python -m arrowstate state <command>`'s JSON result: with `cli`, run as users run it,
-    in a process of its own (which starts its own Spark); else through the command's Python
+    in a process of its own (which starts its own Spark, given the store's settings as
+    `--conf` for a checkpoint off the local disk); else through the command's Python
     function in this process, which converts in a new session of the tests' Spark. Times
     are in UTC, the tests' session time zone."""
     if cli:
         zone = ["--time-zone", "UTC"] if command in ("import", "repartition") else []
+        store = [a for k, v in checkpoint_conf.items() for a in ("--conf", f"{k}={v}")] \
+            if "://" in checkpoint else []
         done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command, *zone,
-                               checkpoint, *args], capture_output=True, text=True, timeout=300)
+                               *store, checkpoint, *args], capture_output=True, text=True,
+                              timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         return json.loads(done.stdout)
     from arrowstate.spark_state import state_command as run

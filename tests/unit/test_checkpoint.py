@@ -47,3 +47,35 @@ def test_a_conversion_refuses_a_running_query_but_the_one_planning_it(tmp_path):
     first.mkdir()
     _logs(first, offsets=[0], commits=[])
     refuse_running(str(first), None, planning=0)   # batch 0: nothing committed before it
+
+
+def test_checkpoints_off_the_local_disk_are_told_by_their_scheme():
+    from arrowstate.spark_state.filesystems import LOCAL, files_for, is_remote
+    for remote in ("s3a://bucket/ck", "hdfs://nn:8020/ck", "hdfs:/ck", "abfss://c@a.dfs/ck"):
+        assert is_remote(remote), remote
+    for local in ("/tmp/ck", "ck", "file:/tmp/ck", "file:///tmp/ck", "./a:b", "C:/ck"):
+        assert not is_remote(local) and files_for(local) is LOCAL, local
+
+
+def test_a_remote_checkpoint_without_a_spark_session_is_refused_with_the_reason():
+    """Spark-free: no session to reach the filesystem through (the command line starts
+    one; a Python caller needs an active one)."""
+    from arrowstate.spark_state import CheckpointError, describe
+    with pytest.raises(CheckpointError, match="s3a://b/ck: a checkpoint on s3a is read "
+                                              "through Hadoop's FileSystem"):
+        describe("s3a://b/ck")
+
+
+def test_local_files_are_written_whole_and_renamed_over(tmp_path):
+    from arrowstate.spark_state.filesystems import LOCAL
+    path = str(tmp_path / "a" / "b" / "1")
+    LOCAL.write_atomic(path, b"one")
+    LOCAL.write_atomic(path, b"two")
+    assert LOCAL.read_text(path) == "two" and LOCAL.listdir(str(tmp_path / "a" / "b")) == ["1"]
+    LOCAL.write_atomic(str(tmp_path / "2"), b"three")
+    LOCAL.rename(str(tmp_path / "2"), path)
+    assert LOCAL.read_bytes(path) == b"three" and LOCAL.tail(path, 2) == b"ee"
+    assert LOCAL.file_sizes(str(tmp_path)) == {} and LOCAL.tree_size(str(tmp_path)) == 5
+    LOCAL.remove(path)
+    LOCAL.remove(path)   # a missing file: no error
+    assert not LOCAL.exists(path)

@@ -1,12 +1,13 @@
 """A streaming checkpoint's files, as Spark names and writes them, read (and the logs
-written) on the local filesystem: `commits/<batch>`, `offsets/<batch>` (with the SQL
+written): `commits/<batch>`, `offsets/<batch>` (with the SQL
 settings a restart keeps), `state/<op>/_metadata/metadata` (operator metadata v1: name,
 stores, partitions; transformWithState writes v2 entries, `_metadata/v2/<batch>`),
 `state/<op>/<partition>/_metadata/schema` (state schema v1 or v2: the key and value schemas
 as JSON), `state/<op>/_stateSchema/<store>/<batch>_<uuid>` (state schema v3,
 transformWithState's: per column family its key and value schemas) and the partition
 directories with the engine's files: arrowstate's `<v>.arrowstate.delta|snapshot`, Spark's
-HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`.
+HDFS-backed store's `<v>.delta|snapshot`, RocksDB's `<v>.zip|changelog` and `SSTs/`. Read and
+written on whatever filesystem holds the checkpoint (filesystems.files_for).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import struct
 
 from ..store import files as store_files
+from .filesystems import CheckpointError, files_for
 
 ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
 # where `state export` and `import` move the old engine's files: `<prefix><version>/state/`
@@ -23,25 +25,21 @@ MOVED_ASIDE = (EXPORTED, IMPORTED)
 _ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be described; the message says what and where."""
-
-
-class LocalFiles:
-    """One partition directory on the local filesystem, as the store's FileSource."""
+class PartitionFiles:
+    """One partition directory of a checkpoint, as the store's FileSource."""
 
     def __init__(self, where: str, context: str) -> None:
         self.where, self.context = where, context
+        self._files = files_for(where)
 
     def names(self) -> list[str]:
-        return os.listdir(self.where)
+        return self._files.listdir(self.where)
 
     def read(self, name: str) -> bytes:
-        with open(os.path.join(self.where, name), "rb") as f:
-            return f.read()
+        return self._files.read_bytes(os.path.join(self.where, name))
 
     def tail(self, name: str, size: int) -> bytes:
-        return self.read(name)[-size:]
+        return self._files.tail(os.path.join(self.where, name), size)
 
 
 def _read_utf(b: bytes, i: int) -> tuple[str, int]:
@@ -51,8 +49,7 @@ def _read_utf(b: bytes, i: int) -> tuple[str, int]:
 
 def read_schema_file(path: str) -> tuple[dict, dict]:
     """Key and value schemas (Spark's JSON) of a state schema file, format v1 or v2."""
-    with open(path, "rb") as f:
-        b = f.read()
+    b = files_for(path).read_bytes(path)
     version, i = _read_utf(b, 0)
     if version not in ("v1", "v2"):
         raise CheckpointError(f"{path}: state schema file format {version} is not one this "
@@ -78,8 +75,7 @@ def read_column_family_schemas(path: str) -> dict[str, tuple[dict, dict]]:
     """Per column family, its key and value schemas (Spark's JSON), from a state schema v3
     file: the count of column families, then each one's name, key schema and value schema
     (each after a 2-byte schema id), key encoder spec and user key encoder schema."""
-    with open(path, "rb") as f:
-        b = f.read()
+    b = files_for(path).read_bytes(path)
     try:
         version, i = _read_utf(b, 0)
         if version != "v3":
@@ -101,23 +97,26 @@ def read_column_family_schemas(path: str) -> dict[str, tuple[dict, dict]]:
         raise CheckpointError(f"{path}: cannot read the state schema (v3) file: {e}") from e
 
 
+def log_ids(checkpoint: str, log: str) -> list[int]:
+    """The batches a log (`commits`, `offsets`) has an entry of, in order."""
+    where, files = os.path.join(checkpoint, log), files_for(checkpoint)
+    return sorted(int(n) for n in files.listdir(where) if n.isdigit()) \
+        if files.isdir(where) else []
+
+
 def last_committed_batch(checkpoint: str) -> int | None:
-    commits = os.path.join(checkpoint, "commits")
-    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if os.path.isdir(commits) else []
-    return max(ids, default=None)
+    return max(log_ids(checkpoint, "commits"), default=None)
 
 
 def planned_batch(checkpoint: str) -> int | None:
-    offsets = os.path.join(checkpoint, "offsets")
-    return max((int(n) for n in os.listdir(offsets) if n.isdigit()), default=None)
+    return max(log_ids(checkpoint, "offsets"), default=None)
 
 
 def offset_conf(checkpoint: str, batch: int) -> dict:
     """The SQL settings the offset log recorded for `batch` (those a restart keeps)."""
     path = os.path.join(checkpoint, "offsets", str(batch))
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        lines = files_for(path).read_text(path).splitlines()
         return json.loads(lines[1]).get("conf", {})
     except (OSError, IndexError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read the offset log entry: {e}") from e
@@ -126,15 +125,15 @@ def offset_conf(checkpoint: str, batch: int) -> dict:
 def operator_metadata(op_dir: str) -> dict | None:
     """The operator's metadata: v1 (`_metadata/metadata`), or the newest v2 entry
     (`_metadata/v2/<batch>`, which transformWithState writes)."""
+    files = files_for(op_dir)
     paths = [os.path.join(op_dir, "_metadata", "metadata")]
     v2 = os.path.join(op_dir, "_metadata", "v2")
-    if os.path.isdir(v2):
+    if files.isdir(v2):
         paths += [os.path.join(v2, str(b)) for b in
-                  sorted((int(n) for n in os.listdir(v2) if n.isdigit()), reverse=True)[:1]]
+                  sorted((int(n) for n in files.listdir(v2) if n.isdigit()), reverse=True)[:1]]
     for path in paths:
-        if os.path.exists(path):
-            with open(path) as f:
-                lines = f.read().splitlines()
+        if files.exists(path):
+            lines = files.read_text(path).splitlines()
             if len(lines) > 1 and lines[0] in ("v1", "v2"):
                 return json.loads(lines[1])
     return None
@@ -152,25 +151,15 @@ def partition_engine(names: list[str]) -> tuple[str | None, int]:
     return (None if not engines else "+".join(engines)), max(versions, default=0)
 
 
-def dir_size(path: str) -> int:
-    total = 0
-    for root, _, names in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(root, n)) for n in names)
-    return total
-
-
 def write_log_entry(path: str, text: str) -> None:
     """A new offsets/ or commits/ entry, written whole or not at all."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.arrowstate-tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    files_for(path).write_atomic(path, text.encode())
 
 
 def offsets_with_conf(checkpoint: str, batch: int, changes: dict) -> str:
     """offsets/`batch`'s text with `changes` made to the settings it records."""
-    with open(os.path.join(checkpoint, "offsets", str(batch))) as f:
-        lines = f.read().split("\n")
+    path = os.path.join(checkpoint, "offsets", str(batch))
+    lines = files_for(path).read_text(path).split("\n")
     meta = json.loads(lines[1])
     meta["conf"].update(changes)
     lines[1] = json.dumps(meta, separators=(",", ":"))

@@ -10,9 +10,11 @@ import os
 
 from ..session import EXTENSION_CLASS, configure
 from ..store import files as store_files
-from .checkpoint_files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, LocalFiles,
+from . import filesystems
+from .checkpoint_files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, PartitionFiles,
                                offset_conf, offsets_with_conf, planned_batch, read_schema_file,
                                write_log_entry)
+from .filesystems import files_for
 from .inventory import describe
 from .layout import HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER, OperatorJob, SparkLayout
 from .layouts import LAYOUTS, layout_of_schema
@@ -78,49 +80,84 @@ def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
     held = set()
     for p in range(o["partitions"]):
         where = os.path.join(op_dir, str(p))
-        source = LocalFiles(where, f"operator {o['operator_id']}, partition {p}")
-        if os.path.isdir(where) and any(store_files.parse_name(n) for n in source.names()):
+        source = PartitionFiles(where, f"operator {o['operator_id']}, partition {p}")
+        if files_for(where).isdir(where) and any(store_files.parse_name(n) for n in source.names()):
             held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
                         for f in stored_schema(source, last + 1))
     return sorted(held - declared - {"", TIMER_VARIABLE})
 
 
+_open: list[tuple] = []   # the session a state command opened (for a remote checkpoint)
+
+
 @contextlib.contextmanager
-def conversion_session(app: str, conf: dict, on_driver: bool = False):
+def conversion_session(app: str, conf: dict, on_driver: bool = False,
+                       spark_conf: dict | None = None):
     """The Spark session a conversion reads and writes state with. Called from a process
     whose active session runs arrowstate (a notebook, an application): a new session of its
     SparkContext, so no second Spark starts, with the checkpoint's store settings as its
-    own. `on_driver` (the shim's conversion of a query leaving arrowstate, from a process it
+    own and the active session's Hadoop settings (its `fs.*`, as Hadoop reads them).
+    `on_driver` (the shim's conversion of a query leaving arrowstate, from a process it
     starts on the driver): a new session of the planning query's SparkContext, reached
-    through the py4j gateway the shim opens for it (PYSPARK_GATEWAY_PORT/SECRET). Else (the
-    command line) a local Spark, started for it and stopped after. Yields the session and
-    which of the three it is ("active", "driver", "local")."""
+    through the py4j gateway the shim opens for it (PYSPARK_GATEWAY_PORT/SECRET), so with
+    the planning query's filesystem settings. Else (the command line) a local Spark with
+    `spark_conf` (its --conf), started for it and stopped after. Yields the session and
+    which of the three it is ("active", "driver", "local"); while open, a checkpoint off the
+    local disk is reached through it (filesystems.bound). Opened again inside (a state
+    command on a remote checkpoint opens it first, to read the checkpoint), the same one."""
     from pyspark.sql import SparkSession
 
+    if _open:
+        session, kind = _open[-1]
+        for k, v in conf.items():
+            session.conf.set(k, v)
+        yield session, kind
+        return
     active, kind = SparkSession.getActiveSession(), "active"
     if active is None and on_driver and "PYSPARK_GATEWAY_PORT" in os.environ:
         active, kind = _driver_session(), "driver"
     if (getattr(active, "_jsparkSession", None) is not None
             and EXTENSION_CLASS in active.conf.get("spark.sql.extensions", "")):
         session = active.newSession()
-        for k, v in conf.items():
+        for k, v in {**_hadoop_settings(active), **conf}.items():
             session.conf.set(k, v)
         jvm_session = session._jvm.org.apache.spark.sql.SparkSession
         jvm_session.setActiveSession(session._jsparkSession)   # what SQLConf.get reads
         try:
-            yield session, kind
+            with _opened(session, kind):
+                yield session, kind
         finally:
             jvm_session.setActiveSession(active._jsparkSession)
         return
     builder = (SparkSession.builder.master("local[2]").appName(app)
                .config("spark.ui.enabled", "false"))
-    for k, v in conf.items():
+    for k, v in {**(spark_conf or {}), **conf}.items():
         builder = builder.config(k, v)
     spark = configure(builder).getOrCreate()
     try:
-        yield spark, "local"
+        with _opened(spark, "local"):
+            yield spark, "local"
     finally:
         spark.stop()
+
+
+@contextlib.contextmanager
+def _opened(session, kind: str):
+    _open.append((session, kind))
+    try:
+        with filesystems.bound(session):
+            yield
+    finally:
+        _open.pop()
+
+
+def _hadoop_settings(session) -> dict:
+    """The settings of a session that Hadoop's configuration takes from it (a session's
+    Hadoop configuration is the SparkContext's plus the session's own settings): those
+    outside Spark's namespace, such as `fs.s3a.*`, a new session of the same context would
+    not have."""
+    return {k: v for k, v in session.conf.getAll.items()
+            if not k.startswith("spark.") or k.startswith("spark.hadoop.")}
 
 
 def _driver_session():
@@ -150,20 +187,22 @@ def _driver_session():
 def _move_aside(checkpoint: str, operators: list[int], backup: str, is_moved) -> None:
     """Moves the files `is_moved` picks from the operators' partition directories (and their
     checksum files) to the same places under `backup`."""
+    files = files_for(checkpoint)
     state_root = os.path.join(checkpoint, "state")
     for op in operators:
         op_dir = os.path.join(state_root, str(op))
-        for p in (n for n in os.listdir(op_dir) if n.isdigit()):
+        for p in (n for n in files.listdir(op_dir) if n.isdigit()):
             src = os.path.join(op_dir, p)
-            for name in os.listdir(src):
+            for name in files.listdir(src):
                 if is_moved(name.lstrip(".").removesuffix(".crc")):
                     dst = os.path.join(backup, "state", str(op), p)
-                    os.makedirs(dst, exist_ok=True)
-                    os.replace(os.path.join(src, name), os.path.join(dst, name))
+                    files.makedirs(dst)
+                    files.rename(os.path.join(src, name), os.path.join(dst, name))
 
 
 def _convert(checkpoint: str, direction: str, choose, check, operate, backup_prefix: str,
-             is_moved, time_zone: str | None = None, planning: int | None = None) -> dict:
+             is_moved, time_zone: str | None = None, planning: int | None = None,
+             spark_conf: dict | None = None) -> dict:
     """The shared steps of export and import: pick the operators (`choose`), refuse what
     cannot be converted (`check(conf, last, chosen, operators)`, given the offset log's
     settings; it returns the settings the conversion changes there, if any), write the other
@@ -189,10 +228,11 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
                                   f"{o['stores']}; only the default store is converted")
         refuse_column_families(checkpoint, o, last)
     version = last + 1
-    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    state_root = files_for(checkpoint).absolute(os.path.join(checkpoint, "state"))
     converted = []
     with conversion_session(f"arrowstate state {direction}", _store_settings(conf),
-                            on_driver=planning is not None) as (spark, session):
+                            on_driver=planning is not None,
+                            spark_conf=spark_conf) as (spark, session):
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         for o in chosen:
@@ -205,8 +245,8 @@ def _convert(checkpoint: str, direction: str, choose, check, operate, backup_pre
     if changed:   # before the move: a failure in between leaves a run of this to redo
         offsets = os.path.join(checkpoint, "offsets")
         text = offsets_with_conf(checkpoint, last, changed)
-        with contextlib.suppress(FileNotFoundError):   # Hadoop's checksum of the old text
-            os.remove(os.path.join(offsets, f".{last}.crc"))
+        # Hadoop's checksum of the old text (the local filesystem's)
+        files_for(offsets).remove(os.path.join(offsets, f".{last}.crc"))
         write_log_entry(os.path.join(offsets, str(last)), text)
         message = "; offsets/{} now records {}".format(
             last, ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
@@ -223,7 +263,7 @@ def _store_settings(conf: dict) -> dict:
 
 
 def export_to_spark(checkpoint: str, operator: int | None = None,
-                    planning: int | None = None) -> dict:
+                    planning: int | None = None, spark_conf: dict | None = None) -> dict:
     """Converts every arrowstate operator's state to the format of the Spark state store
     the checkpoint records (the newest committed version: HDFS-backed, `<v>.snapshot` per
     partition; RocksDB, a snapshot of that version written through its provider, and for
@@ -232,7 +272,7 @@ def export_to_spark(checkpoint: str, operator: int | None = None,
     partition is written, to `<checkpoint>/arrowstate-exported-<v>/`. Running it again does
     nothing. `operator` converts that operator only; `planning` is the batch a query is
     planning when the shim converts its state because it leaves arrowstate (that batch's
-    offsets are written, its commit not yet)."""
+    offsets are written, its commit not yet). `spark_conf` configures a Spark it starts."""
     def check(conf, last, chosen, operators):
         provider = conf.get(PROVIDER_SETTING, HDFS_PROVIDER)
         if provider not in (HDFS_PROVIDER, ROCKSDB_PROVIDER):
@@ -279,17 +319,19 @@ def export_to_spark(checkpoint: str, operator: int | None = None,
 
     return _convert(checkpoint, "exported", choose, check,
                     lambda layout, job: layout.export_operator(job), EXPORTED,
-                    lambda name: store_files.parse_name(name) is not None, planning=planning)
+                    lambda name: store_files.parse_name(name) is not None, planning=planning,
+                    spark_conf=spark_conf)
 
 
-def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
+def import_from_spark(checkpoint: str, time_zone: str | None = None,
+                      spark_conf: dict | None = None) -> dict:
     """Converts the state Spark's own store holds (through the provider the checkpoint
     records: HDFS-backed or RocksDB) for the operators arrowstate runs to arrowstate's
     format (the newest committed version, as one snapshot per partition), so that the
     query continues on arrowstate. Spark's files are moved, once every snapshot is written,
     to `<checkpoint>/spark-state-imported-<v>/`. Timestamps in the state take `time_zone`
     (the session time zone the query runs with; this machine's by default). Running it
-    again does nothing."""
+    again does nothing. `spark_conf` configures a Spark it starts."""
     def choose(o):
         if o["engine"] == "none" or ARROWSTATE in o["engine"].split("+"):
             return False
@@ -303,4 +345,4 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None) -> dict:
                     lambda layout, job: layout.import_operator(job), IMPORTED,
                     # RocksDB's SST files too: left behind, they read as Spark's state
                     lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])),
-                    time_zone)
+                    time_zone, spark_conf=spark_conf)

@@ -1,8 +1,8 @@
 """`python -m arrowstate state history`: per committed batch and stateful operator, the state
 rows (total after the batch, updated and removed in it, as Spark's progress reports
 numRowsTotal, numRowsUpdated and numRowsRemoved), the bytes of the operator's state files
-and the batch's duration, read offline from the checkpoint alone (local filesystem, no
-Spark).
+and the batch's duration, read offline from the checkpoint alone (no Spark for a checkpoint
+on the local disk).
 
 Where each figure comes from:
 - rows: arrowstate's delta of version N+1 (batch N commits state version N+1) records, per
@@ -31,8 +31,10 @@ import re
 
 from ..store import files as store_files
 from .checkpoint_files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
-                               last_committed_batch, operator_metadata, planned_batch)
-from .inventory import FAMILIES
+                               last_committed_batch, log_ids, operator_metadata,
+                               planned_batch)
+from .filesystems import files_for
+from .inventory import FAMILIES, require_checkpoint
 
 # Spark's progress names of the figures a delta records (store_files.STATE_FIGURES)
 PROGRESS_NAMES = dict(zip(store_files.STATE_FIGURES,
@@ -43,17 +45,11 @@ SPARK_STORE_NOTE = ("Spark's own state store files record no state figures: rows
                     "available (spark.read.format('statestore') reads the state itself)")
 
 
-def _log_ids(checkpoint: str, log: str) -> list[int]:
-    where = os.path.join(checkpoint, log)
-    return sorted(int(n) for n in os.listdir(where) if n.isdigit()) \
-        if os.path.isdir(where) else []
-
-
 def _batch_timestamp(checkpoint: str, batch: int) -> int | None:
     """The batchTimestampMs offsets/`batch` records (None when it cannot be read)."""
+    path = os.path.join(checkpoint, "offsets", str(batch))
     try:
-        with open(os.path.join(checkpoint, "offsets", str(batch))) as f:
-            lines = f.read().splitlines()
+        lines = files_for(path).read_text(path).splitlines()
         return int(json.loads(lines[1])["batchTimestampMs"])
     except (OSError, IndexError, ValueError, KeyError, TypeError):
         return None
@@ -67,20 +63,16 @@ class _Partition:
         self.ours: dict[int, dict[str, tuple[str, int]]] = {}
         self.hdfs: dict[int, dict[str, tuple[str, int]]] = {}
         self.rocksdb: set[int] = set()
-        with os.scandir(where) as entries:
-            for e in entries:
-                if not e.is_file():
-                    continue
-                parsed = store_files.parse_name(e.name)
-                hdfs = _HDFS_NAME.match(e.name)
-                rocks = _ROCKSDB_NAME.match(e.name)
-                if parsed is not None:
-                    self.ours.setdefault(parsed[0], {})[parsed[1]] = (e.name, e.stat().st_size)
-                elif hdfs is not None:
-                    self.hdfs.setdefault(int(hdfs.group(1)), {})[hdfs.group(2)] = (
-                        e.name, e.stat().st_size)
-                elif rocks is not None:
-                    self.rocksdb.add(int(rocks.group(1)))
+        for name, size in files_for(where).file_sizes(where).items():
+            parsed = store_files.parse_name(name)
+            hdfs = _HDFS_NAME.match(name)
+            rocks = _ROCKSDB_NAME.match(name)
+            if parsed is not None:
+                self.ours.setdefault(parsed[0], {})[parsed[1]] = (name, size)
+            elif hdfs is not None:
+                self.hdfs.setdefault(int(hdfs.group(1)), {})[hdfs.group(2)] = (name, size)
+            elif rocks is not None:
+                self.rocksdb.add(int(rocks.group(1)))
 
     def engine(self, version: int) -> str | None:
         if version in self.ours:
@@ -96,8 +88,7 @@ class _Partition:
         if found is None:
             return None
         path = os.path.join(self.where, found[0])
-        with open(path, "rb") as f:
-            return store_files.recorded_figures(path, f.read())
+        return store_files.recorded_figures(path, files_for(path).read_bytes(path))
 
     def chain_bytes(self, version: int, engine: str) -> int | None:
         """Bytes of the files that load `version`: the newest snapshot at or below it and
@@ -175,7 +166,8 @@ def _figures_of(partitions: list[_Partition], version: int, count_bytes: bool) -
 
 
 def _partitions(op_dir: str) -> list[_Partition]:
-    names = os.listdir(op_dir) if os.path.isdir(op_dir) else []
+    files = files_for(op_dir)
+    names = files.listdir(op_dir) if files.isdir(op_dir) else []
     return [_Partition(os.path.join(op_dir, n)) for n in sorted(names, key=lambda n: (len(n), n))
             if n.isdigit()]
 
@@ -183,14 +175,12 @@ def _partitions(op_dir: str) -> list[_Partition]:
 def history(checkpoint: str) -> dict:
     """Per committed batch and stateful operator, the figures the module's docstring
     describes; a checkpoint with no committed batch is a CheckpointError."""
-    if not os.path.isdir(checkpoint):
-        raise CheckpointError(f"{checkpoint}: no such directory")
-    if not os.path.isdir(os.path.join(checkpoint, "offsets")):
-        raise CheckpointError(f"{checkpoint}: not a streaming checkpoint (no offsets/)")
-    committed = _log_ids(checkpoint, "commits")
+    files = files_for(checkpoint)
+    require_checkpoint(checkpoint)
+    committed = log_ids(checkpoint, "commits")
     last = last_committed_batch(checkpoint)
     planned = planned_batch(checkpoint)
-    uncommitted = [b for b in _log_ids(checkpoint, "offsets") if last is None or b > last]
+    uncommitted = [b for b in log_ids(checkpoint, "offsets") if last is None or b > last]
     if not committed:
         planned_text = (f" (batch {planned} is planned in offsets/{planned} but was never "
                         "committed)" if planned is not None else "")
@@ -198,9 +188,9 @@ def history(checkpoint: str) -> dict:
                               f"{planned_text}: there is no history to show")
     state_root = os.path.join(checkpoint, "state")
     operators, partitions, aside = [], {}, {}
-    moved_aside = sorted(n for n in os.listdir(checkpoint) if n.startswith(MOVED_ASIDE))
-    for op in sorted(int(n) for n in os.listdir(state_root) if n.isdigit()) \
-            if os.path.isdir(state_root) else []:
+    moved_aside = sorted(n for n in files.listdir(checkpoint) if n.startswith(MOVED_ASIDE))
+    for op in sorted(int(n) for n in files.listdir(state_root) if n.isdigit()) \
+            if files.isdir(state_root) else []:
         op_dir = os.path.join(state_root, str(op))
         info = operator_metadata(op_dir)
         name = info["operatorInfo"]["operatorName"] if info is not None else "unknown"
@@ -211,8 +201,7 @@ def history(checkpoint: str) -> dict:
     batches = []
     for batch in committed:
         started = _batch_timestamp(checkpoint, batch)
-        ended = os.stat(os.path.join(checkpoint, "commits", str(batch))).st_mtime_ns \
-            // 1_000_000
+        ended = files.modified_ms(os.path.join(checkpoint, "commits", str(batch)))
         duration = ended - started if started is not None and ended >= started else None
         batches.append({
             "batchId": batch, "batchTimestampMs": started, "committedAtMs": ended,
@@ -221,7 +210,7 @@ def history(checkpoint: str) -> dict:
                            **_operator_figures(partitions[o["operatorId"]], batch + 1,
                                                aside[o["operatorId"]])}
                           for o in operators]})
-    return {"checkpoint": os.path.abspath(checkpoint), "lastCommittedBatch": last,
+    return {"checkpoint": files.absolute(checkpoint), "lastCommittedBatch": last,
             "uncommittedBatches": uncommitted, "operators": operators, "batches": batches}
 
 

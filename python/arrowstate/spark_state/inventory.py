@@ -1,7 +1,8 @@
 """`python -m arrowstate state describe`: a streaming checkpoint's state, read offline (no
-Spark, local filesystem): per stateful operator, its family and what its state holds,
-partitions, newest version, rows, bytes on disk, key and value schemas and the engine whose
-files hold it; for transformWithState each state variable (kind, schema, TTL) and the timers.
+Spark for a checkpoint on the local disk): per stateful operator, its family and what its
+state holds, partitions, newest version, rows, bytes on disk, key and value schemas and the
+engine whose files hold it; for transformWithState each state variable (kind, schema, TTL)
+and the timers.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 from .. import contract
 from ..store import files as store_files
-from .checkpoint_files import (ARROWSTATE, CheckpointError, LocalFiles, dir_size,
+from .checkpoint_files import (ARROWSTATE, CheckpointError, PartitionFiles,
                                last_committed_batch, offset_conf, operator_metadata,
                                partition_engine, read_schema_file)
+from .filesystems import files_for
 from .layouts import LAYOUTS
 from .readers import stored_state
 from .transform_with_state import describe_variables
@@ -49,20 +51,27 @@ def _simple(schema: dict) -> str:
 
 def describe(checkpoint: str) -> dict:
     """What the checkpoint's state is, per operator (see the module's docstring)."""
+    files = files_for(checkpoint)
     state_root = os.path.join(checkpoint, "state")
-    if not os.path.isdir(checkpoint):
-        raise CheckpointError(f"{checkpoint}: no such directory")
-    if not os.path.isdir(os.path.join(checkpoint, "offsets")):
-        raise CheckpointError(f"{checkpoint}: not a streaming checkpoint (no offsets/)")
+    require_checkpoint(checkpoint)
     last = last_committed_batch(checkpoint)
     operators = []
-    op_ids = sorted(int(n) for n in os.listdir(state_root) if n.isdigit()) \
-        if os.path.isdir(state_root) else []
+    op_ids = sorted(int(n) for n in files.listdir(state_root) if n.isdigit()) \
+        if files.isdir(state_root) else []
     for op in op_ids:
         operators.append(_describe_operator(checkpoint, op, last, _partitions(checkpoint,
                                                                              last)))
-    return {"checkpoint": os.path.abspath(checkpoint), "lastCommittedBatch": last,
+    return {"checkpoint": files.absolute(checkpoint), "lastCommittedBatch": last,
             "operators": [asdict(o) for o in operators]}
+
+
+def require_checkpoint(checkpoint: str) -> None:
+    """A CheckpointError unless `checkpoint` is a streaming checkpoint's directory."""
+    files = files_for(checkpoint)
+    if not files.isdir(checkpoint):
+        raise CheckpointError(f"{checkpoint}: no such directory")
+    if not files.isdir(os.path.join(checkpoint, "offsets")):
+        raise CheckpointError(f"{checkpoint}: not a streaming checkpoint (no offsets/)")
 
 
 def _partitions(checkpoint: str, last: int | None) -> int | None:
@@ -78,6 +87,7 @@ def _partitions(checkpoint: str, last: int | None) -> int | None:
 
 def _describe_operator(checkpoint: str, op: int, last: int | None,
                        active: int | None) -> Operator:
+    files = files_for(checkpoint)
     op_dir = os.path.join(checkpoint, "state", str(op))
     name, stores, declared = "unknown", ["default"], None
     info = operator_metadata(op_dir)
@@ -85,20 +95,20 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
         name = info["operatorInfo"]["operatorName"]
         stores = [s["storeName"] for s in info["stateStoreInfo"]]
         declared = max((s["numPartitions"] for s in info["stateStoreInfo"]), default=None)
-    parts = sorted(int(n) for n in os.listdir(op_dir) if n.isdigit())
+    parts = sorted(int(n) for n in files.listdir(op_dir) if n.isdigit())
     if active is not None:   # directories beyond are left from an earlier partitioning
         parts = [p for p in parts if p < active]
         declared = active
     engines, newest = set(), 0
     for p in parts:
-        engine, version = partition_engine(os.listdir(os.path.join(op_dir, str(p))))
+        engine, version = partition_engine(files.listdir(os.path.join(op_dir, str(p))))
         if engine:
             engines.add(engine)
         newest = max(newest, version)
     engine = "+".join(sorted(engines)) or "none"
     key_schema = value_schema = None
     schema_file = os.path.join(op_dir, "0", "_metadata", "schema")
-    if os.path.exists(schema_file):
+    if files.exists(schema_file):
         key, value = read_schema_file(schema_file)
         key_schema, value_schema = _simple(key), _simple(value)
     elif info is not None and "operatorPropertiesJson" in info:   # column families
@@ -120,12 +130,12 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
     if family is not None and LAYOUTS[family].column_families and info is not None:
         variables, timers = describe_variables(op_dir, info)
     return Operator(op, name, family, engine, declared or len(parts), newest, rows,
-                    dir_size(op_dir), key_schema, value_schema, stores, note,
+                    files.tree_size(op_dir), key_schema, value_schema, stores, note,
                     None if family is None else LAYOUTS[family].holds, variables, timers)
 
 
 def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
-    source = LocalFiles(where, f"operator {op}, partition {partition}, version {version}")
+    source = PartitionFiles(where, f"operator {op}, partition {partition}, version {version}")
     if not any(store_files.parse_name(n) for n in source.names()):
         return 0
     state = stored_state(source, version)

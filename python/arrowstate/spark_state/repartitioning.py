@@ -9,11 +9,13 @@ from .checkpoint_files import (ARROWSTATE, CheckpointError, offset_conf, offsets
                                planned_batch, write_log_entry)
 from .conversion import conversion_session, operator_layout, refuse_column_families, \
     refuse_running
+from .filesystems import files_for
 from .inventory import describe
 from .layout import OperatorJob
 
 
-def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) -> dict:
+def repartition(checkpoint: str, partitions: int, time_zone: str | None = None,
+                spark_conf: dict | None = None) -> dict:
     """Offline repartition of arrowstate state, as Spark 4.3's repartition does it for
     RocksDB: batch L+1 (after the last committed L) is recorded as a batch that reads no
     input, with `partitions` shuffle partitions, and every operator's state becomes, at its
@@ -22,7 +24,8 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
 
     The order keeps a failure safe: offsets/L+1 first (until its commit exists Spark
     refuses to restart the query: an unfinished repartition), then the snapshots, then
-    commits/L+1. After a failure, run the command again: it finishes the same batch."""
+    commits/L+1. After a failure, run the command again: it finishes the same batch.
+    `spark_conf` configures the Spark it starts."""
     described = describe(checkpoint)
     last = described["lastCommittedBatch"]
     stateful = [o for o in described["operators"] if o["engine"] != "none"]
@@ -55,9 +58,10 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
         write_log_entry(os.path.join(checkpoint, "offsets", str(last + 1)),
                         offsets_with_conf(checkpoint, last, {key: str(partitions)}))
     version = last + 2
-    state_root = os.path.abspath(os.path.join(checkpoint, "state"))
+    state_root = files_for(checkpoint).absolute(os.path.join(checkpoint, "state"))
     done = []
-    with conversion_session("arrowstate state repartition", {}) as (spark, _):
+    with conversion_session("arrowstate state repartition", {},
+                            spark_conf=spark_conf) as (spark, _):
         zone = time_zone or spark.conf.get("spark.sql.session.timeZone")
         conversion = spark._jvm.org.apache.spark.sql.arrowstate.tools.StateConversion
         for o in stateful:
@@ -66,8 +70,7 @@ def repartition(checkpoint: str, partitions: int, time_zone: str | None = None) 
             counts = operator_layout(checkpoint, o).repartition_operator(job)
             done.append({"operator_id": o["operator_id"], "version": version,
                          "rows": list(counts)})
-    with open(os.path.join(checkpoint, "commits", str(last))) as f:
-        commit = f.read()
+    commit = files_for(checkpoint).read_text(os.path.join(checkpoint, "commits", str(last)))
     write_log_entry(os.path.join(checkpoint, "commits", str(last + 1)), commit)
     return {"checkpoint": described["checkpoint"], "repartitioned": done,
             "message": f"batch {last + 1} repartitions the state from {current} to "

@@ -28,6 +28,7 @@ from .. import keys as keycodec
 from ..store import VersionedState
 from ..store import files as store_files
 from .checkpoint_files import read_column_family_schemas
+from .filesystems import files_for
 from .layout import OperatorJob, SparkLayout, arrow_fields
 
 STATE_NAME = "__state"
@@ -150,14 +151,14 @@ TIMER_FIELD = "expiration_timestamp_ms"
 def operator_properties(op_dir: str, batch: int) -> dict:
     """The operator's properties (time mode, state variables) from the newest operator
     metadata v2 entry at or before `batch`."""
+    files = files_for(op_dir)
     meta = os.path.join(op_dir, "_metadata", "v2")
-    written = sorted(int(n) for n in os.listdir(meta) if n.isdigit() and int(n) <= batch) \
-        if os.path.isdir(meta) else []
+    written = sorted(int(n) for n in files.listdir(meta) if n.isdigit() and int(n) <= batch) \
+        if files.isdir(meta) else []
     if not written:
         raise ValueError(f"{meta}: no operator metadata (v2) for batch {batch}; "
                          "transformWithState state cannot be converted without it")
-    with open(os.path.join(meta, str(written[-1]))) as f:
-        lines = f.read().splitlines()
+    lines = files.read_text(os.path.join(meta, str(written[-1]))).splitlines()
     return json.loads(json.loads(lines[1])["operatorPropertiesJson"])
 
 
@@ -179,10 +180,10 @@ def describe_variables(op_dir: str, info: dict) -> tuple[list[dict], dict | None
     families: dict = {}
     for store in info.get("stateStoreInfo", []):
         for path in store.get("stateSchemaFilePaths", [])[-1:]:   # newest: by the checkpoint
-            local = os.path.join(op_dir, "_stateSchema", store["storeName"],
-                                 os.path.basename(path))
-            if os.path.exists(local):
-                families.update(read_column_family_schemas(local))
+            here = os.path.join(op_dir, "_stateSchema", store["storeName"],
+                                os.path.basename(path))
+            if files_for(here).exists(here):
+                families.update(read_column_family_schemas(here))
     variables = []
     for var in _user_variables(props):
         key, value = families.get(var["stateName"], (None, None))
@@ -345,20 +346,10 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
             batches.append(pa.RecordBatch.from_pylist([], schema=schema))
         data, _ = store_files.encode(schema, store_files.SNAPSHOT, version, (
             store_files.with_op(b, store_files.OP_PUT) for b in batches))
-        _write(os.path.join(op_dir, str(partition)),
-               store_files.file_name(store_files.SNAPSHOT, version), data)
+        path = os.path.join(op_dir, str(partition),
+                            store_files.file_name(store_files.SNAPSHOT, version))
+        files_for(path).write_atomic(path, data)
     return counts
-
-
-def _write(directory: str, name: str, data: bytes) -> None:
-    """The file whole or not at all."""
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{name}.arrowstate-tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, name))
 
 
 def export_operator(spark, checkpoint: str, state_root: str, operator: int, batch: int,

@@ -58,9 +58,11 @@ object StateEngineCheck {
  * a py4j server opened for it alone (loopback, a secret of its own, shut after), and
  * converts in a new session of the planning query's SparkContext (a second local Spark
  * would take 15-30 s and a JVM's memory on the driver). The planning batch then loads the
- * converted version; the conversion is logged. A checkpoint that is not on the local
- * filesystem, or a conversion that fails, fails the query with ARROWSTATE_STATE_NEEDS_EXPORT
- * naming why and the command.
+ * converted version; the conversion is logged. The checkpoint may be on any filesystem
+ * Spark's checkpoints are on: the process reads and writes it through Hadoop's FileSystem in
+ * that session, with the planning query's Hadoop settings (its SparkContext's and its own
+ * `fs.*`), so none is copied to its command line or environment. A conversion that fails
+ * fails the query with ARROWSTATE_STATE_NEEDS_EXPORT naming why and the command.
  */
 object LeaveArrowState extends Logging {
   // what pyspark hands the JVM it launched: a child pyspark must start a Spark of its own
@@ -71,8 +73,11 @@ object LeaveArrowState extends Logging {
       stateDir: Path): Unit = {
     val checkpoint = new Path(info.checkpointLocation).getParent
     val uri = checkpoint.toUri
+    // the checkpoint as the state tools take it: a local path, else its URI, scheme included
+    val local = uri.getScheme == null || uri.getScheme == "file"
+    val where = if (local) uri.getPath else checkpoint.toString
     val session = SparkSession.active   // the planning query's
-    val command = Seq(pythonExec(session), "-m", "arrowstate", "state", "export", uri.getPath,
+    val command = Seq(pythonExec(session), "-m", "arrowstate", "state", "export", where,
       "--operator", info.operatorId.toString, "--planning-batch", info.storeVersion.toString)
 
     def fail(why: String): Nothing = throw new ArrowStateException(
@@ -82,12 +87,10 @@ object LeaveArrowState extends Logging {
       s"arrowstate: operator ${info.operatorId} ($nodeName) runs on Spark's own state store " +
         s"(${reasons.mkString("; ")}), but its state in $stateDir was written by arrowstate, " +
         s"and $why. Run it on arrowstate, or convert the checkpoint's state to Spark's " +
-        s"format with the query stopped: `python -m arrowstate state export ${uri.getPath}`.")
+        s"format with the query stopped: `python -m arrowstate state export $where`" +
+        (if (local) "." else " with the filesystem's settings as `--conf KEY=VALUE` " +
+          "(docs/state-tools.md)."))
 
-    if (uri.getScheme != null && uri.getScheme != "file") {
-      fail(s"converting it at planning needs the checkpoint on the local filesystem " +
-        s"(it is on ${uri.getScheme})")
-    }
     logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) leaves arrowstate " +
       s"(${reasons.mkString("; ")}): converting its state at batch ${info.storeVersion} to " +
       s"Spark's state store: ${command.mkString(" ")}")
