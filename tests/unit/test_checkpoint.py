@@ -57,10 +57,14 @@ def test_checkpoints_off_the_local_disk_are_told_by_their_scheme():
         assert not is_remote(local) and files_for(local) is LOCAL, local
 
 
-def test_a_remote_checkpoint_without_a_spark_session_is_refused_with_the_reason():
+def test_a_remote_checkpoint_without_a_spark_session_is_refused_with_the_reason(monkeypatch):
     """Spark-free: no session to reach the filesystem through (the command line starts
-    one; a Python caller needs an active one)."""
+    one; a Python caller needs an active one). In the suite this process may hold the Spark
+    tests' session: none counts as active here."""
+    from pyspark.sql import SparkSession
+
     from arrowstate.spark_state import CheckpointError, describe
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
     with pytest.raises(CheckpointError, match="s3a://b/ck: a checkpoint on s3a is read "
                                               "through Hadoop's FileSystem"):
         describe("s3a://b/ck")
