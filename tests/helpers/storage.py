@@ -15,6 +15,7 @@ copies as S3 does, and counts the requests it serves by type.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -85,6 +86,14 @@ def storage_jars(cache: Path | None = None) -> dict[str, list[str]]:
     hadoop = hadoop_version()
     pom = _pom(hadoop)
     home = cache / f"hadoop-{hadoop}-{hashlib.sha256(pom.encode()).hexdigest()[:12]}"
+    home.mkdir(parents=True, exist_ok=True)
+    # one download at a time: the suite's processes may all ask at once on a new machine
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _resolved(home, pom)
+
+
+def _resolved(home: Path, pom: str) -> dict[str, list[str]]:
     manifest = home / "jars.json"
     if manifest.is_file():
         found = json.loads(manifest.read_text())
@@ -94,7 +103,6 @@ def storage_jars(cache: Path | None = None) -> dict[str, list[str]]:
     if mvn is None:
         raise StorageUnavailable("`mvn` is not on the PATH (needed once, to download "
                                  "hadoop-aws and hadoop-client-minicluster)")
-    home.mkdir(parents=True, exist_ok=True)
     (home / "pom.xml").write_text(pom)
     partial = home / "jars.partial"
     shutil.rmtree(partial, ignore_errors=True)
