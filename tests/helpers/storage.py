@@ -15,6 +15,7 @@ copies as S3 does, and counts the requests it serves by type.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -153,10 +154,8 @@ def _stop(proc: subprocess.Popen | None) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
+        with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=10)
 
 
