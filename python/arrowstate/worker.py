@@ -141,19 +141,20 @@ class Worker:
         the JVM to write, then the state marked committed and held for the next task. The
         time the delta took to encode (ms)."""
         version, conf = header["version"], header["conf"]
+        codec = store_files.ipc_codec(conf["compressionCodec"])
         self.held.check_cap(state, header)
         # rows as Spark counts them: stored rows, unless the family counts otherwise
         family.metrics.setdefault("numTotalStateRows", len(state))
         start = time.perf_counter()
         delta, snapshots, prune_below = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
-            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES})
+            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec)
         commit_ms = int((time.perf_counter() - start) * 1000)
         p.send(f, "COMMIT", delta, snapshots, prune_below)
         f.flush()
         p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
-                             os.path.join(header["localDir"], "snapshots"))
+                             os.path.join(header["localDir"], "snapshots"), codec)
         self.held.keep(state, header, family.rebuild_index)
         return commit_ms
 

@@ -8,7 +8,10 @@ arrowstate 0.2, and format 3, the same with change records in deltas:
     file    := payload trailer
     payload := an Arrow IPC stream: the key and value columns plus an `__op` column
                (1 put, 0 remove; in a format 3 delta also the change records 2 update,
-               3 append, 4 delete); its schema metadata names the format, kind and version
+               3 append, 4 delete); its schema metadata names the format, kind and version;
+               its buffers are compressed with the codec Spark's state store setting names
+               (LZ4 frame, Spark's default, or ZSTD; earlier arrowstate wrote them
+               uncompressed: pyarrow reads each form)
     trailer := 60 bytes, little-endian: magic "ARWSTATE", format version (u16), kind (u8:
                0 delta, 1 snapshot), flags (u8, 0), reserved (u32, 0), state version (i64),
                row count (i64), payload length (i64), unique id (16 bytes), then CRC-32
@@ -171,15 +174,26 @@ def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
                                       names=batch.schema.names + [OP_COLUMN])
 
 
+def ipc_codec(spark_codec: str | None) -> str:
+    """Spark's state store codec (spark.sql.streaming.stateStore.compression.codec, a short
+    name or a class) as the compression of a file's Arrow buffers. Arrow's IPC format has
+    LZ4 (frame) and ZSTD only: Spark's lzf and snappy mean lz4, Spark's default."""
+    name = (spark_codec or "").strip().lower()
+    return "zstd" if name in ("zstd", "org.apache.spark.io.zstdcompressioncodec") else "lz4"
+
+
 def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
-                   batches: Iterable[pa.RecordBatch], figures: dict | None = None) -> int:
-    """Writes the Arrow IPC stream of a file to `sink`; the rows it holds."""
+                   batches: Iterable[pa.RecordBatch], figures: dict | None = None,
+                   codec: str = "lz4") -> int:
+    """Writes the Arrow IPC stream of a file to `sink`, its buffers compressed with `codec`
+    (an ipc_codec: any pyarrow reads either); the rows it holds."""
     meta = {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()}
     if figures is not None:
         meta[FIGURES] = json.dumps(figures, sort_keys=True).encode()
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(meta)
     rows = 0
-    with pa.ipc.new_stream(sink, file_schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_stream(sink, file_schema, options=options) as writer:
         for b in batches:
             writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
             rows += b.num_rows
@@ -199,12 +213,12 @@ def _trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
 
 def encode(schema: pa.Schema, kind: str, version: int,
            batches: Iterable[pa.RecordBatch], changes: bool = False,
-           figures: dict | None = None) -> tuple[bytes, bytes]:
+           figures: dict | None = None, codec: str = "lz4") -> tuple[bytes, bytes]:
     """One file's bytes and its unique id; `batches` carry the state columns plus the op
     column (`changes`: change records among them, a format 3 delta; `figures`: the state
-    figures a delta records)."""
+    figures a delta records; `codec`: an ipc_codec)."""
     sink = pa.BufferOutputStream()
-    rows = _write_payload(sink, schema, kind, version, batches, figures)
+    rows = _write_payload(sink, schema, kind, version, batches, figures, codec)
     payload = sink.getvalue()
     trailer, uid = _trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
     return b"".join((memoryview(payload), trailer)), uid
@@ -228,12 +242,13 @@ class _Checksummed(io.RawIOBase):
 
 
 def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
-                   batches: Iterable[pa.RecordBatch]) -> int:
+                   batches: Iterable[pa.RecordBatch], codec: str = "lz4") -> int:
     """Writes one file (as `encode` makes it) to a local path a batch at a time, so a large
     snapshot is never whole in memory; its size."""
     with open(path, "wb") as raw:
         sink = _Checksummed(raw)
-        rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches)
+        rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches,
+                              codec=codec)
         trailer, _ = _trailer(kind, version, rows, sink.size, sink.crc, False)
         raw.write(trailer)
         return sink.size + len(trailer)

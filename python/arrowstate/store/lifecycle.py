@@ -104,13 +104,13 @@ class Lifecycle:
         self.last_snapshot_version = base
 
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
-                  directory: str | None = None) -> None:
+                  directory: str | None = None, codec: str = "lz4") -> None:
         """After `version` is committed: makes its snapshot in a thread when one is due (in
-        a file in `directory`, else as bytes). `rows_of` is called only then (it freezes the
-        live rows)."""
+        a file in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
+        only then (it freezes the live rows)."""
         due = version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
         if due and self._pending is None:
-            self._pending = _Snapshot(rows_of(), schema, version, directory)
+            self._pending = _Snapshot(rows_of(), schema, version, directory, codec)
             self.last_snapshot_version = version
 
     def discard(self) -> None:
@@ -154,9 +154,10 @@ class _Snapshot(threading.Thread):
     """Encodes a snapshot of one committed version, to a local file in `directory` (its
     path is the result) or to bytes; Arrow's take and IPC release the GIL."""
 
-    def __init__(self, rows: FrozenRows, schema, version: int, directory: str | None) -> None:
+    def __init__(self, rows: FrozenRows, schema, version: int, directory: str | None,
+                 codec: str) -> None:
         super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
-        self.version = version
+        self.version, self._codec = version, codec
         self._rows, self._schema = rows, schema
         self.path = (None if directory is None else os.path.join(
             directory, f"{uuid.uuid4().hex}-{files.file_name(files.SNAPSHOT, version)}"))
@@ -168,11 +169,12 @@ class _Snapshot(threading.Thread):
         try:
             rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
             if self.path is None:
-                self._bytes, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows)
+                self._bytes, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows,
+                                              codec=self._codec)
             else:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 files.encode_to_file(self.path, self._schema, files.SNAPSHOT, self.version,
-                                     rows)
+                                     rows, self._codec)
         except BaseException as e:  # surfaced by result(), in the task that ships it
             self._error = e
             if self.path is not None:

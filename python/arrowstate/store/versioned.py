@@ -230,28 +230,28 @@ class VersionedState:
 
     # -- versions ---------------------------------------------------------------------------
     def commit_files(self, new_version: int, min_versions_to_retain: int,
-                     figures: dict | None = None
+                     figures: dict | None = None, codec: str = "lz4"
                      ) -> tuple[bytes, list[tuple[int, bytes]], int]:
-        """The delta for new_version (recording the state `figures`, if given), the snapshots
-        (of earlier versions) made meanwhile, and the version below which files may be pruned
-        (-1 for none)."""
+        """The delta for new_version (recording the state `figures`, if given; its buffers
+        compressed with `codec`, a files.ipc_codec), the snapshots (of earlier versions) made
+        meanwhile, and the version below which files may be pruned (-1 for none)."""
         delta, self._pending_uid = files.encode(self.schema, files.DELTA, new_version,
                                                 self._changes, self._has_change_records,
-                                                figures)
+                                                figures, codec)
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
         return delta, snapshots, prune_below
 
     def mark_committed(self, new_version: int, min_deltas_for_snapshot: int,
-                       snapshot_dir: str | None = None) -> None:
+                       snapshot_dir: str | None = None, codec: str = "lz4") -> None:
         """The JVM wrote new_version's delta; a snapshot is made if one is due (as a file in
-        `snapshot_dir`, else as bytes)."""
+        `snapshot_dir`, else as bytes; compressed with `codec`)."""
         self.version = new_version
         self.last_uid = self._pending_uid
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
-                                 min_deltas_for_snapshot, snapshot_dir)
+                                 min_deltas_for_snapshot, snapshot_dir, codec)
 
     def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
         """Loads `version`: the newest snapshot at or below it and the deltas after it. A

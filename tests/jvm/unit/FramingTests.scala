@@ -44,7 +44,8 @@ object FramingTests extends UnitTests {
       ("drop" -> List.empty[String]) ~
       ("conf" -> Map("minDeltasForSnapshot" -> 10L, "minVersionsToRetain" -> 100L,
         "maxStateBytes" -> 0L, "stateMemoryPercent" -> 50L,
-        "memoryBytes" -> 0L)) ~
+        "memoryBytes" -> 0L).map { case (k, v) => k -> JLong(v) } +
+        ("compressionCodec" -> JString("lz4"))) ~
       ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
       ("localDir" -> "/tmp")
 

@@ -9,7 +9,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
 /** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, Long], operator: JValue, task: JValue,
+      drop: Seq[String], conf: Map[String, JValue], operator: JValue, task: JValue,
       localDir: String): JValue =
     ("family" -> family) ~
       ("stateKey" -> stateKey) ~

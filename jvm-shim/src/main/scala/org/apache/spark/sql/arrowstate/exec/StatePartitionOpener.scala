@@ -1,10 +1,11 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import org.json4s.JsonAST.JValue
+import org.json4s.JsonAST.{JLong, JString, JValue}
 
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
@@ -22,7 +23,7 @@ case class StatePartitionOpener(
     family: String,
     info: StatefulOperatorStateInfo,
     operator: JValue,
-    storeConf: Map[String, Long],
+    storeConf: Map[String, JValue],
     localDir: String,
     workerSettings: WorkerSettings,
     sentSchema: StructType,
@@ -64,9 +65,10 @@ object StatePartitionOpener {
       function: Option[FunctionEnvironment] = None): StatePartitionOpener = {
     val conf = session.sessionState.conf
     val storeConf = Contract.StoreConf.map { case (field, key) =>
-      field -> (if (Contract.Settings.contains(key)) ArrowStateConf.long(conf, key)
-                else conf.getConfString(key).trim.toLong)
-    } + ("memoryBytes" -> ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf))
+      field -> (if (Contract.Settings.contains(key)) JLong(ArrowStateConf.long(conf, key))
+                else if (key == SQLConf.STATE_STORE_COMPRESSION_CODEC.key) JString(conf.getConfString(key))
+                else JLong(conf.getConfString(key).trim.toLong))
+    } + ("memoryBytes" -> JLong(ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf)))
     val workerSettings = WorkerSettings(
       affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
       idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,
