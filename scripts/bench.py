@@ -15,6 +15,8 @@ CPU seconds a run costs the JVM and its Python workers (median) and their ratio,
     python scripts/bench.py --small-batches [--small-batch-rows 1000] [--small-batch-count 20]
                             [--small-batch-partitions 200] [--cases agg_update,dedup,...]
     python scripts/bench.py --exchange [--cases agg_append,session_window_append,...]
+    python scripts/bench.py --economy --checkpoint s3 [--economy-rows 3000]
+                            [--economy-batches 6] [--shuffle-partitions 2] [--cases ...]
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
@@ -297,6 +299,12 @@ def main() -> None:
     parser.add_argument("--small-batch-rows", type=int, default=1000)
     parser.add_argument("--small-batch-count", type=int, default=20)
     parser.add_argument("--small-batch-partitions", type=int, default=200)
+    parser.add_argument("--economy", action="store_true",
+                        help="what a micro-batch costs on the object store, per engine "
+                             "(with --checkpoint s3)")
+    parser.add_argument("--economy-rows", type=int, default=3000,
+                        help="--economy: rows per micro-batch")
+    parser.add_argument("--economy-batches", type=int, default=6)
     parser.add_argument("--exchange", action="store_true",
                         help="Spark's SQL operators: arrowstate beside itself with its "
                              "workers doing no state work, no state, and Spark's trip to "
@@ -325,9 +333,11 @@ def main() -> None:
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
+    from bench_lib.economy import ECONOMY_CASES
     from bench_lib.sql import SMALL_BATCH_CASES, is_sql_case, no_state_figures, small_batches
     args.cases = args.cases or ",".join(FLOORS if args.shapes else SMALL_BATCH_CASES
-                                        if args.small_batches else CASES)
+                                        if args.small_batches else ECONOMY_CASES
+                                        if args.economy else CASES)
     if args.state_load:
         from bench_lib.state_load import state_load
         state_load(args)
@@ -377,9 +387,13 @@ def main() -> None:
                 "python_workers_rss_mb":
                     round(sum(map(rss_bytes, state_worker_pids())) / 2**20)}
 
-    if args.scaling or args.shapes or args.release or args.small_batches or args.exchange:
+    if (args.scaling or args.shapes or args.release or args.small_batches or args.exchange
+            or args.economy):
         try:
-            if args.exchange:
+            if args.economy:
+                from bench_lib.economy import economy
+                economy(spark, args, CASES, CHECKPOINTS, write_batches)
+            elif args.exchange:
                 from bench_lib.exchange import exchange
                 exchange(spark, args, CASES, run_once, write_batches)
             elif args.small_batches:

@@ -98,7 +98,8 @@ class Worker:
         key, version, run_id = header["stateKey"], header["version"], header["queryRunId"]
         metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0,
                    "stateSnapshotsSkipped": 0}
-        state = self.held.reusable(key, version, run_id, files)
+        state = self.held.reusable(key, version, run_id, files,
+                                   header["conf"]["verifyHeldState"])
         if state is not None:
             metrics["stateCacheHits"] = 1
             family.keep_columns(state.schema)

@@ -252,6 +252,10 @@ class ObjectStore:
     def requests(self) -> dict[str, int]:
         """Requests the S3 gateway served so far, by type (GET, PUT, HEAD, LIST, ...),
         from its Prometheus metrics."""
+        return {k: v for k, v in self.traffic().items() if k != "bytes_received"}
+
+    def traffic(self) -> dict[str, int]:
+        """`requests()`, and the bytes the gateway received (uploads) as `bytes_received`."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                     timeout=5) as answer:
             text = answer.read().decode()
@@ -262,6 +266,9 @@ class ObjectStore:
                 m = re.search(r'type="([^"]+)"', labels)
                 if m:
                     counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(value))
+            elif line.startswith("SeaweedFS_s3_bucket_traffic_received_bytes_total{"):
+                counts["bytes_received"] = (counts.get("bytes_received", 0)
+                                            + int(float(line.rsplit(" ", 1)[1])))
         return counts
 
     def stop(self) -> None:

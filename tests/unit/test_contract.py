@@ -115,7 +115,8 @@ def _header(**operator):
             "operatorId": 0, "partitionId": 1, "version": 3, "drop": [],
             "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
                      "maxStateBytes": 0, "stateMemoryPercent": 50,
-                     "compressionCodec": "lz4", "memoryBytes": 0},
+                     "compressionCodec": "lz4", "verifyHeldState": False,
+                     "memoryBytes": 0},
             "operator": {"keyCount": 1, "eventTimeIndex": -1, "evictByKey": False,
                          "withinWatermark": False, **operator},
             "task": None, "sparkFilesDir": "/tmp", "localDir": "/tmp"}

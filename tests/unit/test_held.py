@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, held
+from arrowstate.store import VersionedState, files, held
 from arrowstate.store.hashed import HashedRows, available as hash_table_available
 from arrowstate.store.rows import KeyedRows
 
@@ -51,14 +51,32 @@ def test_a_held_state_is_taken_again_only_at_its_version_and_run():
     state = _committed(3)
     state.version, state.last_uid = 0, None   # version 0: what every checkpoint starts with
     states.keep(state, _header(), lambda s: None)
-    assert states.reusable("/ck/state/0/1", 0, "run", _NoFiles()) is state
+    assert states.reusable("/ck/state/0/1", 0, "run", _NoFiles(), False) is state
     assert states.states == {}   # taken out while the task runs
     states.keep(state, _header(), lambda s: None)
-    assert states.reusable("/ck/state/0/1", 0, "another run", _NoFiles()) is None
+    assert states.reusable("/ck/state/0/1", 0, "another run", _NoFiles(), False) is None
     assert states.states == {}   # let go
     states.keep(_committed(3, version=0), _header(), lambda s: None)
-    assert states.reusable("/ck/state/0/1", 1, "run", _NoFiles()) is None
-    assert states.reusable("/ck/state/0/2", 0, "run", _NoFiles()) is None
+    assert states.reusable("/ck/state/0/1", 1, "run", _NoFiles(), False) is None
+    assert states.reusable("/ck/state/0/2", 0, "run", _NoFiles(), False) is None
+
+
+def test_a_held_state_is_checked_against_its_delta_only_when_asked():
+    """With speculative tasks another attempt may commit the same version after this one:
+    then (verify) the delta's trailer must still carry the held state's unique id."""
+    class Rewritten:   # the checkpoint's delta of version 3 is another attempt's
+        def tail(self, name, size):
+            data, _ = files.encode(pa.schema([("k", pa.int64())]), "delta", 3, [])
+            return data[-size:]
+    states = held.HeldStates()
+    state = _committed(3)
+    state.last_uid = b"u" * 16
+    states.keep(state, _header(), lambda s: None)
+    assert states.reusable("/ck/state/0/1", state.version, "run", Rewritten(), True) is None
+    state = _committed(3)
+    state.last_uid = b"u" * 16
+    states.keep(state, _header(), lambda s: None)
+    assert states.reusable("/ck/state/0/1", state.version, "run", Rewritten(), False) is state
 
 
 def test_a_task_fails_before_its_commit_when_the_workers_state_would_pass_the_cap():

@@ -65,13 +65,16 @@ class HeldStates:
         self.budget.configure(header)
 
     def reusable(self, state_key: str, version: int, run_id: str,
-                 files: FileSource) -> VersionedState | None:
-        """The partition's held state, taken out, when it is provably what the checkpoint
-        holds at `version` (this query run committed it, and its delta is still the one
-        there); else None, and the held state, if any, is let go."""
+                 files: FileSource, verify: bool) -> VersionedState | None:
+        """The partition's held state, taken out, when it is what the checkpoint holds at
+        `version`: this query run committed it here (a task that failed after its commit
+        has the JVM drop the state first), and, with `verify` (speculative tasks: another
+        attempt of the same task may have committed after this one), its delta is still the
+        one there, one ranged read of its trailer. Else None, and the held state, if any,
+        is let go."""
         state = self.states.pop(state_key, None)
         if (state is not None and state.version == version and state.run_id == run_id
-                and committed_here(state, files)):
+                and (not verify or committed_here(state, files))):
             return state
         if state is not None:
             state.close()

@@ -42,10 +42,9 @@ object FramingTests extends UnitTests {
     ("family" -> "deduplicate") ~ ("stateKey" -> "/ck/state/0/1") ~ ("queryRunId" -> "run") ~
       ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
       ("drop" -> List.empty[String]) ~
-      ("conf" -> Map("minDeltasForSnapshot" -> 10L, "minVersionsToRetain" -> 100L,
-        "maxStateBytes" -> 0L, "stateMemoryPercent" -> 50L,
-        "memoryBytes" -> 0L).map { case (k, v) => k -> JLong(v) } +
-        ("compressionCodec" -> JString("lz4"))) ~
+      ("conf" -> (("minDeltasForSnapshot" -> 10L) ~ ("minVersionsToRetain" -> 100L) ~
+        ("maxStateBytes" -> 0L) ~ ("stateMemoryPercent" -> 50L) ~ ("memoryBytes" -> 0L) ~
+        ("compressionCodec" -> "lz4") ~ ("verifyHeldState" -> false))) ~
       ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
       ("localDir" -> "/tmp")
 

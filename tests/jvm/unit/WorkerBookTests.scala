@@ -55,6 +55,18 @@ object WorkerBookTests extends UnitTests {
     assertTrue(w1.staleStateKeys.isEmpty, "and only once")
   }
 
+  test("a distrusted partition (its task failed after committing) is dropped, then reloaded") {
+    val w1 = new Fake(1)
+    val b = book(w1)
+    b.assign("p0", provider, w1)
+    b.distrust("p0")
+    assertTrue(!b.holderOf.contains("p0"), "no worker holds it")
+    assertEqual(b.assign("p0", provider, w1), Seq("p0"),
+      "its next task, even on the same worker, drops the copy first")
+    b.distrust("p9")   // never held here: nothing to do
+    assertTrue(w1.staleStateKeys.isEmpty)
+  }
+
   test("a dead idle worker is never lent, and is forgotten with what it held") {
     val (w1, w2) = (new Fake(1), new Fake(2))
     val b = book(w1, w2)

@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import org.json4s.JsonAST.{JLong, JString, JValue}
+import org.json4s.JsonAST.{JBool, JLong, JString, JValue}
 
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.SparkSession
@@ -68,7 +68,8 @@ object StatePartitionOpener {
       field -> (if (Contract.Settings.contains(key)) JLong(ArrowStateConf.long(conf, key))
                 else if (key == SQLConf.STATE_STORE_COMPRESSION_CODEC.key) JString(conf.getConfString(key))
                 else JLong(conf.getConfString(key).trim.toLong))
-    } + ("memoryBytes" -> JLong(ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf)))
+    } + ("memoryBytes" -> JLong(ArrowStateConf.workerMemoryBytes(conf, session.sparkContext.conf))) +
+      ("verifyHeldState" -> JBool(session.sparkContext.conf.getBoolean("spark.speculation", false)))
     val workerSettings = WorkerSettings(
       affinityWaitMs = ArrowStateConf.long(conf, ArrowStateConf.AffinityWaitMs),
       idleTimeoutMs = ArrowStateConf.long(conf, ArrowStateConf.IdleTimeoutSeconds) * 1000,

@@ -137,6 +137,10 @@ object PythonStateWorkers extends Logging {
         "its partitions reload from their checkpoints")
     }
 
+  /** The state this executor's worker holds of `stateKey` is not to be reused: the worker
+   * drops it with its next task. */
+  def distrust(stateKey: String): Unit = synchronized(current.foreach(_.distrust(stateKey)))
+
   def giveBack(worker: PythonStateWorker): Unit = synchronized {
     worker.idleSince = System.currentTimeMillis()
     current.filter(_.all.contains(worker)).foreach(_.idle += worker)

@@ -29,9 +29,16 @@ class StateExchange(
   private var bytesToPython = 0L
   private var bytesFromPython = 0L
 
-  Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
-    if (!finished) PythonStateWorkers.destroy(worker)
-  })
+  Option(TaskContext.get()).foreach { context =>
+    context.addTaskCompletionListener[Unit] { _ =>
+      if (!finished) PythonStateWorkers.destroy(worker)
+    }
+    // a task that fails after its commit is run again, maybe elsewhere, and its delta may be
+    // rewritten: the state this executor keeps of it is not to be reused
+    context.addTaskFailureListener { (_, _) =>
+      if (finished) PythonStateWorkers.distrust(stateKey)
+    }
+  }
 
   def staleKeysToDrop: Seq[String] = drops
 

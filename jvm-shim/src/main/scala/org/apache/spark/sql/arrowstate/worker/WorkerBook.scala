@@ -57,6 +57,11 @@ class WorkerBook[W <: PooledWorker] {
     drops
   }
 
+  /** No worker holds `stateKey`'s state any more: its holder drops its copy with its next
+   * task, and the partition's next task loads it from the checkpoint. */
+  def distrust(stateKey: String): Unit =
+    holderOf.remove(stateKey).foreach(_.staleStateKeys += stateKey)
+
   /** Idle workers whose process died: forgotten, and returned (their partitions reload). */
   def discardDead(): Seq[W] = {
     val dead = idle.filterNot(_.isAlive).toSeq
