@@ -3,14 +3,16 @@
 Every frame is a tag and a body whose fields contract.json declares (`frames`, with the types
 of `frameTypes`): integers big-endian (Java's DataOutputStream), byte strings
 length-prefixed, Arrow batches as self-contained IPC streams, JSON payloads checked against
-their schemas (`payloads`) as they cross. The shim's twin is FrameCodec.scala; both read the
+their schemas (`payloads`) as they cross, and files of any size as a stream of bounded
+chunks (`chunks`: sent from a `Chunks`, read as a `ChunkReader` the caller drains before
+the next frame). The shim's twin is FrameCodec.scala; both read the
 same declaration, so a field renamed or retyped on one side fails at the boundary, naming it.
 """
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator, NamedTuple
 
 import pyarrow as pa
 
@@ -76,8 +78,58 @@ def write_bytes(f: BinaryIO, b: bytes) -> None:
     f.write(b)
 
 
+class Chunks(NamedTuple):
+    """A `chunks` value to send: a file's bytes (any bytes-like object), in chunks of at
+    most `chunk_bytes` (spark.arrowstate.worker.fileChunkBytes)."""
+    data: Any
+    chunk_bytes: int
+
+
+def write_chunks(f: BinaryIO, data, chunk_bytes: int) -> None:
+    """The bytes as chunks of at most `chunk_bytes`, then the empty chunk; no copy."""
+    view = memoryview(data).cast("B")
+    for lo in range(0, len(view), chunk_bytes):
+        piece = view[lo:lo + chunk_bytes]
+        write_int(f, len(piece))
+        f.write(piece)
+    write_int(f, 0)
+
+
+class ChunkReader:
+    """A `chunks` field as it comes: its chunks in turn, ended by the empty one. It must be
+    read to its end before the next frame."""
+
+    def __init__(self, f: BinaryIO, frame: str, field: str) -> None:
+        self._f, self.frame, self.field = f, frame, field
+        self.ended = False
+
+    def chunks(self) -> Iterator[bytes]:
+        """Each chunk's bytes; a stream that stops before the empty chunk is an EOFError
+        naming the field."""
+        while not self.ended:
+            try:
+                n = read_int(self._f)
+                if n < 0:
+                    raise _violation(self.frame, self.field, f"a chunk of length {n}")
+                if n == 0:
+                    self.ended = True
+                    return
+                yield read_exact(self._f, n)
+            except EOFError:
+                raise EOFError(f"arrowstate: the JVM's connection closed in the middle of "
+                               f"{self.frame}.{self.field}, before its last chunk") from None
+
+    def read_all(self) -> bytes:
+        return b"".join(self.chunks())
+
+
 def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> None:
-    if kind == "int":
+    if kind == "chunks":
+        if not isinstance(value, Chunks) or value.chunk_bytes < 1:
+            raise _violation(frame, field, f"must be Chunks with a positive chunk size, not "
+                                           f"{type(value).__name__}")
+        write_chunks(f, value.data, value.chunk_bytes)
+    elif kind == "int":
         write_int(f, value)
     elif kind == "long":
         write_long(f, value)
@@ -102,6 +154,8 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
 
 
 def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
+    if kind == "chunks":
+        return ChunkReader(f, frame, field)
     if kind == "int":
         return read_int(f)
     if kind == "long":

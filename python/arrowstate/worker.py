@@ -9,8 +9,11 @@ conversation (frames and their bodies in contract.json, read and written by prot
   (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
   reads state)
   END -> DATA batch* END
-  COMMIT delta, snapshots of earlier versions, prune-below version -> COMMITTED (the JVM
+  COMMIT snapshots of earlier versions, prune-below version, delta -> COMMITTED (the JVM
   wrote the delta) -> COMMITTED metrics
+A state file crosses in bounded chunks (READ_FILE's content, COMMIT's delta, IMPORT_STATE's
+snapshot): one larger than spark.arrowstate.worker.fileMemoryBytes is received into a local
+file and memory-mapped, never whole in the worker's heap.
 Between tasks: DROP, READ_STATE and IMPORT_STATE requests; PRE_INIT on the driver.
 Any exception sends ERROR (condition, parameters, message, traceback) and ends the process:
 the JVM fails the task, and the state is reloaded from the checkpoint by whoever runs the
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -41,22 +46,66 @@ from .store import VersionedState
 from .store import files as store_files
 from .store.budget import give_back_memory, resident_bytes
 from .store.held import HeldStates
+from .store.runs import LocalStateWriteFailed
+
+
+def received_file(reader: p.ChunkReader, memory_bytes: int, directory: str
+                  ) -> bytes | memoryview:
+    """A streamed file's bytes: in memory when it is at most `memory_bytes`, else written to
+    a temporary file in `directory` as its chunks come and memory-mapped, so that verifying
+    and decoding it (store.files) read the map, not the heap. The file's name goes at once
+    (the mapping keeps its pages until nothing uses them; a worker that dies leaves nothing)."""
+    parts, size = [], 0
+    chunks = reader.chunks()
+    for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > memory_bytes:
+            break
+    else:
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    path = directory
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=".received-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.writelines(parts)
+                parts.clear()
+                for chunk in chunks:
+                    out.write(chunk)
+                out.flush()
+                return memoryview(mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ))
+        finally:
+            os.unlink(path)
+    except OSError as e:
+        raise LocalStateWriteFailed(path, e, f"the state file {reader.frame} received "
+                                             f"(over {memory_bytes} bytes)") from e
 
 
 class JvmFiles:
-    """The partition's state files, listed and read through the JVM (Hadoop's filesystem)."""
+    """The partition's state files, listed and read through the JVM (Hadoop's filesystem);
+    a file over `memory_bytes` is received into `local_dir` (received_file)."""
 
-    def __init__(self, f: BinaryIO, where: str, context: str) -> None:
+    def __init__(self, f: BinaryIO, where: str, context: str, local_dir: str,
+                 memory_bytes: int) -> None:
         self._f, self.where, self.context = f, where, context
+        self._local_dir, self._memory_bytes = local_dir, memory_bytes
 
     def names(self) -> list[str]:
         return p.request(self._f, "LIST_FILES")[0]
 
-    def read(self, name: str) -> bytes:
-        return p.request(self._f, "READ_FILE", name)[0]
+    def read(self, name: str) -> bytes | memoryview:
+        return received_file(p.request(self._f, "READ_FILE", name)[0], self._memory_bytes,
+                             self._local_dir)
 
     def tail(self, name: str, size: int) -> bytes:
         return p.request(self._f, "FILE_TAIL", name, size)[0]
+
+
+def received_dir(local_dir: str) -> str:
+    """Where state files over spark.arrowstate.worker.fileMemoryBytes are received."""
+    return os.path.join(local_dir, "received")
 
 
 def task_family(header: dict[str, Any], input_schema: pa.Schema):
@@ -83,7 +132,8 @@ class Worker:
         self.held.configure(header)
         files = JvmFiles(f, header["stateKey"], f"operator {header['operatorId']}, partition "
                                                 f"{header['partitionId']}, version "
-                                                f"{header['version']}")
+                                                f"{header['version']}",
+                         received_dir(header["localDir"]), header["conf"]["fileMemoryBytes"])
         state, metrics = self.ready_state(family, header, files)
         p.send(f, "READY")
         f.flush()
@@ -151,7 +201,7 @@ class Worker:
             version + 1, int(conf["minVersionsToRetain"]),
             {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec)
         commit_ms = int((time.perf_counter() - start) * 1000)
-        p.send(f, "COMMIT", delta, snapshots, prune_below)
+        p.send(f, "COMMIT", snapshots, prune_below, p.Chunks(delta, conf["fileChunkBytes"]))
         f.flush()
         p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
@@ -180,7 +230,8 @@ class Worker:
         """READ_STATE: one committed version of a partition (or the changes up to it), for
         Spark's state readers, in the key and value schemas Spark records for the operator.
         Loaded apart from (and never kept beside) the state tasks use."""
-        files = JvmFiles(f, request["where"], request["context"])
+        files = JvmFiles(f, request["where"], request["context"],
+                         received_dir(request["localDir"]), request["fileMemoryBytes"])
         by_name = request.get("stateEncoding") == "avro"   # store.evolution
         if "changesFrom" in request and "columnFamily" in request:
             batches = readers.read_column_family_changes(
@@ -209,8 +260,7 @@ class Worker:
             batches.append(p.ipc_to_batch(frame[1][0]))
         snapshot = importing.snapshot(request["version"], request["valueSchema"], batches,
                                          schema)
-        p.send(f, "DATA", snapshot)
-        p.send(f, "END")
+        p.send(f, "IMPORT_STATE", p.Chunks(snapshot, request["fileChunkBytes"]))
         f.flush()
 
     def pre_init(self, f: BinaryIO, request: dict[str, Any]) -> None:

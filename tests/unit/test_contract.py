@@ -116,6 +116,7 @@ def _header(**operator):
             "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
                      "maxStateBytes": 0, "stateMemoryPercent": 50,
                      "compressionCodec": "lz4", "verifyHeldState": False,
+                     "fileChunkBytes": 4 << 20, "fileMemoryBytes": 64 << 20,
                      "memoryBytes": 0},
             "operator": {"keyCount": 1, "eventTimeIndex": -1, "evictByKey": False,
                          "withinWatermark": False, **operator},
@@ -150,12 +151,21 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     from arrowstate.errors import ArrowStateError
 
     f = io.BytesIO()
-    protocol.send(f, "COMMIT", b"delta", [(3, "/tmp/3.arrowstate.snapshot")], 2)
+    protocol.send(f, "COMMIT", [(3, "/tmp/3.arrowstate.snapshot")], 2,
+                  protocol.Chunks(b"delta", 3))
     protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
     raw = f.getvalue()
-    # the declared layout: tag, delta, one (version, local path), prune-below
+    # the declared layout: tag, one (version, local path), prune-below, the delta's chunks
+    path = b"/tmp/3.arrowstate.snapshot"
     assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
-    assert raw[4:17] == (5).to_bytes(4, "big") + b"delta" + (1).to_bytes(4, "big")
+    assert raw[4:8] == (1).to_bytes(4, "big")
+    delta_at = 8 + 8 + 4 + len(path) + 8
+    assert raw[delta_at:delta_at + 21] == (
+        (3).to_bytes(4, "big") + b"del" + (2).to_bytes(4, "big") + b"ta" + bytes(4)
+        + contract.FRAMES["COMMITTED"].to_bytes(4, "big"))
+    with pytest.raises(ArrowStateError, match="must be Chunks") as e:
+        protocol.send(io.BytesIO(), "COMMIT", [], 2, b"delta")
+    assert e.value.parameters["field"] == "delta"
     with pytest.raises(ArrowStateError, match="metrics"):
         protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})
     with pytest.raises(ArrowStateError, match="does not send"):

@@ -35,8 +35,8 @@ class PartitionFiles:
     def names(self) -> list[str]:
         return self._files.listdir(self.where)
 
-    def read(self, name: str) -> bytes:
-        return self._files.read_bytes(os.path.join(self.where, name))
+    def read(self, name: str) -> bytes | memoryview:
+        return self._files.read_mapped(os.path.join(self.where, name))
 
     def tail(self, name: str, size: int) -> bytes:
         return self._files.tail(os.path.join(self.where, name), size)

@@ -11,8 +11,10 @@ pyspark or py4j for a local path.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
+import tempfile
 from typing import Protocol
 
 # a URI with a scheme of more than one letter (one letter is a Windows drive)
@@ -44,6 +46,10 @@ class CheckpointFiles(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
 
     def read_text(self, path: str) -> str: ...
+
+    def read_mapped(self, path: str) -> bytes | memoryview:
+        """A state file's bytes, memory-mapped (a file of any size, never whole in the
+        heap; store.files decodes either)."""
 
     def tail(self, path: str, size: int) -> bytes:
         """The file's last `size` bytes (all of a shorter one)."""
@@ -91,8 +97,13 @@ class LocalDisk:
         with open(path) as f:
             return f.read()
 
+    def read_mapped(self, path: str) -> bytes | memoryview:
+        return _mapped(path)
+
     def tail(self, path: str, size: int) -> bytes:
-        return self.read_bytes(path)[-size:]
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read()
 
     def file_sizes(self, path: str) -> dict[str, int]:
         with os.scandir(path) as entries:
@@ -129,6 +140,15 @@ class LocalDisk:
 
     def absolute(self, path: str) -> str:
         return os.path.abspath(path)
+
+
+def _mapped(path: str) -> bytes | memoryview:
+    """A local file's bytes as a read-only memory map (an empty file as empty bytes: it
+    cannot be mapped)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
 class CheckpointError(ValueError):
@@ -202,6 +222,20 @@ class HadoopFiles:
 
     def read_text(self, path: str) -> str:
         return self.read_bytes(path).decode()
+
+    def read_mapped(self, path: str) -> bytes | memoryview:
+        """Copied by Hadoop, streamed, to a local temporary file that is then mapped (its
+        name removed at once: the mapping keeps it while its bytes are used)."""
+        fd, local = tempfile.mkstemp(prefix=".arrowstate-read-", suffix=".tmp")
+        os.close(fd)
+        try:
+            # raw local filesystem: no checksum file beside the copy
+            self._call(path, lambda fs, p: fs.copyToLocalFile(
+                False, p, self._path(f"file://{local}"), True))
+            return _mapped(local)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(local)
 
     def tail(self, path: str, size: int) -> bytes:
         def read(fs, p):

@@ -88,7 +88,7 @@ class _Partition:
         if found is None:
             return None
         path = os.path.join(self.where, found[0])
-        return store_files.recorded_figures(path, files_for(path).read_bytes(path))
+        return store_files.recorded_figures(path, files_for(path).read_mapped(path))
 
     def chain_bytes(self, version: int, engine: str) -> int | None:
         """Bytes of the files that load `version`: the newest snapshot at or below it and

@@ -28,7 +28,9 @@ class FileSource(Protocol):
 
     def names(self) -> list[str]: ...
 
-    def read(self, name: str) -> bytes: ...
+    def read(self, name: str) -> bytes | memoryview:
+        """The file's bytes: a large one as a memoryview of a memory-mapped local copy
+        (`files` decodes either)."""
 
     def tail(self, name: str, size: int) -> bytes:
         """The file's last `size` bytes (all of a shorter one); empty if it is missing."""

@@ -34,18 +34,20 @@ DIR_SETTING = "spark.arrowstate.worker.localDir"
 
 
 class LocalStateWriteFailed(ArrowStateError):
-    """The tier could not write its files (a full disk, a missing or read-only directory)."""
+    """The tier, or a large state file received, could not be written to local disk (a full
+    disk, a missing or read-only directory)."""
 
-    def __init__(self, path: str, error: OSError) -> None:
+    def __init__(self, path: str, error: OSError,
+                 written: str = "state that is over the worker's memory budget") -> None:
         full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         what = ("the local disk is full" if full
                 else f"{type(error).__name__}: {error.strerror or error}")
         super().__init__(
             "ARROWSTATE_LOCAL_STATE_WRITE_FAILED",
-            f"arrowstate could not write state that is over the worker's memory budget to "
-            f"{path}: {what}. Nothing committed is lost (the checkpoint holds it); free space "
-            f"there, or point {DIR_SETTING} (default: Spark's local directories) at a disk "
-            "with room, or give the workers more memory.",
+            f"arrowstate could not write {written} to {path}: {what}. Nothing committed is "
+            f"lost (the checkpoint holds it); free space there, or point {DIR_SETTING} "
+            "(default: Spark's local directories) at a disk with room, or give the workers "
+            "more memory.",
             path=path, reason=what, setting=DIR_SETTING)
 
 

@@ -44,6 +44,7 @@ object FramingTests extends UnitTests {
       ("drop" -> List.empty[String]) ~
       ("conf" -> (("minDeltasForSnapshot" -> 10L) ~ ("minVersionsToRetain" -> 100L) ~
         ("maxStateBytes" -> 0L) ~ ("stateMemoryPercent" -> 50L) ~ ("memoryBytes" -> 0L) ~
+        ("fileChunkBytes" -> 4194304L) ~ ("fileMemoryBytes" -> 67108864L) ~
         ("compressionCodec" -> "lz4") ~ ("verifyHeldState" -> false))) ~
       ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
       ("localDir" -> "/tmp")
@@ -98,21 +99,92 @@ object FramingTests extends UnitTests {
     val typed = violation(written(_.write(Contract.Frame.Hello, "3", "1.2.3")))
     assertEqual(typed.getMessageParameters.get("field"), "protocolVersion")
     violation(written(_.write(Contract.Frame.Commit, Array.emptyByteArray)))   // Python's
+    violation(written(_.reply(Contract.Frame.ReadFile, Array[Byte](1))))   // not Chunks
   }
 
-  test("COMMIT is read as delta, (version, snapshot file) pairs and the prune-below version") {
-    val codec = reading { out =>
-      out.writeInt(Contract.Frame.Commit.tag)
-      out.writeInt(2); out.write(Array[Byte](7, 8))
-      out.writeInt(1); out.writeLong(5L); str(out, "/tmp/5.arrowstate.snapshot")
-      out.writeLong(4L)
+  /** The chunk lengths of a `chunks` value as written, the empty one included. */
+  private def chunkLengths(bytes: Array[Byte]): Seq[Int] = {
+    val in = new DataInputStream(new ByteArrayInputStream(bytes))
+    val lengths = Iterator.continually(in.readInt()).map { n => in.skipNBytes(n); n }
+      .takeWhile(_ != 0).toSeq :+ 0
+    assertEqual(in.available(), 0)
+    lengths
+  }
+
+  test("a file is written as chunks of at most the bound, ended by an empty one") {
+    for ((size, lengths) <- Seq(0 -> Seq(0), 10 -> Seq(4, 4, 2, 0), 12 -> Seq(4, 4, 4, 0),
+        3 -> Seq(3, 0))) {
+      val file = Array.tabulate[Byte](size)(i => (i * 7).toByte)
+      val bytes = written(_.reply(Contract.Frame.ReadFile,
+        FrameCodec.Chunks(new ByteArrayInputStream(file), 4)))
+      assertEqual(chunkLengths(bytes), lengths, s"a file of $size bytes")
+      val back = new ByteArrayOutputStream()
+      val in = new DataInputStream(new ByteArrayInputStream(bytes))
+      Iterator.continually(in.readInt()).takeWhile(_ != 0).foreach { n =>
+        back.write(in.readNBytes(n))
+      }
+      assertEqual(back.toByteArray.toSeq, file.toSeq)
     }
-    val (frame, Seq(delta: Array[Byte], snaps: Seq[(Long, String)] @unchecked,
-      prune: Long)) = codec.read(Contract.Frame.Commit)
-    assertEqual(frame, Contract.Frame.Commit)
-    assertEqual(delta.toSeq, Seq[Byte](7, 8))
-    assertEqual(snaps, Seq(5L -> "/tmp/5.arrowstate.snapshot"))
-    assertEqual(prune, 4L)
+  }
+
+  /** A `chunks` value as the worker writes it. */
+  private def chunks(out: DataOutputStream, file: Array[Byte], bound: Int): Unit = {
+    file.grouped(bound).foreach { piece => out.writeInt(piece.length); out.write(piece) }
+    out.writeInt(0)
+  }
+
+  test("COMMIT is read as (version, snapshot file) pairs, the prune-below version, then the delta streamed") {
+    for (size <- Seq(0, 2, 9, 12)) {   // empty, one chunk, a short last one, an exact multiple
+      val delta = Array.tabulate[Byte](size)(_.toByte)
+      val codec = reading { out =>
+        out.writeInt(Contract.Frame.Commit.tag)
+        out.writeInt(1); out.writeLong(5L); str(out, "/tmp/5.arrowstate.snapshot")
+        out.writeLong(4L)
+        chunks(out, delta, 3)
+        out.writeInt(Contract.Frame.Ready.tag)
+      }
+      val (frame, Seq(snaps: Seq[(Long, String)] @unchecked, prune: Long,
+        stream: InputStream)) = codec.read(Contract.Frame.Commit)
+      assertEqual(frame, Contract.Frame.Commit)
+      assertEqual(snaps, Seq(5L -> "/tmp/5.arrowstate.snapshot"))
+      assertEqual(prune, 4L)
+      val copy = new ByteArrayOutputStream()
+      stream.transferTo(copy)
+      assertEqual(copy.toByteArray.toSeq, delta.toSeq, s"a delta of $size bytes")
+      assertEqual(stream.read(), -1)
+      assertEqual(codec.read(Contract.Frame.Ready)._1, Contract.Frame.Ready)
+    }
+  }
+
+  test("a streamed file cut short is an EOF naming the field; one left unread fails the next frame") {
+    val file = Array.tabulate[Byte](10)(_.toByte)
+    for (cut <- Seq(2, 4, 7, 10)) {   // in a length, in a chunk, before the empty chunk
+      val codec = reading { out =>
+        out.writeInt(Contract.Frame.ImportState.tag)
+        val whole = new ByteArrayOutputStream()
+        chunks(new DataOutputStream(whole), file, 4)
+        out.write(whole.toByteArray.take(cut))
+      }
+      val stream = codec.read(Contract.Frame.ImportState)._2.head.asInstanceOf[InputStream]
+      val e = assertThrows[EOFException](stream.transferTo(new ByteArrayOutputStream()))
+      assertTrue(e.getMessage.contains("IMPORT_STATE.snapshot ended before its last chunk"),
+        e.getMessage)
+    }
+    val unread = reading { out =>
+      out.writeInt(Contract.Frame.ImportState.tag)
+      chunks(out, file, 4)
+      out.writeInt(Contract.Frame.End.tag)
+    }
+    val stream = unread.read(Contract.Frame.ImportState)._2.head.asInstanceOf[InputStream]
+    assertEqual(stream.read(), 0)
+    assertEqual(violation(unread.read(Contract.Frame.End)).getMessageParameters.get("field"),
+      "snapshot")
+    val negative = reading { out =>
+      out.writeInt(Contract.Frame.ImportState.tag)
+      out.writeInt(-1)
+    }
+    val bad = negative.read(Contract.Frame.ImportState)._2.head.asInstanceOf[InputStream]
+    assertTrue(violation(bad.read()).getMessage.contains("a chunk of length -1"))
   }
 
   test("a frame out of turn fails naming both; an ERROR frame raises the worker's error") {

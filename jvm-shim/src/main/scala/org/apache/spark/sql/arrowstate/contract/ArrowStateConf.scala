@@ -18,6 +18,8 @@ object ArrowStateConf {
   val IdleTimeoutSeconds = "spark.arrowstate.worker.idleTimeoutSeconds"
   val WorkerMemory = "spark.arrowstate.worker.memory"
   val LocalDir = "spark.arrowstate.worker.localDir"
+  val FileChunkBytes = "spark.arrowstate.worker.fileChunkBytes"
+  val FileMemoryBytes = "spark.arrowstate.worker.fileMemoryBytes"
 
   /** Fails on the first declared setting the session has (its own, or the SparkConf's it
    * started with: startup and worker settings included) that its type does not take. The
@@ -33,6 +35,9 @@ object ArrowStateConf {
   def flag(conf: SQLConf, key: String): Boolean = boolean(Contract.setting(key), get(conf, key))
 
   def long(conf: SQLConf, key: String): Long = integer(Contract.setting(key), get(conf, key))
+
+  /** The most bytes of a state file in one frame chunk (its declared max fits an Int). */
+  def fileChunkBytes(conf: SQLConf): Int = long(conf, FileChunkBytes).toInt
 
   /** A state worker's memory budget in bytes: spark.arrowstate.worker.memory, else Spark's
    * spark.executor.pyspark.memory shared by the executor's cores (as Spark's Python runner

@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.store
 
-import java.io.{DataOutputStream, FileNotFoundException, OutputStream}
+import java.io.{FileNotFoundException, InputStream, OutputStream}
 import java.nio.file.{Files, StandardCopyOption, Path => LocalPath}
 import java.util.UUID
 
@@ -72,10 +72,9 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   private def ourNames(): Seq[String] =
     if (!fm.exists(dir)) Nil else fm.list(dir, OurFiles).toSeq.map(_.getPath.getName)
 
-  def read(name: String): Array[Byte] = {
-    val in = fm.open(new Path(dir, name))
-    try in.readAllBytes() finally in.close()
-  }
+  /** A file's content as a stream (the caller closes it): a file of any size is read a
+   * piece at a time, never whole. */
+  def open(name: String): InputStream = fm.open(new Path(dir, name))
 
   /** The last `size` bytes of a file (all of a shorter one); empty if it does not exist.
    * A ranged read: on an object store a whole-file read policy would fetch all of it. */
@@ -99,14 +98,15 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     }
   }
 
-  /** Atomic write: readers see the old file or the whole new one; the last complete one wins. */
-  def write(name: String, bytes: Array[Byte]): Unit =
-    writeWith(name)(new DataOutputStream(_).write(bytes))
+  /** Atomic write of `content` read to its end, streamed (a file of any size, never whole
+   * in memory): readers see the old file or the whole new one; the last complete one wins;
+   * a write that fails midway leaves nothing. */
+  def write(name: String, content: InputStream): Unit = writeWith(name)(content.transferTo(_))
 
   /** Atomic write of a local file's content, streamed. */
   def copyLocal(name: String, localPath: String): Unit = {
     val in = new java.io.FileInputStream(localPath)
-    try writeWith(name)(out => in.transferTo(out)) finally in.close()
+    try write(name, in) finally in.close()
   }
 
   private def writeWith(name: String)(body: OutputStream => Unit): Unit = localDir match {

@@ -9,13 +9,14 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.StateFiles
-import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
+import org.apache.spark.sql.arrowstate.worker.{LocalStateDir, PythonStateWorkers, WorkerSettings}
 
 /** A transformWithState variable as Spark's column family of it: its schemas, and whether
  * a key holds several values (a list). */
@@ -148,7 +149,10 @@ class WorkerReadStream[T](
       ("where" -> files.dir.toString) ~
       ("context" -> s"operator ${id.operatorId}, partition ${id.partitionId}") ~
       ("keySchema" -> keySchema.json) ~
-      ("valueSchema" -> valueSchema.json)
+      ("valueSchema" -> valueSchema.json) ~
+      // where a large file the worker reads goes (its tasks' local directory)
+      ("localDir" -> LocalStateDir.path(ArrowStateConf.get(SQLConf.get, ArrowStateConf.LocalDir))) ~
+      ("fileMemoryBytes" -> ArrowStateConf.long(SQLConf.get, ArrowStateConf.FileMemoryBytes))
     worker.requestState(request)
   }
 

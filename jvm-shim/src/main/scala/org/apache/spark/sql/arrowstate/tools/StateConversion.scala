@@ -22,7 +22,7 @@ import org.apache.spark.sql.types.{DataType, NullType, StructField, StructType}
 import org.apache.spark.util.SerializableConfiguration
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
-import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.StateFiles
 import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
@@ -239,7 +239,8 @@ object StateConversion {
     val encoder = new ArrowBatchEncoder(
       StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
       timeZone)
-    val request: JValue = ("version" -> version) ~ ("valueSchema" -> valueSchema.json)
+    val request: JValue = ("version" -> version) ~ ("valueSchema" -> valueSchema.json) ~
+      ("fileChunkBytes" -> ArrowStateConf.fileChunkBytes(SQLConf.get))
     val worker = PythonStateWorkers.borrowAny(settings)
     var done = false
     var count = 0L
@@ -257,11 +258,11 @@ object StateConversion {
         if (inBatch == batchSize) send()
       }
       if (inBatch > 0) send()
-      val snapshot = worker.readImportedSnapshot()
+      val files = new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation,
+        id.operatorId, id.partitionId), conf)
+      worker.readImportedSnapshot(files.write(s"$version${StateFiles.SnapshotSuffix}", _))
       done = true
       PythonStateWorkers.giveBack(worker)
-      new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId,
-        id.partitionId), conf).write(s"$version${StateFiles.SnapshotSuffix}", snapshot)
       count
     } finally {
       if (!done) PythonStateWorkers.destroy(worker)

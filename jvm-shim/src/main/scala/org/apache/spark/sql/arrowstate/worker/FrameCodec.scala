@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.worker
 
-import java.io.{DataInputStream, DataOutputStream}
+import java.io.{DataInputStream, DataOutputStream, EOFException, InputStream}
 import java.nio.charset.StandardCharsets.UTF_8
 
 import org.json4s.JValue
@@ -18,9 +18,16 @@ import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePy
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], versionedFiles Seq[(Long, String)], json:* JValue.
+ * Seq[String], versionedFiles Seq[(Long, String)], json:* JValue; chunks (a file of any
+ * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
+ * they come, which the caller reads to its end before the next frame.
  */
 class FrameCodec(in: DataInputStream, out: DataOutputStream) {
+  import FrameCodec._
+
+  private var chunkBuffer = Array.emptyByteArray
+  /** The last `chunks` value read, which must be read to its end before the next frame. */
+  private var streaming: Option[ChunkedInput] = None
 
   /** Frame `frame` as the JVM sends it, unflushed. */
   def write(frame: FrameSpec, values: Any*): Unit = {
@@ -53,8 +60,23 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     out.write(b)
   }
 
+  /** A stream's bytes as chunks of at most `chunkBytes`, then the empty chunk. */
+  private def writeChunks(source: InputStream, chunkBytes: Int): Unit = {
+    if (chunkBuffer.length != chunkBytes) chunkBuffer = new Array[Byte](chunkBytes)
+    var n = source.readNBytes(chunkBuffer, 0, chunkBytes)
+    while (n > 0) {
+      out.writeInt(n)
+      out.write(chunkBuffer, 0, n)
+      // a short chunk is the stream's last
+      n = if (n < chunkBytes) 0 else source.readNBytes(chunkBuffer, 0, chunkBytes)
+    }
+    out.writeInt(0)
+  }
+
   private def writeValue(frame: String, field: String, kind: String, value: Any): Unit =
     (kind, value) match {
+      case ("chunks", Chunks(source, chunkBytes)) if chunkBytes > 0 =>
+        writeChunks(source, chunkBytes)
       case ("int", v: Int) => out.writeInt(v)
       case ("long", v: Long) => out.writeLong(v)
       case ("bytes" | "arrow", v: Array[Byte]) => writeBytes(v)
@@ -91,6 +113,10 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     case "strings" => Seq.fill(in.readInt())(new String(readBytes(), UTF_8))
     case "versionedFiles" =>
       Seq.fill(in.readInt())(in.readLong() -> new String(readBytes(), UTF_8))
+    case "chunks" =>
+      val stream = new ChunkedInput(frame, field)
+      streaming = Some(stream)
+      stream
     case json if json.startsWith("json:") =>
       val v = JsonMethods.parse(new String(readBytes(), UTF_8))
       ContractSchema.check(json.stripPrefix("json:"), v)
@@ -119,8 +145,68 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     frame -> body
   }
 
-  def readTag(): Int = in.readInt()
+  def readTag(): Int = {
+    streaming.filterNot(_.ended).foreach { s =>
+      throw ArrowStateException.contract(s.frame, s.field,
+        "the next frame was read before this streamed file was read to its end")
+    }
+    streaming = None
+    in.readInt()
+  }
+
+  /** A `chunks` field as it comes: the bytes of each chunk in turn, ended by the empty one.
+   * Nothing is sized to the whole file (a chunk's bytes go straight to the caller's
+   * buffer). A stream that ends before the empty chunk is an EOFException naming the field. */
+  final class ChunkedInput private[FrameCodec] (val frame: String, val field: String)
+      extends InputStream {
+    private var left = 0      // bytes of the current chunk not read yet
+    private var done = false  // the empty chunk was read
+
+    def ended: Boolean = done
+
+    private def truncated(e: EOFException): EOFException = {
+      val t = new EOFException(s"arrowstate: the streamed $frame.$field ended before its " +
+        "last chunk (the worker's connection closed mid-file)")
+      t.initCause(e)
+      t
+    }
+
+    /** Whether bytes are left, reading the next chunk's length when the current one is. */
+    private def more(): Boolean = {
+      if (!done && left == 0) {
+        val n = try in.readInt() catch { case e: EOFException => throw truncated(e) }
+        if (n < 0) throw ArrowStateException.contract(frame, field, s"a chunk of length $n")
+        if (n == 0) done = true else left = n
+      }
+      !done
+    }
+
+    override def read(): Int =
+      if (!more()) -1
+      else {
+        val b = in.read()
+        if (b < 0) throw truncated(new EOFException())
+        left -= 1
+        b
+      }
+
+    override def read(b: Array[Byte], off: Int, len: Int): Int =
+      if (len == 0) 0
+      else if (!more()) -1
+      else {
+        val n = in.read(b, off, math.min(len, left))
+        if (n < 0) throw truncated(new EOFException())
+        left -= n
+        n
+      }
+  }
 
   /** The next frame, one of `expected`. */
   def read(expected: FrameSpec*): (FrameSpec, IndexedSeq[Any]) = readFrom(readTag(), expected: _*)
+}
+
+object FrameCodec {
+  /** A `chunks` value to write: `source` read to its end (not closed), in chunks of at most
+   * `chunkBytes` (spark.arrowstate.worker.fileChunkBytes). */
+  final case class Chunks(source: InputStream, chunkBytes: Int)
 }

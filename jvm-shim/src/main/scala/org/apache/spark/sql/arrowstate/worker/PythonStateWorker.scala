@@ -8,8 +8,9 @@ import scala.collection.mutable
 import org.json4s.JValue
 
 import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
+import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
@@ -99,6 +100,11 @@ class PythonStateWorker(
     next(expected: _*)
   }
 
+  /** Reads a streamed file the worker sends (a `chunks` field): its connection closing
+   * mid-file is the worker's exit, with its last words. */
+  private def streamed[T](body: => T): T =
+    try body catch { case e: EOFException => throw exitedUnasked(e) }
+
   // -- a task (python/arrowstate/worker.py's docstring: TASK ... COMMITTED) --
 
   /** TASK: the header (checked against contract.json) and the schema of the rows sent. */
@@ -138,12 +144,14 @@ class PythonStateWorker(
       case _ => None
     }
 
-  /** COMMIT: the new version's delta, the snapshots the worker finished meanwhile
-   * (version, the local file it wrote) and the version below which files may be pruned. */
-  def readCommit(): (Array[Byte], Seq[(Long, String)], Long) = {
-    val (_, Seq(delta: Array[Byte], snapshots: Seq[(Long, String)] @unchecked,
-      pruneBelow: Long)) = read(Contract.Frame.Commit)
-    (delta, snapshots, pruneBelow)
+  /** COMMIT: the snapshots the worker finished meanwhile (version, the local file it
+   * wrote) and the version below which files may be pruned; the new version's delta, as it
+   * comes, goes to `writeDelta` (which reads it to its end). */
+  def readCommit(writeDelta: InputStream => Unit): (Seq[(Long, String)], Long) = {
+    val (_, Seq(snapshots: Seq[(Long, String)] @unchecked, pruneBelow: Long,
+      delta: InputStream)) = read(Contract.Frame.Commit)
+    streamed(writeDelta(delta))
+    (snapshots, pruneBelow)
   }
 
   /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics. */
@@ -179,13 +187,12 @@ class PythonStateWorker(
   def beginImport(request: JValue, schemaIpc: Array[Byte]): Unit =
     codec.write(Contract.Frame.ImportState, request, schemaIpc)
 
-  /** After the imported rows' END: the snapshot the worker made of them. */
-  def readImportedSnapshot(): Array[Byte] = {
+  /** After the imported rows' END: the snapshot the worker made of them, as it comes, to
+   * `write` (which reads it to its end). */
+  def readImportedSnapshot(write: InputStream => Unit): Unit = {
     send(Contract.Frame.End)
-    val snapshot = readBatch(none = Contract.Frame.End).getOrElse(
-      throw ArrowStateException.contract("IMPORT_STATE", "", "END before the snapshot"))
-    read(Contract.Frame.End)
-    snapshot
+    val (_, Seq(snapshot: InputStream)) = read(Contract.Frame.ImportState)
+    streamed(write(snapshot))
   }
 
   /** Answers the worker's request for the state files it decides to read (the store's
@@ -194,7 +201,11 @@ class PythonStateWorker(
       files: StateFiles): Unit = {
     (frame, body) match {
       case (Contract.Frame.ListFiles, _) => codec.reply(frame, files.names())
-      case (Contract.Frame.ReadFile, Seq(name: String)) => codec.reply(frame, files.read(name))
+      case (Contract.Frame.ReadFile, Seq(name: String)) =>
+        // streamed from the filesystem: a file of any size, never whole in memory
+        val in = files.open(name)
+        try codec.reply(frame, FrameCodec.Chunks(in, ArrowStateConf.fileChunkBytes(SQLConf.get)))
+        finally in.close()
       case (Contract.Frame.FileTail, Seq(name: String, size: Int)) =>
         codec.reply(frame, files.tail(name, size))
       case _ => throw ArrowStateException.contract(frame.name, "", "not a file request")

@@ -138,10 +138,16 @@ class StateExchange(
    */
   def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String,
       countsInstance: Boolean = true): Unit = {
-    val (delta, snapshots, pruneBelow) = timed(worker.readCommit())
-    val commitStart = System.nanoTime()
-    files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
-    val commitMs = (System.nanoTime() - commitStart) / 1000000
+    // the delta is written as it comes from the worker: the write's time is the commit's,
+    // the wait for the worker before it the worker's
+    var writeNanos = 0L
+    val (snapshots, pruneBelow) = timed(worker.readCommit { delta =>
+      val start = System.nanoTime()
+      files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
+      writeNanos = System.nanoTime() - start
+    })
+    pythonNanos -= writeNanos
+    val commitMs = writeNanos / 1000000
     StateMaintenance.submit(files, snapshots, pruneBelow)
     val reportedJson = timed(worker.confirmCommitted())
     finished = true

@@ -1,4 +1,4 @@
-package org.apache.spark.sql.arrowstate.exec
+package org.apache.spark.sql.arrowstate.worker
 
 /**
  * Where state workers keep state over their memory budget: the `spark.arrowstate.worker.localDir`
