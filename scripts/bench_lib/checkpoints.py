@@ -45,10 +45,6 @@ class Checkpoints:
         """The object store's requests so far, by type (none counted elsewhere)."""
         return self.store.requests() if self.kind == "s3" else {}
 
-    def traffic(self) -> dict[str, int]:
-        """`requests()` and the bytes uploaded so far (`bytes_received`)."""
-        return self.store.traffic() if self.kind == "s3" else {}
-
     def stop(self) -> None:
         if self.store is not None:
             self.store.stop()

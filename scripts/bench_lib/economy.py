@@ -71,25 +71,19 @@ def _state_files(spark, checkpoint: str) -> dict:
 def _measure(spark, checkpoints, inputs: list[str], case, engine: str) -> dict:
     """One run of `case` on `engine` over `inputs`, a file a batch: per-batch requests and
     uploaded bytes (first batch, and the median of the others), and the state files kept."""
+    from storage import traffic_per_batch   # tests/helpers, on the path bench.py sets
+
     build, mode, _node = case
     _set_engine(spark, engine)
     source = tempfile.mkdtemp(prefix="bench-economy-in-")
     checkpoint = checkpoints.new()
-    per_batch: list[dict] = []
     try:
         stream = (spark.readStream.schema("key long, user string, ts timestamp, value double")
                   .option("maxFilesPerTrigger", 1).parquet(source))
         q = (build(stream).writeStream.format("noop").outputMode(mode)
              .option("checkpointLocation", checkpoint).start())
         try:
-            for path in inputs:
-                before = checkpoints.traffic()
-                shutil.copy(path, os.path.join(source, os.path.basename(path)))
-                q.processAllAvailable()
-                after = checkpoints.traffic()
-                per_batch.append({k: after.get(k, 0) - before.get(k, 0)
-                                  for k in set(after) | set(before)
-                                  if after.get(k, 0) != before.get(k, 0)})
+            per_batch = traffic_per_batch(checkpoints.store, q, inputs, source)
         finally:
             q.stop()
         kept = _state_files(spark, checkpoint)

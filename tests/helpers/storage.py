@@ -331,3 +331,39 @@ class Hdfs:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def traffic_per_batch(store: ObjectStore, query, inputs: list[str], source: str) -> list[dict]:
+    """What each micro-batch of a running streaming `query` cost on `store`: each file of
+    `inputs` is copied into the query's (local) `source` directory in turn and its batch
+    waited for; per batch, the requests by type and the bytes received that it caused."""
+    per_batch = []
+    for path in inputs:
+        before = store.traffic()
+        shutil.copy(path, os.path.join(source, os.path.basename(path)))
+        query.processAllAvailable()
+        after = store.traffic()
+        per_batch.append({k: after.get(k, 0) - before.get(k, 0) for k in after
+                          if after.get(k, 0) != before.get(k, 0)})
+    return per_batch
+
+
+def s3a_clients(spark) -> int:
+    """How many S3A filesystem clients the session's JVM has made so far: each registers
+    its metrics source with Hadoop's metrics system as `S3AMetrics<n>-<bucket>`, n counting
+    up, and the highest n among the JMX beans is read (closed ones unregister, so the beans'
+    number is not it). Through the MBeanServer interface: py4j cannot call the JDK's class
+    of it directly."""
+    jvm, gateway = spark._jvm, spark.sparkContext._gateway
+    server = jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer()
+    Class = jvm.java.lang.Class
+    parameters = gateway.new_array(Class, 2)
+    parameters[0] = Class.forName("javax.management.ObjectName")
+    parameters[1] = Class.forName("javax.management.QueryExp")
+    query_names = Class.forName("javax.management.MBeanServer").getMethod("queryNames",
+                                                                          parameters)
+    arguments = gateway.new_array(jvm.java.lang.Object, 2)
+    arguments[0] = jvm.javax.management.ObjectName("Hadoop:*,name=S3AMetrics*")
+    numbers = [int(m.group(1)) for name in query_names.invoke(server, arguments)
+               if (m := re.match(r"S3AMetrics(\d+)-", name.getKeyProperty("name")))]
+    return max(numbers, default=0)
