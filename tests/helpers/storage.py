@@ -273,19 +273,23 @@ class ObjectStore:
                     counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(value))
         return counts
 
-    def restart(self) -> None:
-        """Stops the server at once (SIGKILL, as a crashed or replaced host) and starts it
-        again on the same data and ports: what it acknowledged is kept."""
+    def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
         self.proc = None
+
+    def restart(self) -> None:
+        """Stops the server at once (SIGKILL, as a crashed or replaced host) and starts it
+        again on the same data and ports: what it acknowledged is kept."""
+        self._kill()
         self.start()
 
     def stop(self) -> None:
-        _stop(self.proc)
-        self.proc = None
+        # killed: its data goes with it, and a graceful stop waits 15 s for the filer's
+        # gRPC streams
+        self._kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -79,13 +79,15 @@ def _checkpoints_on(spark, settings: dict, root) -> None:
 
 @pytest.fixture
 def faulty(spark, spark_conf, remote_stores, proxy, prefix):
-    """This test's checkpoints in the proxy's bucket. The bucket's retries are as the
-    store's (3 attempts, 3 retries) but wait 100 ms rather than 500, throttling 3 times;
-    snapshots every 2 deltas. Yields the proxy, its rules and counts cleared after."""
+    """This test's checkpoints in the proxy's bucket, whose requests are tried 3 times by
+    the SDK and S3A's operations 3 times (up to 9 tries), 100 ms apart at first; snapshots
+    every 2 deltas. Yields the proxy, its rules and counts cleared after."""
     store = remote_stores.get("s3")
     b = f"spark.hadoop.fs.s3a.bucket.{BUCKET}"
-    settings = {**store.spark_settings(BUCKET, proxy.endpoint), f"{b}.retry.interval": "100ms",
-                f"{b}.retry.throttle.limit": "3", f"{b}.retry.throttle.interval": "100ms"}
+    settings = {**store.spark_settings(BUCKET, proxy.endpoint),
+                f"{b}.attempts.maximum": "2", f"{b}.retry.limit": "2",
+                f"{b}.retry.interval": "100ms", f"{b}.retry.throttle.limit": "2",
+                f"{b}.retry.throttle.interval": "100ms"}
     before = harness.checkpoint_root, harness.checkpoint_conf
     _checkpoints_on(spark, settings, lambda name: store.uri(
         f"{prefix}/{name}/ck" if name else prefix, BUCKET))
@@ -115,14 +117,18 @@ def delete_from_store(spark, uri: str) -> None:
     assert fs.delete(path, False), uri
 
 
-def test_uploads_reset_mid_body_are_retried(spark, tmp_path, faulty):
-    """Twice each, a delta's upload and partition 1's snapshot's are cut mid-body
-    (connection reset): S3A sends them again. At the restart partition 0's newest snapshot
-    is deleted from the store: its state loads from the deltas, partition 1's from the
-    snapshot that was sent again; the answers are Spark's."""
+def test_faults_within_the_retries_give_sparks_answers(spark, tmp_path, faulty):
+    """All along, one request in five to the bucket, of every kind (the query's logs, the
+    state files' lists, heads, reads, uploads, copies, deletes), is answered 503 SlowDown;
+    twice each, a delta's upload and partition 1's snapshot's are cut mid-body (connection
+    reset). S3A backs off and sends them again. At the restart partition 0's newest
+    snapshot is deleted from the store: its state loads from the deltas, partition 1's from
+    the snapshot that was sent again. The answers are Spark's."""
     deleted = []
 
     def arm(i, checkpoint):
+        if i == 0:
+            faulty.throttle(f"/{BUCKET}/", every=5)
         if i == 1:   # version 2: its deltas, and partition 1's snapshot
             faulty.reset_uploads(DELTA_UPLOAD, times=2)
             faulty.reset_uploads(SNAPSHOT_UPLOAD, times=2)
@@ -139,23 +145,10 @@ def test_uploads_reset_mid_body_are_retried(spark, tmp_path, faulty):
     ours = run(spark, tmp_path, True, between_batches=arm, on_restart=restart)
     assert_runs_same(native, ours, NODE)
     assert faulty.injected["reset"] == 4, faulty.faults
+    assert faulty.injected["throttle"] >= 20, faulty.injected   # of about 150
     assert len(deleted) == 1
     partition = f"{ours.checkpoint}/state/0/1"
     assert not [f for f in store_files(spark, partition) if f.endswith(".tmp")]
-
-
-def test_throttled_requests_are_retried(spark, tmp_path, faulty):
-    """One request in four to the bucket, of every kind (the query's logs, state files'
-    lists, heads, reads, uploads, copies, deletes), answered 503 SlowDown: S3A backs off and
-    retries, and the answers are Spark's."""
-    def throttle(i, checkpoint):
-        if i == 0:
-            faulty.throttle(f"/{BUCKET}/", every=4)
-
-    native = sparks(spark, tmp_path)
-    ours = run(spark, tmp_path, True, between_batches=throttle, on_restart=reloaded)
-    assert_runs_same(native, ours, NODE)
-    assert faulty.injected["throttle"] >= 20, faulty.injected
 
 
 def test_faults_outlasting_the_retries_fail_clearly_and_lose_nothing(spark, tmp_path,
