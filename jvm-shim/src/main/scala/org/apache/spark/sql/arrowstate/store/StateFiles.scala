@@ -238,17 +238,17 @@ object StateFiles {
       case e: IOException =>
         val write = operation == "write"
         val setting = retrySettings(path, e)
+        val lost = if (write) " Nothing committed is lost: a write is whole or not at all, " +
+          "and the batch runs again when the query is restarted." else ""
+        val retry = if (setting.isEmpty) "" else " If the store was unavailable or " +
+          s"throttling for a while, let the filesystem retry longer: $setting."
         throw new ArrowStateException(
           if (write) "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT"
           else "CANNOT_LOAD_STATE_STORE.CANNOT_READ_STATE_FILE",
           Map("path" -> path.toString, "reason" -> s"${e.getClass.getName}: ${e.getMessage}",
             "setting" -> setting) ++ (if (write) Map("providerClass" -> "arrowstate") else Nil),
           s"arrowstate could not $operation state file $path: the checkpoint's filesystem " +
-            s"failed (${e.getClass.getSimpleName}: ${firstLine(e.getMessage)}). " +
-            (if (write) "Nothing committed is lost: the batch runs again when the query is " +
-              "restarted. " else "") +
-            (if (setting.isEmpty) "" else s"If the store was unavailable or throttling for a " +
-              s"while, let the filesystem retry longer: $setting.") , e)
+            s"failed (${e.getClass.getSimpleName}: ${firstLine(e.getMessage)}).$lost$retry", e)
     }
 
   private def firstLine(text: String): String =
@@ -262,11 +262,12 @@ object StateFiles {
       Option(uri.getHost).map(b => s" (for this bucket only: " +
         names.map(n => s"spark.hadoop.fs.s3a.bucket.$b.$n").mkString(", ") + ")").getOrElse("")
     val throttled = Iterator.iterate[Throwable](e)(_.getCause).takeWhile(_ != null).exists {
-      c => c.getClass.getSimpleName.contains("Throttled") ||
-        Option(c.getMessage).exists(m => m.contains("503") || m.contains("SlowDown"))
+      c => c.getClass.getSimpleName.contains("Throttled") || Option(c.getMessage).exists(
+        m => m.contains("Status Code: 503") || m.contains("SlowDown"))
     }
     Option(uri.getScheme).getOrElse("file") match {
-      case "s3a" if throttled => s3a("retry.throttle.limit", "retry.throttle.interval")
+      case "s3a" if throttled =>
+        s3a("retry.throttle.limit", "retry.throttle.interval", "attempts.maximum")
       case "s3a" => s3a("retry.limit", "attempts.maximum", "retry.interval")
       case "hdfs" | "viewfs" =>
         "spark.hadoop.ipc.client.connect.max.retries, spark.hadoop.dfs.client.retry.max.attempts"
