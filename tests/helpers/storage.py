@@ -170,6 +170,9 @@ class ObjectStore:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="arrowstate-s3-"))
         self.port = free_port()
         self.metrics_port = free_port()
+        # the server's other ports, kept so that a restart serves the same data at the same
+        # addresses (the gRPC ones default to the HTTP port + 10000)
+        self._ports = [free_port() for _ in range(7)]
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -192,9 +195,8 @@ class ObjectStore:
                                                     "secretKey": self.SECRET_KEY}],
              "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
             {"name": "anonymous", "actions": ["Admin", "Read", "Write", "List"]}]}))
-        # every port chosen here (the gRPC ones default to the HTTP port + 10000); no
-        # telemetry, no Iceberg or Lance catalog
-        ports = iter([free_port() for _ in range(7)])
+        # every port chosen (in __init__); no telemetry, no Iceberg or Lance catalog
+        ports = iter(self._ports)
         cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={next(ports)}", f"-master.port.grpc={next(ports)}",
                f"-volume.port={next(ports)}", f"-volume.port.grpc={next(ports)}",
@@ -202,8 +204,10 @@ class ObjectStore:
                "-s3", f"-s3.port={self.port}", f"-s3.config={identities}", f"-s3.port.grpc={next(ports)}",
                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
                "-master.volumeSizeLimitMB=64", "-volume.max=0",
+               # a single master: a restart need not wait 10 s for an election
+               "-master.electionTimeout=1s",
                f"-metricsPort={self.metrics_port}"]
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:   # a restart's log follows the first start's
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         try:
@@ -213,32 +217,37 @@ class ObjectStore:
             raise
         return self
 
+    def _status(self, method: str, path: str, data: bytes | None = None) -> int:
+        """An anonymous request's HTTP status (0: no answer)."""
+        request = urllib.request.Request(f"{self.endpoint}/{path}", data=data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    def make_bucket(self, bucket: str) -> bool:
+        return self._status("PUT", bucket) in (200, 409)   # 409: it is there already
+
     def _bucket_made(self) -> bool:
         """Makes the bucket and writes and reads back an object in it (anonymous requests):
         ready once the store has a volume to write to and answers for it."""
-        def status(method: str, path: str, data: bytes | None = None) -> int:
-            request = urllib.request.Request(f"{self.endpoint}/{path}", data=data,
-                                             method=method)
-            try:
-                with urllib.request.urlopen(request, timeout=5) as answer:
-                    return answer.status
-            except urllib.error.HTTPError as e:
-                return e.code
-            except OSError:
-                return 0
-        if status("PUT", self.BUCKET) not in (200, 409):   # 409: it is there already
-            return False
-        return (status("PUT", f"{self.BUCKET}/.ready", b"ready") == 200
-                and status("HEAD", f"{self.BUCKET}/.ready") == 200)
+        return (self.make_bucket(self.BUCKET)
+                and self._status("PUT", f"{self.BUCKET}/.ready", b"ready") == 200
+                and self._status("HEAD", f"{self.BUCKET}/.ready") == 200)
 
-    def uri(self, name: str) -> str:
-        return f"s3a://{self.BUCKET}/{name}"
+    def uri(self, name: str, bucket: str | None = None) -> str:
+        return f"s3a://{bucket or self.BUCKET}/{name}"
 
-    def spark_settings(self) -> dict[str, str]:
+    def spark_settings(self, bucket: str | None = None,
+                       endpoint: str | None = None) -> dict[str, str]:
         """The S3A settings a user sets for a store like this one (per-bucket: another
-        bucket's settings are left alone)."""
-        b = f"spark.hadoop.fs.s3a.bucket.{self.BUCKET}"
-        return {f"{b}.endpoint": self.endpoint,
+        bucket's settings are left alone); another bucket of it, or another endpoint that
+        reaches it (a proxy), when given."""
+        b = f"spark.hadoop.fs.s3a.bucket.{bucket or self.BUCKET}"
+        return {f"{b}.endpoint": endpoint or self.endpoint,
                 f"{b}.endpoint.region": "us-east-1",
                 f"{b}.path.style.access": "true",
                 f"{b}.connection.ssl.enabled": "false",
@@ -271,9 +280,23 @@ class ObjectStore:
                                             + int(float(line.rsplit(" ", 1)[1])))
         return counts
 
-    def stop(self) -> None:
-        _stop(self.proc)
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
         self.proc = None
+
+    def restart(self) -> None:
+        """Stops the server at once (SIGKILL, as a crashed or replaced host) and starts it
+        again on the same data and ports: what it acknowledged is kept."""
+        self._kill()
+        self.start()
+
+    def stop(self) -> None:
+        # killed: its data goes with it, and a graceful stop waits 15 s for the filer's
+        # gRPC streams
+        self._kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -1,6 +1,8 @@
 package org.apache.spark.sql.arrowstate.store
 
-import java.io.{FileNotFoundException, InputStream, OutputStream}
+import java.io.{FileNotFoundException, FilterInputStream, IOException, InputStream,
+  InterruptedIOException, OutputStream}
+import java.nio.channels.ClosedByInterruptException
 import java.nio.file.{Files, StandardCopyOption, Path => LocalPath}
 import java.util.UUID
 
@@ -12,6 +14,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
 import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 
 /**
  * The files of one operator partition's state, under
@@ -66,19 +69,27 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
 
   /** The names of the files in the directory (none if it does not exist): the Python store
    * picks its own, and names another engine's when it finds only those. */
-  def names(): Seq[String] =
+  def names(): Seq[String] = onStore("list", dir) {
     if (!fm.exists(dir)) Nil else fm.list(dir).toSeq.filter(_.isFile).map(_.getPath.getName)
+  }
 
   private def ourNames(): Seq[String] =
     if (!fm.exists(dir)) Nil else fm.list(dir, OurFiles).toSeq.map(_.getPath.getName)
 
   /** A file's content as a stream (the caller closes it): a file of any size is read a
-   * piece at a time, never whole. */
-  def open(name: String): InputStream = fm.open(new Path(dir, name))
+   * piece at a time, never whole. The store's failures, on opening or reading, name it. */
+  def open(name: String): InputStream = {
+    val path = new Path(dir, name)
+    new FilterInputStream(onStore("read", path)(fm.open(path))) {
+      override def read(): Int = onStore("read", path)(super.read())
+      override def read(b: Array[Byte], off: Int, len: Int): Int =
+        onStore("read", path)(super.read(b, off, len))
+    }
+  }
 
   /** The last `size` bytes of a file (all of a shorter one); empty if it does not exist.
    * A ranged read: on an object store a whole-file read policy would fetch all of it. */
-  def tail(name: String, size: Int): Array[Byte] = {
+  def tail(name: String, size: Int): Array[Byte] = onStore("read", new Path(dir, name)) {
     val path = new Path(dir, name)
     val fs = path.getFileSystem(hadoopConf)
     try {
@@ -101,7 +112,17 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   /** Atomic write of `content` read to its end, streamed (a file of any size, never whole
    * in memory): readers see the old file or the whole new one; the last complete one wins;
    * a write that fails midway leaves nothing. */
-  def write(name: String, content: InputStream): Unit = writeWith(name)(content.transferTo(_))
+  def write(name: String, content: InputStream): Unit = {
+    // a failure to read `content` (the worker's stream) is not the store's: it is carried
+    // past onStore's wrapping and thrown as it was
+    val source = new FilterInputStream(content) {
+      override def read(): Int = carried(super.read())
+      override def read(b: Array[Byte], off: Int, len: Int): Int = carried(super.read(b, off, len))
+      private def carried(read: => Int): Int =
+        try read catch { case e: IOException => throw SourceFailed(e) }
+    }
+    try writeWith(name)(source.transferTo(_)) catch { case SourceFailed(e) => throw e }
+  }
 
   /** Atomic write of a local file's content, streamed. */
   def copyLocal(name: String, localPath: String): Unit = {
@@ -109,10 +130,13 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try write(name, in) finally in.close()
   }
 
-  private def writeWith(name: String)(body: OutputStream => Unit): Unit = localDir match {
-    case Some(local) => writeLocal(local, name)(body)
-    case None => writeThroughHadoop(name)(body)
-  }
+  private def writeWith(name: String)(body: OutputStream => Unit): Unit =
+    onStore("write", new Path(dir, name)) {
+      localDir match {
+        case Some(local) => writeLocal(local, name)(body)
+        case None => writeThroughHadoop(name)(body)
+      }
+    }
 
   private def writeLocal(local: LocalPath, name: String)(body: OutputStream => Unit): Unit = {
     Files.createDirectories(local)
@@ -207,6 +231,9 @@ object FileManagers {
 }
 
 object StateFiles {
+  /** A failure to read what is being written, carried through the store's error wrapping. */
+  private case class SourceFailed(cause: IOException) extends RuntimeException(cause)
+
   val DeltaSuffix: String = Contract.DeltaSuffix
   val SnapshotSuffix: String = Contract.SnapshotSuffix
 
@@ -214,6 +241,61 @@ object StateFiles {
 
   private object OurFiles extends PathFilter {
     override def accept(p: Path): Boolean = versionOf(p.getName).isDefined
+  }
+
+  /**
+   * Runs one operation of the checkpoint's filesystem on `path`. A failure of the
+   * filesystem (not a missing file, which the Python store judges, nor an interrupted task)
+   * becomes an error naming the path and the settings that let the filesystem retry longer:
+   * for a write Spark's own condition for a state store's failed commit (what Spark's store
+   * gives on the same fault, without the path), for a list or read arrowstate's own under
+   * Spark's CANNOT_LOAD_STATE_STORE.
+   */
+  private[store] def onStore[T](operation: String, path: Path)(body: => T): T =
+    try body catch {
+      case e @ (_: FileNotFoundException | _: InterruptedIOException |
+                _: ClosedByInterruptException) => throw e
+      case e: IOException =>
+        val write = operation == "write"
+        val setting = retrySettings(path, e)
+        val lost = if (write) " Nothing committed is lost: a write is whole or not at all, " +
+          "and the batch runs again when the query is restarted." else ""
+        val retry = if (setting.isEmpty) "" else " If the store was unavailable or " +
+          s"throttling for a while, let the filesystem retry longer: $setting."
+        throw new ArrowStateException(
+          if (write) "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT"
+          else "CANNOT_LOAD_STATE_STORE.CANNOT_READ_STATE_FILE",
+          Map("path" -> path.toString, "reason" -> s"${e.getClass.getName}: ${e.getMessage}",
+            "setting" -> setting) ++ (if (write) Map("providerClass" -> "arrowstate") else Nil),
+          s"arrowstate could not $operation state file $path: the checkpoint's filesystem " +
+            s"failed (${e.getClass.getSimpleName}: ${firstLine(e.getMessage)}).$lost$retry", e)
+    }
+
+  private def firstLine(text: String): String =
+    Option(text).map(_.linesIterator.nextOption().getOrElse("")).getOrElse("")
+
+  /** The settings that make the filesystem of `path` retry longer, as a Spark setting, per
+   * bucket where the filesystem has that; throttling has its own on S3A. */
+  private def retrySettings(path: Path, e: Throwable): String = {
+    val uri = path.toUri
+    def s3a(names: String*) = names.map(n => s"spark.hadoop.fs.s3a.$n").mkString(", ") +
+      Option(uri.getHost).map(b => s" (for this bucket only: " +
+        names.map(n => s"spark.hadoop.fs.s3a.bucket.$b.$n").mkString(", ") + ")").getOrElse("")
+    val throttled = Iterator.iterate[Throwable](e)(_.getCause).takeWhile(_ != null).exists {
+      c => c.getClass.getSimpleName.contains("Throttled") || Option(c.getMessage).exists(
+        m => m.contains("Status Code: 503") || m.contains("SlowDown"))
+    }
+    Option(uri.getScheme).getOrElse("file") match {
+      case "s3a" if throttled =>
+        s3a("retry.throttle.limit", "retry.throttle.interval", "attempts.maximum")
+      case "s3a" => s3a("retry.limit", "attempts.maximum", "retry.interval")
+      case "hdfs" | "viewfs" =>
+        "spark.hadoop.ipc.client.connect.max.retries, spark.hadoop.dfs.client.retry.max.attempts"
+      case "abfs" | "abfss" => "spark.hadoop.fs.azure.io.retry.max.retries"
+      case "gs" => "spark.hadoop.fs.gs.http.max.retry"
+      case "file" => ""
+      case other => s"the $other filesystem's retry settings (spark.hadoop.fs.$other.*)"
+    }
   }
 
   def versionOf(name: String): Option[Long] =
