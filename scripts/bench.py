@@ -397,7 +397,8 @@ def main() -> None:
                 from bench_lib.exchange import exchange
                 exchange(spark, args, CASES, run_once, write_batches)
             elif args.small_batches:
-                small_batches(spark, args, CASES, run_once, write_batches)
+                small_batches(spark, args, CASES, run_once, write_batches,
+                              CHECKPOINTS.requests)
             elif args.scaling:
                 scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
             elif args.release:

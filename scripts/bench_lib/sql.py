@@ -12,7 +12,8 @@ least once for the rows it stores, were its Python free (`python_trip_us_per_row
 `small_batches`: many micro-batches of few rows at Spark's default 200 shuffle partitions,
 where per-task costs (a worker hand-off per partition, commit, file writes, metrics)
 dominate: per-trigger time of each engine (medians over the batches with input, after the
-first), and commitTimeMs summed over the state operators' tasks.
+first), and commitTimeMs summed over the state operators' tasks; the engines alternate run
+by run after --warmup rounds of each.
 """
 from __future__ import annotations
 
@@ -73,10 +74,14 @@ def no_state_figures(spark, source: str, case, rows: int, runs: int, warmup: int
             "arrowstate_state_us_per_row": round((arrowstate_s - seconds) / rows * 1e6, 3)}
 
 
-def small_batches(spark, args, cases: dict, run_once, write_batches) -> list[dict]:
+def small_batches(spark, args, cases: dict, run_once, write_batches,
+                  requests=lambda: {}) -> list[dict]:
     """Per case, the per-trigger time and summed commit time of each engine over
     --small-batch-count micro-batches of --small-batch-rows rows at
-    --small-batch-partitions shuffle partitions (medians of --runs runs)."""
+    --small-batch-partitions shuffle partitions (medians of --runs runs, the engines
+    alternating, after --warmup rounds), and on an object store the requests a batch makes
+    (`requests()`: the store's so far, by type)."""
+    from bench_lib.checkpoints import per_batch
     import json
     source = tempfile.mkdtemp(prefix="bench-small-")
     write_batches(source, args.small_batch_rows * args.small_batch_count,
@@ -89,21 +94,31 @@ def small_batches(spark, args, cases: dict, run_once, write_batches) -> list[dic
             figures = {"case": name, "partitions": args.small_batch_partitions,
                        "rows_per_batch": args.small_batch_rows,
                        "batches": args.small_batch_count, "runs": args.runs}
-            for on in (False, True):
-                engine = "arrowstate" if on else "native"
-                run_once(spark, source, cases[name], on)   # warm-up
-                triggers, commits = [], []
-                for _ in range(args.runs):
+            # the engines alternate, after --warmup rounds of each (worker start, JIT)
+            for i in range(args.warmup):
+                for on in ((False, True) if i % 2 == 0 else (True, False)):
+                    run_once(spark, source, cases[name], on)
+            triggers = {False: [], True: []}
+            commits = {False: [], True: []}
+            asked = {False: [], True: []}
+            for i in range(args.runs):
+                for on in ((True, False) if i % 2 == 0 else (False, True)):
+                    before = requests()
                     _, progress = run_once(spark, source, cases[name], on)
+                    asked[on].append(per_batch(before, requests(), len(progress)))
                     steady = [p for p in progress[1:] if p["numInputRows"]]
-                    triggers.append(statistics.median(
+                    triggers[on].append(statistics.median(
                         p["durationMs"]["triggerExecution"] for p in steady))
-                    commits.append(statistics.median(
+                    commits[on].append(statistics.median(
                         sum(op["commitTimeMs"] for op in p["stateOperators"])
                         for p in steady))
-                figures[f"{engine}_trigger_ms"] = round(statistics.median(triggers))
+            for on in (False, True):
+                engine = "arrowstate" if on else "native"
+                figures[f"{engine}_trigger_ms"] = round(statistics.median(triggers[on]))
                 figures[f"{engine}_commit_ms_summed_over_tasks"] = round(
-                    statistics.median(commits))
+                    statistics.median(commits[on]))
+                if asked[on][0]:
+                    figures[f"{engine}_store_requests_per_batch"] = asked[on][-1]
             figures["arrowstate_vs_native_trigger"] = round(
                 figures["arrowstate_trigger_ms"] / figures["native_trigger_ms"], 3)
             print(json.dumps(figures), flush=True)

@@ -7,7 +7,7 @@ import java.nio.file.{Files, StandardCopyOption, Path => LocalPath}
 import java.util.UUID
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{LocalFileSystem, Path, PathFilter}
+import org.apache.hadoop.fs.{CommonPathCapabilities, FileSystem, LocalFileSystem, Path, PathFilter}
 
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
@@ -130,13 +130,43 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try write(name, in) finally in.close()
   }
 
+  /**
+   * The directory's filesystem when its output streams can be abandoned unseen, and no
+   * checkpoint file manager of the user's (or a test's) is set: an object store, where an
+   * object appears whole when its upload completes or never. A write there needs no
+   * temporary file and rename, which on S3 are a PUT, a COPY and a DELETE with some twenty
+   * HEAD and LIST probes around them: one PUT does (as Spark's
+   * AbortableStreamBasedCheckpointFileManager of spark-hadoop-cloud writes). Hadoop's
+   * cached instance: no client is made for it.
+   */
+  private lazy val abortableFs: Option[FileSystem] =
+    if (hadoopConf.get(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key) != null) None
+    else Some(dir.getFileSystem(hadoopConf))
+      .filter(_.hasPathCapability(dir, CommonPathCapabilities.ABORTABLE_STREAM))
+
   private def writeWith(name: String)(body: OutputStream => Unit): Unit =
     onStore("write", new Path(dir, name)) {
-      localDir match {
-        case Some(local) => writeLocal(local, name)(body)
-        case None => writeThroughHadoop(name)(body)
+      (localDir, abortableFs) match {
+        case (Some(local), _) => writeLocal(local, name)(body)
+        case (_, Some(fs)) => writeDirect(fs, name)(body)
+        case _ => writeThroughHadoop(name)(body)
       }
     }
+
+  /** The file written in place, visible only once whole: aborted on any failure. */
+  private def writeDirect(fs: FileSystem, name: String)(body: OutputStream => Unit): Unit = {
+    // no probe for an existing file or a parent directory (an object store has none)
+    val out = fs.createFile(new Path(dir, name)).overwrite(true)
+      .opt("fs.s3a.create.performance", true).build()
+    try {
+      body(out)
+      out.close()
+    } catch {
+      case e: Throwable =>
+        out.abort()
+        throw e
+    }
+  }
 
   private def writeLocal(local: LocalPath, name: String)(body: OutputStream => Unit): Unit = {
     Files.createDirectories(local)
