@@ -371,12 +371,11 @@ def traffic_per_batch(store: ObjectStore, query, inputs: list[str], source: str)
     return per_batch
 
 
-def s3a_clients(spark) -> int:
-    """How many S3A filesystem clients the session's JVM has made so far: each registers
-    its metrics source with Hadoop's metrics system as `S3AMetrics<n>-<bucket>`, n counting
-    up, and the highest n among the JMX beans is read (closed ones unregister, so the beans'
-    number is not it). Through the MBeanServer interface: py4j cannot call the JDK's class
-    of it directly."""
+def s3a_clients(spark) -> set[int]:
+    """The S3A filesystem clients open in the session's JVM, by number: each registers its
+    metrics source with Hadoop's metrics system as `S3AMetrics<n>-<bucket>`, n counting up
+    (a closed one unregisters), read from its JMX bean. Through the MBeanServer interface:
+    py4j cannot call the JDK's class of it directly."""
     jvm, gateway = spark._jvm, spark.sparkContext._gateway
     server = jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer()
     Class = jvm.java.lang.Class
@@ -387,6 +386,5 @@ def s3a_clients(spark) -> int:
                                                                           parameters)
     arguments = gateway.new_array(jvm.java.lang.Object, 2)
     arguments[0] = jvm.javax.management.ObjectName("Hadoop:*,name=S3AMetrics*")
-    numbers = [int(m.group(1)) for name in query_names.invoke(server, arguments)
-               if (m := re.match(r"S3AMetrics(\d+)-", name.getKeyProperty("name")))]
-    return max(numbers, default=0)
+    return {int(m.group(1)) for name in query_names.invoke(server, arguments)
+            if (m := re.match(r"S3AMetrics(\d+)-", name.getKeyProperty("name")))}

@@ -25,11 +25,12 @@ BUCKET = "arrowstate-faults"   # reached through the proxy; the store's own buck
 NODE = "ArrowStateStoreSave"
 BATCHES = [[ev(f"u{(i * 7 + b) % 11}", b * 10 + i, i) for i in range(12)] for b in range(4)]
 RESTART = [2]   # every run is stopped after its third batch (version 3) and started again
-# the temporary object each atomic write PUTs before copying it to its name, in Spark's
-# store (`.3.delta.<uuid>.TID7.tmp`) and arrowstate's (`.3.arrowstate.delta.<uuid>...`)
+# what a state file's write uploads: Spark's store a temporary object that it then copies to
+# the file's name (`.3.delta.<uuid>.TID7.tmp`), arrowstate the file itself in place (an
+# object store's upload appears whole or not at all)
 TEMPORARY = r"\.[0-9a-f-]{36}(\.TID\d+)?\.tmp$"
-DELTA_UPLOAD = r"/state/0/\d+/\.\d+\.(arrowstate\.)?delta" + TEMPORARY
-SNAPSHOT_UPLOAD = r"/state/0/1/\.\d+\.arrowstate\.snapshot" + TEMPORARY
+DELTA_UPLOAD = r"/state/0/\d+/(\.\d+\.delta" + TEMPORARY + r"|\d+\.arrowstate\.delta$)"
+SNAPSHOT_UPLOAD = r"/state/0/1/\d+\.arrowstate\.snapshot$"
 DELTA = r"/state/0/\d+/\d+\.(arrowstate\.)?delta$"
 
 

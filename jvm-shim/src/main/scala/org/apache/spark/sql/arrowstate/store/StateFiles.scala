@@ -158,15 +158,21 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     // no probe for an existing file or a parent directory (an object store has none)
     val out = fs.createFile(new Path(dir, name)).overwrite(true)
       .opt("fs.s3a.create.performance", true).build()
+    wholeOrUndone(out, out.abort())(body)
+  }
+
+  /** `body` writes to `out`, closed once done (the file appears whole); on any failure
+   * `undo` makes sure nothing of it appears. */
+  private def wholeOrUndone(out: OutputStream, undo: => Unit)(body: OutputStream => Unit)
+    : Unit =
     try {
       body(out)
       out.close()
     } catch {
       case e: Throwable =>
-        out.abort()
+        undo
         throw e
     }
-  }
 
   private def writeLocal(local: LocalPath, name: String)(body: OutputStream => Unit): Unit = {
     Files.createDirectories(local)
@@ -192,14 +198,7 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
         fm.mkdirs(dir)
         fm.createAtomic(path, true)
     }
-    try {
-      body(out)
-      out.close()
-    } catch {
-      case e: Throwable =>
-        out.cancel()
-        throw e
-    }
+    wholeOrUndone(out, out.cancel())(body)
   }
 
   /** Deletes our files of versions below `version`, once that version's snapshot exists. */
