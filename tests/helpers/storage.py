@@ -312,9 +312,15 @@ class Hdfs:
         return f"hdfs://127.0.0.1:{self.port}/{name}"
 
     def spark_settings(self) -> dict[str, str]:
-        # a one-node cluster: no replacement data node to look for on a failed write
-        return {"spark.hadoop.dfs.client.block.write.replace-datanode-on-failure.enable":
-                "false"}
+        # a one-node cluster: no replacement data node to look for on a failed write; a
+        # closing file whose block the data node has not reported yet asked about again
+        # after 20 ms rather than 400 (on loopback the report comes within milliseconds,
+        # and the 400 ms wait hit about every other checkpoint file: half a micro-batch's
+        # time), more times (the same 20 s in all before the close fails)
+        client = "spark.hadoop.dfs.client.block.write"
+        return {f"{client}.replace-datanode-on-failure.enable": "false",
+                f"{client}.locateFollowingBlock.initial.delay.ms": "20",
+                f"{client}.locateFollowingBlock.retries": "10"}
 
     def stop(self) -> None:
         _stop(self.proc)
