@@ -25,15 +25,22 @@ cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.slow
 
 # repeats within a batch and across batches (same user, time and value), a late row, and
-# the watermark (10 s behind) moving past windows, sessions and timeouts in every batch
+# the watermark (10 s behind) moving past windows, sessions and timeouts after the second
+# and third (Spark runs a batch without data for them); the queries restart after the
+# second
 BATCHES = [
     [ev("a", 10, 1), ev("b", 11, 2), ev("a", 10, 1), ev("a", 12, 3)],
     [ev("a", 14, 4), ev("c", 40, 5), ev("d", 12, 6), ev("b", 11, 2)],
-    [ev("e", 5, 7), ev("f", 95, 8), ev("c", 43, 9)],
-    [ev("g", 130, 10), ev("b", 101, 11)],
+    [ev("e", 5, 7), ev("f", 95, 8), ev("c", 43, 9), ev("g", 130, 10), ev("b", 101, 11)],
 ]
 DEDUP, SAVE, SESSION = ("ArrowStreamingDeduplicate", "ArrowStateStoreSave",
                         "ArrowSessionWindowStateStoreSave")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stores_starting(remote_stores):
+    """Both stores start while the session does (this module's first test waits for it)."""
+    remote_stores.start(*remote_stores.KINDS)
 
 
 @pytest.fixture(autouse=True)
@@ -166,8 +173,9 @@ def test_transform_with_state_rows_with_event_time_timers(spark, tmp_path, remot
                                                           rocksdb):
     """transformWithState (the Row API) with event-time timers; the state, the timers and
     the change feed read from both checkpoints."""
+    # the third batch's first row is late (the watermark 2 s behind)
     batches = [[ev("a", 10), ev("b", 12)], [ev("a", 20), ev("c", 30)],
-               [ev("b", 40), ev("a", 41)], [ev("a", 5), ev("d", 60)]]
+               [ev("a", 5), ev("b", 40), ev("a", 41), ev("d", 60)]]
     native, ours = assert_same(
         spark, tmp_path, EVENTS, batches,
         lambda df: df.withWatermark("ts", "2 seconds").groupBy("user")
