@@ -218,6 +218,16 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     return result
 
 
+def checkpoint_files(spark: SparkSession, pattern: str) -> list[str]:
+    """The names of the files a Hadoop glob (`{checkpoint}/state/0/*/*.snapshot`) matches,
+    on whichever filesystem the checkpoint is."""
+    jvm = spark._jvm
+    where = jvm.org.apache.hadoop.fs.Path(pattern)
+    found = where.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()) \
+        .globStatus(where)
+    return sorted(status.getPath().getName() for status in found or [])
+
+
 def write_source_file(table: pa.Table, path: str) -> None:
     """Writes a parquet file into a running query's source whole: the file source lists the
     directory on its own schedule, and a file it lists while still empty would count as read
