@@ -1,5 +1,6 @@
 """Test layout: tests/unit (no Spark, run first) and tests/spark (a local Spark session with
 arrowstate; `slow` and `cluster` marked where they start more than that)."""
+import concurrent.futures
 import os
 import sys
 
@@ -88,7 +89,8 @@ class RemoteStores:
         import storage
 
         self._storage = storage
-        self._started: dict = {}
+        self._started: dict = {}   # kind -> a Future of the started store or its failure
+        self._starter = concurrent.futures.ThreadPoolExecutor(len(self.KINDS))
         self._prefix = storage.unique_name(os.environ.get("PYTEST_XDIST_WORKER", "main"))
         try:
             self.jars = storage.storage_jars()
@@ -96,17 +98,28 @@ class RemoteStores:
         except storage.StorageUnavailable as e:
             self.jars, self.unavailable = {"s3a": [], "minicluster": []}, str(e)
 
+    def start(self, *kinds: str) -> None:
+        """Starts the stores in the background (`get` waits for them): they take 5-20 s,
+        which can pass while the session starts or other tests run."""
+        if self.unavailable:
+            return
+        for kind in kinds:
+            if kind not in self._started:
+                store = (self._storage.Hdfs(self.jars["minicluster"]) if kind == "hdfs"
+                         else self._storage.ObjectStore())
+                self._started[kind] = self._starter.submit(self._start, store)
+
+    def _start(self, store):
+        try:
+            return store.start()
+        except self._storage.StorageUnavailable as e:
+            return e
+
     def get(self, kind: str):
         if self.unavailable:
             pytest.skip(f"checkpoints on {kind}: {self.unavailable}")
-        if kind not in self._started:
-            store = (self._storage.Hdfs(self.jars["minicluster"]) if kind == "hdfs"
-                     else self._storage.ObjectStore())
-            try:
-                self._started[kind] = store.start()
-            except self._storage.StorageUnavailable as e:
-                self._started[kind] = e
-        store = self._started[kind]
+        self.start(kind)
+        store = self._started[kind].result()
         if isinstance(store, Exception):
             pytest.fail(f"the {kind} server for checkpoints did not start: {store}")
         return store
@@ -124,9 +137,10 @@ class RemoteStores:
         return {**self.get(kind).spark_settings(), **jars}
 
     def stop(self):
-        for store in self._started.values():
-            if not isinstance(store, Exception):
-                store.stop()
+        for started in self._started.values():
+            if started.exception() is None and not isinstance(started.result(), Exception):
+                started.result().stop()
+        self._starter.shutdown()
 
 
 @pytest.fixture(scope="session")

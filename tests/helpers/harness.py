@@ -85,6 +85,11 @@ checkpoint_root: Callable[[str], str] | None = None
 checkpoint_conf: dict[str, str] = {}
 
 
+# with a remote checkpoint root: the oracle's checkpoint on the local disk all the same
+# (Spark's answers do not depend on where its checkpoint is: one local run serves every
+# store; tests/spark/test_remote_checkpoints.py sets it, the whole suite under
+# ARROWSTATE_TEST_CHECKPOINTS keeps both runs on the store)
+oracle_on_local_disk = False
 # with a remote checkpoint root: the query's input there too (a cluster whose executors
 # share no disk with the driver)
 source_on_checkpoint_store = False
@@ -213,6 +218,16 @@ def run_query(spark: SparkSession, workdir: str, schema: pa.Schema,
     return result
 
 
+def checkpoint_files(spark: SparkSession, pattern: str) -> list[str]:
+    """The names of the files a Hadoop glob (`{checkpoint}/state/0/*/*.snapshot`) matches,
+    on whichever filesystem the checkpoint is."""
+    jvm = spark._jvm
+    where = jvm.org.apache.hadoop.fs.Path(pattern)
+    found = where.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()) \
+        .globStatus(where)
+    return sorted(status.getPath().getName() for status in found or [])
+
+
 def write_source_file(table: pa.Table, path: str) -> None:
     """Writes a parquet file into a running query's source whole: the file source lists the
     directory on its own schedule, and a file it lists while still empty would count as read
@@ -297,13 +312,25 @@ def native_run(spark: SparkSession, workdir, schema: pa.Schema,
     differing only in what befalls the arrowstate run share it, across pytest-xdist's
     processes too. Callers only read the Run and its checkpoint. A run with callbacks
     (they may act on the native run too) is never shared."""
+    global checkpoint_root
+    if oracle_on_local_disk and checkpoint_root is not None:
+        root, checkpoint_root = checkpoint_root, None
+        try:
+            return native_run(spark, workdir, schema, batches, build, **kwargs)
+        finally:
+            checkpoint_root = root
     if any(kwargs.get(name) is not None for name in _CALLBACKS):
         return run_query(spark, str(workdir), schema, batches, build, arrowstate=False,
                          **kwargs)
     # arrowstate's own settings cannot change a run with it off: runs of the same query
-    # that differ only in them (a memory budget, a local dir) share the oracle's
+    # that differ only in them (a memory budget, a local dir) share the oracle's; nor can
+    # a remote store's, on the local disk
+    hadoop = "spark.hadoop."
+    store = {k[len(hadoop):] for k in checkpoint_conf if k.startswith(hadoop)} \
+        if checkpoint_root is None else set()
     settings = sorted((k, v) for k, v in spark.conf.getAll.items()
-                      if not k.startswith("spark.arrowstate.") and k not in _PER_PROCESS)
+                      if not k.startswith("spark.arrowstate.") and k not in _PER_PROCESS
+                      and k not in store)
     shape = _fingerprint(build)
     if shape is None:   # not told apart by structure: shared within this process only
         shape = ("object", id(build))

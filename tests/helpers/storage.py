@@ -146,14 +146,16 @@ def _wait(ready, what: str, proc: subprocess.Popen, log: Path, timeout: float) -
                              + log.read_text(errors="replace")[-3000:])
 
 
-def _stop(proc: subprocess.Popen | None) -> None:
-    """Stops a server this module started (its own process group), and nothing else."""
+def _stop(proc: subprocess.Popen | None, grace: float = 20) -> None:
+    """Stops a server this module started (its own process group), and nothing else:
+    asked to, then killed after `grace` seconds (at once with none)."""
     if proc is None or proc.poll() is not None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+    if grace:
+        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+    if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -281,10 +283,7 @@ class ObjectStore:
         return counts
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        _stop(self.proc, grace=0)
         self.proc = None
 
     def restart(self) -> None:
@@ -342,9 +341,15 @@ class Hdfs:
         return f"hdfs://127.0.0.1:{self.port}/{name}"
 
     def spark_settings(self) -> dict[str, str]:
-        # a one-node cluster: no replacement data node to look for on a failed write
-        return {"spark.hadoop.dfs.client.block.write.replace-datanode-on-failure.enable":
-                "false"}
+        # a one-node cluster: no replacement data node to look for on a failed write; a
+        # closing file whose block the data node has not reported yet asked about again
+        # after 20 ms rather than 400 (on loopback the report comes within milliseconds,
+        # and the 400 ms wait hit about every other checkpoint file: half a micro-batch's
+        # time), more times (the same 20 s in all before the close fails)
+        client = "spark.hadoop.dfs.client.block.write"
+        return {f"{client}.replace-datanode-on-failure.enable": "false",
+                f"{client}.locateFollowingBlock.initial.delay.ms": "20",
+                f"{client}.locateFollowingBlock.retries": "10"}
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -183,11 +183,14 @@ class ProcessingTimeTimers(StatefulProcessor):
         self.handle = handle
         self.fired = handle.getValueState("fired", "n long")
 
-    def handleInputRows(self, key, rows, timerValues):
-        now = timerValues.getCurrentProcessingTimeInMs()
-        n = sum(len(pdf) for pdf in rows)
+    def _register_timers(self, timer_values):
+        now = timer_values.getCurrentProcessingTimeInMs()
         self.handle.registerTimer(now)
         self.handle.registerTimer(now + 1)
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(pdf) for pdf in rows)
+        self._register_timers(timerValues)
         yield pd.DataFrame({"user": [key[0]], "count": [n],
                             "what": [f"rows, {len(list(self.handle.listTimers()))} timers"]})
 
@@ -229,6 +232,21 @@ class EveryVariableWithTTL(StatefulProcessor):
             self.seen.clear()
             self.last.clear()
         yield pd.DataFrame({"user": [key[0]], "count": [n], "what": [repr((before, after))]})
+
+
+class EveryVariableWithTTLAndTimers(EveryVariableWithTTL):
+    """EveryVariableWithTTL with ProcessingTimeTimers' timers: state expiring by TTL and
+    timers firing in one processor (what reads each batch does not depend on the clock)."""
+
+    def init(self, handle):
+        super().init(handle)
+        ProcessingTimeTimers.init(self, handle)
+
+    def handleInputRows(self, key, rows, timerValues):
+        ProcessingTimeTimers._register_timers(self, timerValues)
+        yield from super().handleInputRows(key, rows, timerValues)
+
+    handleExpiredTimer = ProcessingTimeTimers.handleExpiredTimer
 
 
 class SeededCount(StatefulProcessor):

@@ -196,6 +196,7 @@ def test_corrupt_state_file_fails_loudly_naming_it(spark, tmp_path):
     assert "Traceback" in message and "2.arrowstate.delta" in message
 
 
+@pytest.mark.local_checkpoints
 def test_snapshots_and_retention(spark, spark_conf, tmp_path):
     spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 3,
                   "spark.sql.streaming.minBatchesToRetain": 4})

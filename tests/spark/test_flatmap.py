@@ -109,6 +109,7 @@ def test_group_state_misuse_raises_as_in_pyspark(spark, tmp_path):
                 expect_node=NODE, output_mode="update")
 
 
+@pytest.mark.local_checkpoints
 def test_failing_function_fails_the_query_with_its_traceback_and_commits_nothing(
         spark, tmp_path):
     batches = [[ev("a", 1)], [ev("boom", 2)]]

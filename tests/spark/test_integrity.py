@@ -72,6 +72,7 @@ COMMIT_FAILURES = [
 ]
 
 
+@pytest.mark.local_checkpoints
 @pytest.mark.parametrize("op,kind,times", COMMIT_FAILURES,
                          ids=[f"{op}-{kind or 'prune'}-x{n}" for op, kind, n in COMMIT_FAILURES])
 def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, injection, tmp_path,

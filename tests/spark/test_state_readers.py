@@ -17,7 +17,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 import fmgws_functions as fns
 from arrowstate.spark_state import describe
-from harness import native_run, run_query, state_command
+from harness import checkpoint_files, native_run, run_query, state_command
 
 cloudpickle.register_pickle_by_value(fns)
 
@@ -78,8 +78,7 @@ def _provider(spark_conf, provider):
 @pytest.mark.parametrize("name", list(CASES))
 def test_statestore_and_state_metadata_read_arrowstate_as_native(spark, tmp_path, name):
     (native, ours), last = _both(spark, tmp_path, name)
-    assert any(p.name.endswith(".arrowstate.delta")
-               for p in (tmp_path.glob("run*-on/ck/state/0/*/*")))
+    assert checkpoint_files(spark, f"{ours}/state/0/*/*.arrowstate.delta")
 
     def read(**options):
         reader = spark.read.format("statestore")
@@ -110,8 +109,8 @@ def test_reading_from_a_snapshot(spark, spark_conf, tmp_path):
                                  between_batches=lambda i, ck: time.sleep(1))
 
     def snapshots(ck, partition):
-        d = os.path.join(ck, "state", "0", str(partition))
-        return {int(n.split(".")[0]) for n in os.listdir(d) if n.endswith("snapshot")}
+        return {int(n.split(".")[0])
+                for n in checkpoint_files(spark, f"{ck}/state/0/{partition}/*.snapshot")}
 
     def from_snapshot(ck, partition, version):
         return _rows(spark.read.format("statestore").option("snapshotStartBatchId", version - 1)
