@@ -453,6 +453,13 @@ def ttl_masked(row):
     return mask(row)
 
 
+def store_options(checkpoint: str) -> list[str]:
+    """`--conf` options that let a state command in a process of its own reach the store a
+    checkpoint is on (none for the local disk)."""
+    return [a for k, v in checkpoint_conf.items() for a in ("--conf", f"{k}={v}")] \
+        if "://" in checkpoint else []
+
+
 def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) -> dict:
     """`python -m arrowstate state <command>`'s JSON result: with `cli`, run as users run it,
     in a process of its own (which starts its own Spark, given the store's settings as
@@ -461,11 +468,9 @@ def state_command(command: str, checkpoint: str, *args: str, cli: bool = False) 
     are in UTC, the tests' session time zone."""
     if cli:
         zone = ["--time-zone", "UTC"] if command in ("import", "repartition") else []
-        store = [a for k, v in checkpoint_conf.items() for a in ("--conf", f"{k}={v}")] \
-            if "://" in checkpoint else []
         done = subprocess.run([sys.executable, "-m", "arrowstate", "state", command, *zone,
-                               *store, checkpoint, *args], capture_output=True, text=True,
-                              timeout=300)
+                               *store_options(checkpoint), checkpoint, *args],
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         return json.loads(done.stdout)
     from arrowstate.spark_state import state_command as run

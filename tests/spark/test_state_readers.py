@@ -17,7 +17,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 import fmgws_functions as fns
 from arrowstate.spark_state import describe
-from harness import checkpoint_files, native_run, run_query, state_command
+from harness import checkpoint_files, native_run, run_query, state_command, store_options
 
 cloudpickle.register_pickle_by_value(fns)
 
@@ -141,8 +141,9 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
     """`python -m arrowstate state describe`: arrowstate's rows are the rows Spark's reader
     counts in the native checkpoint of the same query; schemas and layout are Spark's."""
     (native, ours), last = _both(spark, tmp_path, "apply_in_pandas_with_state")
+    store = store_options(ours)
     done = subprocess.run([sys.executable, "-m", "arrowstate", "state", "describe", "--json",
-                           ours], capture_output=True, text=True, timeout=120)
+                           *store, ours], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     described = json.loads(done.stdout)
     theirs = describe(native)
@@ -153,7 +154,8 @@ def test_state_describe_tells_engine_rows_and_schemas(spark, tmp_path):
     assert op["rows"] == spark.read.format("statestore").load(native).count() > 0
     for field in ("partitions", "newest_version", "key_schema", "value_schema", "stores"):
         assert op[field] == native_op[field], field
-    text = subprocess.run([sys.executable, "-m", "arrowstate", "state", "describe", ours],
+    text = subprocess.run([sys.executable, "-m", "arrowstate", "state", "describe", *store,
+                           ours],
                           capture_output=True, text=True, timeout=120).stdout
     assert f"rows: {op['rows']}" in text and "engine: arrowstate" in text
 
