@@ -393,3 +393,11 @@ def s3a_clients(spark) -> set[int]:
     arguments[0] = jvm.javax.management.ObjectName("Hadoop:*,name=S3AMetrics*")
     return {int(m.group(1)) for name in query_names.invoke(server, arguments)
             if (m := re.match(r"S3AMetrics(\d+)-", name.getKeyProperty("name")))}
+
+
+def stores_of_costly_tests() -> list[str]:
+    """The stores the costliest remote tests (the state tools' and the standalone cluster's,
+    a minute or more each) run on: the object store, and HDFS too when
+    ARROWSTATE_TEST_EVERY_STORE=1. The remote differential subset
+    (test_remote_checkpoints.py) runs every family on both in every run."""
+    return ["hdfs", "s3"] if os.environ.get("ARROWSTATE_TEST_EVERY_STORE") == "1" else ["s3"]

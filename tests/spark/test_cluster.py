@@ -12,6 +12,8 @@ import time
 import pyspark
 import pytest
 
+import storage
+
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 
 
@@ -80,7 +82,7 @@ def standalone_cluster(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-@pytest.mark.parametrize("kind", ["hdfs", "s3"])
+@pytest.mark.parametrize("kind", storage.stores_of_costly_tests())
 def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path,
                                                    remote_stores, kind):
     """Also two attempts of one task committing the same version: speculation, with the

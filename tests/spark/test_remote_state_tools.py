@@ -9,11 +9,14 @@ import os
 import pytest
 
 import harness
+import storage
 from arrowstate.spark_state import describe, history
 from arrowstate.spark_state.filesystems import files_for
 from harness import EVENTS, ev, native_run, read_state, run_query, state_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.parametrize("remote_checkpoints", storage.stores_of_costly_tests(),
+                                      indirect=True)]
 
 BATCHES = [[ev("a", 10, 1), ev("b", 12, 2), ev("a", 13, 1)], [ev("a", 20, 3), ev("c", 30)],
            [ev("b", 40, 2), ev("a", 41)], [ev("a", 42), ev("b", 43), ev("d", 44, 2)],
