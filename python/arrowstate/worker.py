@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import mmap
 import os
 import socket
 import sys
@@ -42,6 +41,7 @@ from .errors import ArrowStateError
 from .families import REGISTRY
 from .families.transform_with_state.pre_init import run_pre_init
 from .spark_state import importing, readers
+from .spark_state.filesystems import mapped
 from .store import VersionedState
 from .store import files as store_files
 from .store.budget import give_back_memory, resident_bytes
@@ -74,8 +74,7 @@ def received_file(reader: p.ChunkReader, memory_bytes: int, directory: str
                 parts.clear()
                 for chunk in chunks:
                     out.write(chunk)
-                out.flush()
-                return memoryview(mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ))
+            return mapped(path)
         finally:
             os.unlink(path)
     except OSError as e:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import tempfile
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -71,7 +70,7 @@ def _state_files(spark, checkpoint: str) -> dict:
 def _measure(spark, checkpoints, inputs: list[str], case, engine: str) -> dict:
     """One run of `case` on `engine` over `inputs`, a file a batch: per-batch requests and
     uploaded bytes (first batch, and the median of the others), and the state files kept."""
-    from storage import traffic_per_batch   # tests/helpers, on the path bench.py sets
+    from storage import steady_traffic, traffic_per_batch   # tests/helpers, on bench's path
 
     build, mode, _node = case
     _set_engine(spark, engine)
@@ -90,11 +89,8 @@ def _measure(spark, checkpoints, inputs: list[str], case, engine: str) -> dict:
     finally:
         shutil.rmtree(source, ignore_errors=True)
         checkpoints.remove(checkpoint)
-    steady = per_batch[1:]
-    kinds = sorted({k for b in steady for k in b})
     return {"first_batch": dict(sorted(per_batch[0].items())),
-            "steady_batch": {k: statistics.median(b.get(k, 0) for b in steady)
-                             for k in kinds},
+            "steady_batch": steady_traffic(per_batch),
             "state_files_kept": kept}
 
 

@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -374,6 +375,14 @@ def traffic_per_batch(store: ObjectStore, query, inputs: list[str], source: str)
         per_batch.append({k: after.get(k, 0) - before.get(k, 0) for k in after
                           if after.get(k, 0) != before.get(k, 0)})
     return per_batch
+
+
+def steady_traffic(per_batch: list[dict]) -> dict:
+    """traffic_per_batch's figures of every batch after the first (which makes directories
+    and metadata), by their medians."""
+    steady = per_batch[1:]
+    return {k: statistics.median(b.get(k, 0) for b in steady)
+            for k in sorted({k for b in steady for k in b})}
 
 
 def s3a_clients(spark) -> set[int]:

@@ -10,7 +10,6 @@ theirs; one per task and batch would be a client, its threads and its connection
 time)."""
 import os
 import shutil
-import statistics
 import uuid
 
 import numpy as np
@@ -63,11 +62,6 @@ def _run(spark, store, build, mode, inputs, tmp_path, arrowstate: bool):
         shutil.rmtree(source, ignore_errors=True)
 
 
-def _steady(per_batch: list[dict]) -> dict:
-    kinds = {k for b in per_batch[1:] for k in b}
-    return {k: statistics.median(b.get(k, 0) for b in per_batch[1:]) for k in kinds}
-
-
 @pytest.mark.parametrize("remote_checkpoints", ["s3"], indirect=True)
 def test_a_micro_batch_costs_what_sparks_cheapest_store_costs(spark, remote_checkpoints,
                                                               tmp_path):
@@ -76,7 +70,7 @@ def test_a_micro_batch_costs_what_sparks_cheapest_store_costs(spark, remote_chec
     inputs = _inputs(tmp_path)
     native, _ = _run(spark, remote_checkpoints, build, mode, inputs, tmp_path, False)
     ours, clients_made = _run(spark, remote_checkpoints, build, mode, inputs, tmp_path, True)
-    native_steady, our_steady = _steady(native), _steady(ours)
+    native_steady, our_steady = storage.steady_traffic(native), storage.steady_traffic(ours)
     requests = {k for k in native_steady.keys() | our_steady.keys() if k != "bytes_received"}
     more = {k: (our_steady.get(k, 0), native_steady.get(k, 0)) for k in requests
             if our_steady.get(k, 0) > native_steady.get(k, 0)}

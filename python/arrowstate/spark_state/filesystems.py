@@ -98,7 +98,7 @@ class LocalDisk:
             return f.read()
 
     def read_mapped(self, path: str) -> bytes | memoryview:
-        return _mapped(path)
+        return mapped(path)
 
     def tail(self, path: str, size: int) -> bytes:
         with open(path, "rb") as f:
@@ -142,7 +142,7 @@ class LocalDisk:
         return os.path.abspath(path)
 
 
-def _mapped(path: str) -> bytes | memoryview:
+def mapped(path: str) -> bytes | memoryview:
     """A local file's bytes as a read-only memory map (an empty file as empty bytes: it
     cannot be mapped)."""
     with open(path, "rb") as f:
@@ -232,7 +232,7 @@ class HadoopFiles:
             # raw local filesystem: no checksum file beside the copy
             self._call(path, lambda fs, p: fs.copyToLocalFile(
                 False, p, self._path(f"file://{local}"), True))
-            return _mapped(local)
+            return mapped(local)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(local)

@@ -21,17 +21,24 @@ import org.apache.spark.sql.arrowstate.errors.ArrowStateException
  * `<checkpoint>/state/<operatorId>/<partitionId>/`. Which files exist, load, are written or
  * pruned is decided by the Python store (its `lifecycle` module); this class only moves
  * bytes through Hadoop's filesystem layer (atomic write then rename), so any checkpoint
- * filesystem works. On Hadoop's local filesystem, with Spark's own checkpoint file manager,
- * files are written in the JVM instead (`localDir`).
+ * filesystem works. Unless a checkpoint file manager of the user's (or a test's) is set, a
+ * file on Hadoop's local filesystem is written with Java's own calls (`localDir`), and one
+ * on an object store in place (`abortableFs`).
  */
 class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   import StateFiles._
 
   private lazy val fm = FileManagers.forDir(dir, hadoopConf)
 
+  /** The directory's filesystem when writes may go around Spark's checkpoint file manager:
+   * no manager of the user's (or a test's) is set. */
+  private lazy val ownWritesFs: Option[FileSystem] =
+    if (hadoopConf.get(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key) != null) None
+    else Some(dir.getFileSystem(hadoopConf))
+
   /**
    * The directory as a local path when writes may skip Hadoop: its filesystem is Hadoop's
-   * local one and no checkpoint file manager of the user's (or a test's) is set. Without
+   * local one (`ownWritesFs`). Without
    * Hadoop's native library, which pyspark does not ship, that filesystem forks a child
    * process three times per file written (`chmod` for the new file, `readlink` twice for
    * the rename): at 200 shuffle partitions, most of a small micro-batch's time. The same
@@ -39,11 +46,7 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
    * beside it (arrowstate's files verify themselves).
    */
   private lazy val localDir: Option[LocalPath] =
-    if (hadoopConf.get(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key) != null) None
-    else dir.getFileSystem(hadoopConf) match {
-      case local: LocalFileSystem => Some(local.pathToFile(dir).toPath)
-      case _ => None
-    }
+    ownWritesFs.collect { case local: LocalFileSystem => local.pathToFile(dir).toPath }
 
   /** Whether any arrowstate file is here (the partition's state is arrowstate's). */
   def holdsArrowState: Boolean = ourNames().nonEmpty
@@ -131,8 +134,8 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   }
 
   /**
-   * The directory's filesystem when its output streams can be abandoned unseen, and no
-   * checkpoint file manager of the user's (or a test's) is set: an object store, where an
+   * The directory's filesystem (`ownWritesFs`) when its output streams can be abandoned
+   * unseen: an object store, where an
    * object appears whole when its upload completes or never. A write there needs no
    * temporary file and rename, which on S3 are a PUT, a COPY and a DELETE with some twenty
    * HEAD and LIST probes around them: one PUT does (as Spark's
@@ -140,9 +143,7 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
    * cached instance: no client is made for it.
    */
   private lazy val abortableFs: Option[FileSystem] =
-    if (hadoopConf.get(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key) != null) None
-    else Some(dir.getFileSystem(hadoopConf))
-      .filter(_.hasPathCapability(dir, CommonPathCapabilities.ABORTABLE_STREAM))
+    ownWritesFs.filter(_.hasPathCapability(dir, CommonPathCapabilities.ABORTABLE_STREAM))
 
   private def writeWith(name: String)(body: OutputStream => Unit): Unit =
     onStore("write", new Path(dir, name)) {
