@@ -207,17 +207,24 @@ def assert_names_file_and_settings(error: dict, checkpoint: str, version: str,
 
 
 def test_a_delta_missing_at_load(spark, tmp_path, faulty):
-    """Between the runs, the newest delta of partition 0 (version 3, which no snapshot
-    covers) is deleted from the store: Spark's store and arrowstate's both fail to load it,
-    naming the file; arrowstate names the operator, partition and version too."""
+    """Between the runs, the newest delta of partition 0 (version 3) is deleted from the
+    store, and version 3's snapshot with it where Spark's maintenance happened to write one
+    while the query ran (Spark's store snapshots the newest version it holds when more than
+    `minDeltasForSnapshot` deltas follow the last snapshot; arrowstate's snapshots versions
+    2, 4, ...): Spark's store and arrowstate's both fail to load it, naming the file;
+    arrowstate names the operator, partition and version too."""
     deleted = []
 
     def delete(i, checkpoint):
         kill_own_state_workers()
         await_maintenance(spark)
-        name = "3.arrowstate.delta" if "-on/" in checkpoint else "3.delta"
-        deleted.append(f"{checkpoint}/state/0/0/{name}")
+        suffix = ".arrowstate" if "-on/" in checkpoint else ""
+        partition = f"{checkpoint}/state/0/0"
+        deleted.append(f"{partition}/3{suffix}.delta")
         delete_from_store(spark, deleted[-1])
+        snapshot = f"{partition}/3{suffix}.snapshot"
+        if snapshot in store_files(spark, partition):
+            delete_from_store(spark, snapshot)
 
     failures = []
     for arrowstate in (False, True):
