@@ -101,7 +101,10 @@ def test_describe_and_history_as_on_the_local_disk(spark, tmp_path, remote_check
     times = ("batchTimestampMs", "committedAtMs", "durationMs")
     assert [_without(b, *times) for b in h["batches"]] == \
         [_without(b, *times) for b in local_h["batches"]]
-    # an object's time on S3 is to the second: a batch shorter than that may have none
+    # an object's time on S3 is to the second: the history says so, and a batch that
+    # ended within the second it started in may have no duration
+    assert h["timeResolutionMs"] == (1000 if remote.checkpoint.startswith("s3a:") else 1)
+    assert local_h["timeResolutionMs"] == 1
     durations = [b["durationMs"] for b in h["batches"]]
     assert all(d is None or d >= 0 for d in durations), durations
     assert None not in durations or remote.checkpoint.startswith("s3a:"), durations

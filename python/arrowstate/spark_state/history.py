@@ -21,7 +21,11 @@ Where each figure comes from:
   (the trigger clock's time when Spark planned the batch), to its end, the time its commit
   log entry was written (the file's modification time: Spark's commit entry records no
   time). It covers planning, running and committing; a batch re-run after a restart counts
-  from its first planning; a checkpoint copied without keeping file times has none.
+  from its first planning; a checkpoint copied without keeping file times has none. Object
+  stores keep a file's time to the second (S3's Last-Modified): where every commit entry's
+  time is a whole second, the commit is taken at the middle of what is left of its second
+  after the batch's start, and the history says its durations are to within half a second
+  (`timeResolutionMs`: 1000, else 1).
 """
 from __future__ import annotations
 
@@ -198,20 +202,29 @@ def history(checkpoint: str) -> dict:
         partitions[op] = _partitions(op_dir)
         aside[op] = [(name, _partitions(os.path.join(checkpoint, name, "state", str(op))))
                      for name in moved_aside]
+    ended = {b: files.modified_ms(os.path.join(checkpoint, "commits", str(b)))
+             for b in committed}
+    # a store that keeps file times to the second: the commit happened within that second
+    resolution = 1000 if all(t % 1000 == 0 for t in ended.values()) else 1
     batches = []
     for batch in committed:
         started = _batch_timestamp(checkpoint, batch)
-        ended = files.modified_ms(os.path.join(checkpoint, "commits", str(batch)))
-        duration = ended - started if started is not None and ended >= started else None
+        # the commit is in [its time, its time + resolution) and not before the start:
+        # the middle of what is left of that span
+        earliest = max(ended[batch], started if started is not None else ended[batch])
+        latest = ended[batch] + resolution - 1
+        duration = (earliest + latest) // 2 - started \
+            if started is not None and earliest <= latest else None
         batches.append({
-            "batchId": batch, "batchTimestampMs": started, "committedAtMs": ended,
+            "batchId": batch, "batchTimestampMs": started, "committedAtMs": ended[batch],
             "durationMs": duration,
             "operators": [{"operatorId": o["operatorId"],
                            **_operator_figures(partitions[o["operatorId"]], batch + 1,
                                                aside[o["operatorId"]])}
                           for o in operators]})
     return {"checkpoint": files.absolute(checkpoint), "lastCommittedBatch": last,
-            "uncommittedBatches": uncommitted, "operators": operators, "batches": batches}
+            "uncommittedBatches": uncommitted, "operators": operators, "batches": batches,
+            "timeResolutionMs": resolution}
 
 
 def _cell(value) -> str:
@@ -228,7 +241,9 @@ def format_history(h: dict) -> str:
     names = {o["operatorId"]: o["name"] for o in h["operators"]}
     if not names:
         lines.append("  no stateful operators")
-    header = ("batch", "duration ms", "operator", "rows total", "updated", "removed",
+    duration = "duration ms" if h.get("timeResolutionMs", 1) == 1 else \
+        f"duration ms (±{h['timeResolutionMs'] // 2})"
+    header = ("batch", duration, "operator", "rows total", "updated", "removed",
               "bytes on disk")
     rows, notes = [], {}
     for b in h["batches"]:
