@@ -35,10 +35,12 @@ work, beside Spark's own trip to Python (bench_lib/exchange.py).
 mode; --scaling-case: per string key, or a transformWithStateInPandas count per key in a
 ValueState) over batches of --batch-rows new keys each until N keys exist, run by arrowstate
 under a memory budget (spark.executor.pyspark.memory, 1g unless --pyspark-memory says
-otherwise; a state worker that passes it fails the query) and by Spark on its RocksDB store,
-in one process. It prints each batch's time, the median of the last --batches, the peak
-resident memory of the state workers and of the JVM (sampled every 0.2 s), and whether
-every batch's output was the same (a row count and a sum of row hashes per batch); its code is
+otherwise; a state worker that passes it fails the query) and by Spark on its RocksDB store
+with changelog checkpointing, in one process, the engines alternating over --runs runs after
+--warmup rounds on a small state, the checkpoints where --checkpoint puts them. It prints
+each batch's time, the median over runs of the median of the last --batches, the peak
+resident memory of the state workers and of the JVM (sampled every 0.2 s), the object
+store's requests a batch (--checkpoint s3), and whether every batch's output was the same (a row count and a sum of row hashes per batch); its code is
 in scripts/bench_lib/scaling.py.
 
 --tier-ops drives the aggregate family inside one worker without Spark, batches of
@@ -400,7 +402,7 @@ def main() -> None:
                 small_batches(spark, args, CASES, run_once, write_batches,
                               CHECKPOINTS.requests)
             elif args.scaling:
-                scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB)
+                scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB, CHECKPOINTS)
             elif args.release:
                 from bench_lib.release import release
                 from bench_lib.scaling import write_scaling_batches

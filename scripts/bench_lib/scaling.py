@@ -1,6 +1,8 @@
 """bench.py --scaling: state beyond memory. A query keeping state per key (update mode: a
 count and sum per key, by default) over batches of new keys, arrowstate under a memory
-budget against Spark on its RocksDB store in one process: each batch's time, the peak resident memory of the state workers and the JVM, and
+budget against Spark on its RocksDB store (changelog checkpointing on) in one process, the
+engines alternating, the checkpoint where --checkpoint says: each batch's time, the peak
+resident memory of the state workers and the JVM, the object store's requests a batch, and
 whether every batch's output was the same (see bench.py's docstring)."""
 from __future__ import annotations
 
@@ -59,20 +61,26 @@ class PeakRss:
                 "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
 
 
-def scaling_run(spark, source: str, arrowstate: bool, case,
-                provider: str) -> tuple[list, dict, dict]:
+def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
+                checkpoints=None) -> tuple[list, dict, dict]:
     """The case's query (`(build, node)`: the query on a stream of key and value, and the
     arrowstate node it plans) in update mode over every file of `source`, arrowstate on or
-    Spark's operators on Spark's RocksDB store: each batch's duration (ms), a checksum of
-    each batch's output (row count and a sum of row hashes: equal outputs, equal sums) and
-    the peak resident memory."""
+    Spark's operators on the state store `provider` (RocksDB, with changelog
+    checkpointing: Spark's cheapest checkpoint for a large state), its checkpoint where
+    `checkpoints` (bench_lib/checkpoints.py) puts it: each batch's duration (ms), a
+    checksum of each batch's output (row count and a sum of row hashes: equal outputs,
+    equal sums), the peak resident memory and, on an object store, its requests a batch."""
+    from bench_lib.checkpoints import Checkpoints, per_batch
     build, node = case
     from pyspark.sql import functions as F
+    checkpoints = checkpoints or Checkpoints("local")
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
     if arrowstate:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     else:
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
+        spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                       "true")
     checksums = {}
 
     def checksum(df, batch_id):
@@ -80,7 +88,8 @@ def scaling_run(spark, source: str, arrowstate: bool, case,
                                                      .cast("decimal(38,0)")).alias("h")).first()
         checksums[batch_id] = (row["n"], str(row["h"]))
 
-    checkpoint = tempfile.mkdtemp(prefix="bench-ck-")
+    checkpoint = checkpoints.new()
+    requests_before = checkpoints.requests()
     peak = PeakRss()
     try:
         stream = (spark.readStream.schema("key long, value double")
@@ -96,20 +105,27 @@ def scaling_run(spark, source: str, arrowstate: bool, case,
             memory["python_worker_ms"] = [
                 p["stateOperators"][0]["customMetrics"].get("pythonWorkerTimeMs")
                 for p in progress]
+        requests = per_batch(requests_before, checkpoints.requests(), len(progress))
+        if requests:
+            memory["store_requests_per_batch"] = requests
         return durations, checksums, memory
     finally:
         peak.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        spark.conf.unset("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
+        checkpoints.remove(checkpoint)
 
 
-def scaling(spark, args, case, provider: str) -> None:
-    """Per state size: the last --batches batches' median time and the peak resident memory,
-    arrowstate (under the budget) and Spark on the state store `provider` running the
-    case (see scaling_run), with their outputs compared."""
+def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
+    """Per state size: the median over --runs runs of each run's median time of its last
+    --batches batches, and the peak resident memory, arrowstate (under the budget) and Spark
+    on the state store `provider` running the case (see scaling_run), the engines
+    alternating run by run after --warmup rounds on a small state, their outputs compared;
+    each engine's per-batch times of its last run beside them."""
     warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
     write_scaling_batches(warm_up, 30_000, 10_000)
-    for on in (True, False):
-        scaling_run(spark, warm_up, on, case, provider)
+    for i in range(max(1, args.warmup)):
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            scaling_run(spark, warm_up, on, case, provider, checkpoints)
     shutil.rmtree(warm_up, ignore_errors=True)
     for state_keys in [int(k) for k in args.state_keys.split(",")]:
         source = tempfile.mkdtemp(prefix="bench-scaling-")
@@ -118,18 +134,26 @@ def scaling(spark, args, case, provider: str) -> None:
             result = {"case": f"scaling_{args.scaling_case}_new_keys",
                       "state_keys": state_keys,
                       "batch_rows": args.batch_rows, "batches": batches,
-                      "measured_batches": min(args.batches, batches),
+                      "measured_batches": min(args.batches, batches), "runs": args.runs,
+                      "checkpoint": checkpoints.kind if checkpoints else "local",
                       "budget": spark.sparkContext.getConf().get(
                           "spark.executor.pyspark.memory", "none")}
-            outputs = {}
-            for on in (True, False):
-                durations, outputs[on], peak = scaling_run(spark, source, on, case, provider)
-                name = "arrowstate" if on else "rocksdb"
-                last = durations[-result["measured_batches"]:]
-                result[f"{name}_batch_ms_median"] = statistics.median(last)
-                result[f"{name}_batch_ms"] = durations
-                result.update({f"{name}_{k}": v for k, v in peak.items()})
-            result["same_answers"] = outputs[True] == outputs[False]
+            medians = {True: [], False: []}
+            outputs = {True: [], False: []}
+            for i in range(args.runs):
+                for on in ((True, False) if i % 2 == 0 else (False, True)):
+                    durations, answers, peak = scaling_run(spark, source, on, case, provider,
+                                                           checkpoints)
+                    outputs[on].append(answers)
+                    medians[on].append(statistics.median(
+                        durations[-result["measured_batches"]:]))
+                    name = "arrowstate" if on else "rocksdb"
+                    result[f"{name}_batch_ms"] = durations   # the last run's
+                    result.update({f"{name}_{k}": v for k, v in peak.items()})
+            for on, name in ((True, "arrowstate"), (False, "rocksdb")):
+                result[f"{name}_batch_ms_median"] = statistics.median(medians[on])
+            result["same_answers"] = all(o == outputs[False][0]
+                                         for o in outputs[True] + outputs[False])
             result["speedup"] = round(result["rocksdb_batch_ms_median"]
                                       / result["arrowstate_batch_ms_median"], 2)
             print(json.dumps(result), flush=True)

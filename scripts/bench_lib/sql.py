@@ -76,7 +76,8 @@ def no_state_figures(spark, source: str, case, rows: int, runs: int, warmup: int
 
 def small_batches(spark, args, cases: dict, run_once, write_batches,
                   requests=lambda: {}) -> list[dict]:
-    """Per case, the per-trigger time and summed commit time of each engine over
+    """Per case, the per-trigger time and the commit and update times (Spark's
+    commitTimeMs and allUpdatesTimeMs, summed over the tasks) of each engine over
     --small-batch-count micro-batches of --small-batch-rows rows at
     --small-batch-partitions shuffle partitions (medians of --runs runs, the engines
     alternating, after --warmup rounds), and on an object store the requests a batch makes
@@ -100,6 +101,7 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                     run_once(spark, source, cases[name], on)
             triggers = {False: [], True: []}
             commits = {False: [], True: []}
+            updates = {False: [], True: []}
             asked = {False: [], True: []}
             for i in range(args.runs):
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
@@ -112,11 +114,16 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                     commits[on].append(statistics.median(
                         sum(op["commitTimeMs"] for op in p["stateOperators"])
                         for p in steady))
+                    updates[on].append(statistics.median(
+                        sum(op["allUpdatesTimeMs"] for op in p["stateOperators"])
+                        for p in steady))
             for on in (False, True):
                 engine = "arrowstate" if on else "native"
                 figures[f"{engine}_trigger_ms"] = round(statistics.median(triggers[on]))
                 figures[f"{engine}_commit_ms_summed_over_tasks"] = round(
                     statistics.median(commits[on]))
+                figures[f"{engine}_update_ms_summed_over_tasks"] = round(
+                    statistics.median(updates[on]))
                 if asked[on][0]:
                     figures[f"{engine}_store_requests_per_batch"] = asked[on][-1]
             figures["arrowstate_vs_native_trigger"] = round(
