@@ -28,8 +28,10 @@ class Checkpoints:
         """Settings for the bench's session (before it starts)."""
         if self.store is None:
             return {}
-        return {"spark.driver.extraClassPath": ":".join(self.jars),
-                **self.store.spark_settings()}
+        # Hadoop's default input stream (the analytics one), as users read
+        settings = (self.store.spark_settings(input_stream=None) if self.kind == "s3"
+                    else self.store.spark_settings())
+        return {"spark.driver.extraClassPath": ":".join(self.jars), **settings}
 
     def new(self) -> str:
         if self.store is None:
