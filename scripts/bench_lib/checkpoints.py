@@ -5,6 +5,7 @@ makes to the object store, so that a figure says on which storage it was measure
 it cost there."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -56,3 +57,29 @@ def per_batch(before: dict[str, int], after: dict[str, int], batches: int) -> di
     """Requests a run made, by type, per micro-batch."""
     return {k: round((after.get(k, 0) - before.get(k, 0)) / max(batches, 1), 1)
             for k in sorted(set(after) | set(before)) if after.get(k, 0) != before.get(k, 0)}
+
+
+def state_files(spark, checkpoint: str) -> dict[str, int]:
+    """Every file under the checkpoint's `state/` with its size (the local disk's calls
+    there, Hadoop's FileSystem through the session elsewhere)."""
+    root = os.path.join(checkpoint, "state")
+    if "://" not in checkpoint:
+        return {os.path.join(d, n): os.path.getsize(os.path.join(d, n))
+                for d, _, names in os.walk(root) for n in names}
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(root)
+    fs = path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    if not fs.exists(path):
+        return {}
+    found, files = {}, fs.listFiles(path, True)
+    while files.hasNext():
+        status = files.next()
+        found[status.getPath().toString()] = status.getLen()
+    return found
+
+
+def written_between(before: dict[str, int], after: dict[str, int]) -> tuple[int, int]:
+    """The files new (or changed) from one listing of state_files to the next: how many,
+    and their bytes."""
+    new = [size for name, size in after.items() if before.get(name) != size]
+    return len(new), sum(new)

@@ -69,8 +69,9 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
     checkpointing: Spark's cheapest checkpoint for a large state), its checkpoint where
     `checkpoints` (bench_lib/checkpoints.py) puts it: each batch's duration (ms), a
     checksum of each batch's output (row count and a sum of row hashes: equal outputs,
-    equal sums), the peak resident memory and, on an object store, its requests a batch."""
-    from bench_lib.checkpoints import Checkpoints, per_batch
+    equal sums), the peak resident memory, the files and bytes each batch wrote under the
+    checkpoint's `state/` and, on an object store, its requests a batch."""
+    from bench_lib.checkpoints import Checkpoints, per_batch, state_files, written_between
     build, node = case
     from pyspark.sql import functions as F
     checkpoints = checkpoints or Checkpoints("local")
@@ -82,13 +83,15 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
         spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                        "true")
     checksums = {}
+    checkpoint = checkpoints.new()
+    listings = []   # the state's files as each batch starts (the previous batch committed)
 
     def checksum(df, batch_id):
+        listings.append(state_files(spark, checkpoint))
         row = df.agg(F.count("*").alias("n"), F.sum(F.xxhash64(*df.columns)
                                                      .cast("decimal(38,0)")).alias("h")).first()
         checksums[batch_id] = (row["n"], str(row["h"]))
 
-    checkpoint = checkpoints.new()
     requests_before = checkpoints.requests()
     peak = PeakRss()
     try:
@@ -108,6 +111,13 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
         requests = per_batch(requests_before, checkpoints.requests(), len(progress))
         if requests:
             memory["store_requests_per_batch"] = requests
+        # what each batch wrote under state/: its commit, and snapshots (uploaded by
+        # maintenance, off the batch's path) counted with the batch whose listing saw them;
+        # the listing itself costs a LIST or two a batch on an object store, in both engines
+        listings.append(state_files(spark, checkpoint))
+        written = [written_between(a, b) for a, b in zip(listings, listings[1:])]
+        memory["state_files_written"] = [n for n, _ in written]
+        memory["state_bytes_written"] = [size for _, size in written]
         return durations, checksums, memory
     finally:
         peak.stop()
