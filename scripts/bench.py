@@ -39,8 +39,9 @@ otherwise; a state worker that passes it fails the query) and by Spark on its Ro
 with changelog checkpointing, in one process, the engines alternating over --runs runs after
 --warmup rounds on a small state, the checkpoints where --checkpoint puts them. It prints
 each batch's time, the median over runs of the median of the last --batches, the peak
-resident memory of the state workers and of the JVM (sampled every 0.2 s), the object
-store's requests a batch (--checkpoint s3), and whether every batch's output was the same (a row count and a sum of row hashes per batch); its code is
+resident memory of the state workers and of the JVM (sampled every 0.2 s), the files and
+bytes each batch wrote under the checkpoint's state/, the object store's requests a batch
+(--checkpoint s3), and whether every batch's output was the same (a row count and a sum of row hashes per batch); its code is
 in scripts/bench_lib/scaling.py.
 
 --tier-ops drives the aggregate family inside one worker without Spark, batches of
