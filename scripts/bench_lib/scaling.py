@@ -70,7 +70,8 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
     `checkpoints` (bench_lib/checkpoints.py) puts it: each batch's duration (ms), a
     checksum of each batch's output (row count and a sum of row hashes: equal outputs,
     equal sums), the peak resident memory, the files and bytes each batch wrote under the
-    checkpoint's `state/` and, on an object store, its requests a batch."""
+    checkpoint's `state/`, on an object store its requests a batch, and the time to restart
+    at the last version (`_restart_ms`)."""
     from bench_lib.checkpoints import Checkpoints, per_batch, state_files, written_between
     build, node = case
     from pyspark.sql import functions as F
@@ -118,11 +119,36 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
         written = [written_between(a, b) for a, b in zip(listings, listings[1:])]
         memory["state_files_written"] = [n for n, _ in written]
         memory["state_bytes_written"] = [size for _, size in written]
+        memory["restart_ms"] = _restart_ms(spark, source, build, checkpoint, arrowstate)
         return durations, checksums, memory
     finally:
         peak.stop()
         spark.conf.unset("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
         checkpoints.remove(checkpoint)
+
+
+def _restart_ms(spark, source: str, build, checkpoint: str, arrowstate: bool) -> int:
+    """The query restarted at its last version with nothing of its state held (arrowstate's
+    workers stopped first; Spark's restarted query opens new stores, which load from the
+    checkpoint): the wall time from its start to the end of one batch of 1,000 keys it
+    already holds, the state's load included."""
+    from procinfo import kill_own_state_workers
+    if arrowstate:
+        kill_own_state_workers()
+    extra = os.path.join(source, "zz-restart.parquet")   # after every other file
+    pq.write_table(pa.table({"key": pa.array(np.arange(1000, dtype=np.int64)),
+                             "value": pa.array(np.ones(1000))}), extra)
+    try:
+        stream = (spark.readStream.schema("key long, value double")
+                  .option("maxFilesPerTrigger", 1).parquet(source))
+        t0 = time.perf_counter()
+        q = (build(stream).writeStream.foreachBatch(lambda df, _: df.count())
+             .outputMode("update")
+             .trigger(availableNow=True).option("checkpointLocation", checkpoint).start())
+        q.awaitTermination()
+        return round((time.perf_counter() - t0) * 1000)
+    finally:
+        os.remove(extra)
 
 
 def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
@@ -149,12 +175,14 @@ def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
                       "budget": spark.sparkContext.getConf().get(
                           "spark.executor.pyspark.memory", "none")}
             medians = {True: [], False: []}
+            restarts = {True: [], False: []}
             outputs = {True: [], False: []}
             for i in range(args.runs):
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
                     durations, answers, peak = scaling_run(spark, source, on, case, provider,
                                                            checkpoints)
                     outputs[on].append(answers)
+                    restarts[on].append(peak.pop("restart_ms"))
                     medians[on].append(statistics.median(
                         durations[-result["measured_batches"]:]))
                     name = "arrowstate" if on else "rocksdb"
@@ -162,6 +190,7 @@ def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
                     result.update({f"{name}_{k}": v for k, v in peak.items()})
             for on, name in ((True, "arrowstate"), (False, "rocksdb")):
                 result[f"{name}_batch_ms_median"] = statistics.median(medians[on])
+                result[f"{name}_restart_ms_median"] = statistics.median(restarts[on])
             result["same_answers"] = all(o == outputs[False][0]
                                          for o in outputs[True] + outputs[False])
             result["speedup"] = round(result["rocksdb_batch_ms_median"]
