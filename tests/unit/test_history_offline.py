@@ -82,6 +82,7 @@ def test_figures_are_summed_over_partitions_and_uncommitted_batches_are_left_out
     assert first["bytesOnDisk"] == sizes[0, 1] + sizes[1, 1]
     assert second["bytesOnDisk"] == sum(sizes[p, v] for p in (0, 1) for v in (1, 2))
     assert [b["durationMs"] for b in h["batches"]] == [1234, 1234]
+    assert h["timeResolutionMs"] == 1   # times to the millisecond: taken as they are
     assert h["batches"][1]["batchTimestampMs"] == START + 10_000
     text = format_history(h)
     assert "planned but not committed (not shown): batches 2" in text
@@ -247,3 +248,26 @@ def test_describe_names_transform_with_state_variables_and_timers(tmp_path):
     os.remove(op_dir / "_stateSchema" / "default" / "0_abc")   # without it: no schemas
     variables, _ = describe_variables(str(op_dir), info)
     assert [v["schema"] for v in variables] == [None, None, None]
+
+
+def test_durations_on_a_store_that_keeps_file_times_to_the_second(tmp_path):
+    """S3 keeps an object's time to the second: when every commit's time is a whole second,
+    the history says so and takes each commit at the middle of what is left of its second
+    after the batch's start."""
+    _checkpoint(tmp_path, committed=2)
+    # batch 0 ended 1,234 ms after its start: its commit's time, truncated, is the start's
+    # second + 1 (START is a whole second); batch 1's commit in the second it started in
+    for b, end_ms in ((0, START + 1000), (1, START + 10_000)):
+        path = str(tmp_path / "commits" / str(b))
+        os.utime(path, ns=(end_ms * 1_000_000, end_ms * 1_000_000))
+    h = history(str(tmp_path))
+    assert h["timeResolutionMs"] == 1000
+    first, second = h["batches"]
+    assert first["durationMs"] == 1499                 # within [1000, 1999]: the middle
+    assert second["durationMs"] == 499                 # within [0, 999]
+    assert "duration ms (±500)" in format_history(h)
+    # a batch that started after its commit's second began: the span left after the start
+    late = str(tmp_path / "offsets" / "1")
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": START + 10_800, "conf": {}}
+    _write(late, f"v1\n{json.dumps(meta)}\n{{\"logOffset\":1}}")
+    assert history(str(tmp_path))["batches"][1]["durationMs"] == 99   # within [0, 199]
