@@ -100,7 +100,19 @@ def test_statestore_and_state_metadata_read_arrowstate_as_native(spark, tmp_path
     assert our_meta == native_meta
 
 
-def test_reading_from_a_snapshot(spark, spark_conf, tmp_path):
+@pytest.fixture
+def sparks_maintenance_restarted(spark):
+    """Spark starts its state stores' maintenance task once per JVM, with the interval of the
+    first store loaded, and keeps it: stopped (with the stores it holds, none in use between
+    tests) before the test, so the test's interval applies, and after, so the next test's
+    does (a 100 ms interval left behind made Spark snapshot versions other tests delete)."""
+    state_stores = spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore
+    state_stores.stop()
+    yield
+    state_stores.stop()
+
+
+def test_reading_from_a_snapshot(spark, spark_conf, tmp_path, sparks_maintenance_restarted):
     """snapshotStartBatchId/snapshotPartitionId: from a snapshot both engines wrote (Spark
     writes them in its maintenance task, so each batch leaves it time to run)."""
     spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 1,
@@ -116,10 +128,9 @@ def test_reading_from_a_snapshot(spark, spark_conf, tmp_path):
         return _rows(spark.read.format("statestore").option("snapshotStartBatchId", version - 1)
                      .option("snapshotPartitionId", partition).option("batchId", last).load(ck))
 
-    # the engines snapshot different versions (Spark's in its maintenance task, which may
-    # not have run: its interval is the first session's); each engine's read from each of
-    # its own snapshots must give the partition's state at the last batch, as native Spark
-    # reads it
+    # the engines snapshot different versions (Spark's in its maintenance task); each
+    # engine's read from each of its own snapshots must give the partition's state at the
+    # last batch, as native Spark reads it
     deadline = time.time() + 20   # snapshots are written off the batch's path
     while time.time() < deadline and not all(snapshots(ours, p) for p in range(2)):
         time.sleep(0.2)
