@@ -41,8 +41,9 @@ with changelog checkpointing, in one process, the engines alternating over --run
 each batch's time, the median over runs of the median of the last --batches, the peak
 resident memory of the state workers and of the JVM (sampled every 0.2 s), the files and
 bytes each batch wrote under the checkpoint's state/, the object store's requests a batch
-(--checkpoint s3), and whether every batch's output was the same (a row count and a sum of row hashes per batch); its code is
-in scripts/bench_lib/scaling.py.
+(--checkpoint s3), the time to restart at the last version, and whether every batch's
+output was the same (a row count and a sum of row hashes per batch); its code is in
+scripts/bench_lib/scaling.py.
 
 --tier-ops drives the aggregate family inside one worker without Spark, batches of
 --batch-rows new keys until the first --state-keys size, with the state in memory and in the
@@ -403,7 +404,7 @@ def main() -> None:
                 small_batches(spark, args, CASES, run_once, write_batches,
                               CHECKPOINTS.requests)
             elif args.scaling:
-                scaling(spark, args, SCALING_CASES[args.scaling_case], ROCKSDB, CHECKPOINTS)
+                scaling(spark, args, SCALING_CASES[args.scaling_case], CHECKPOINTS)
             elif args.release:
                 from bench_lib.release import release
                 from bench_lib.scaling import write_scaling_batches

@@ -37,7 +37,9 @@ def _engines(node: str | None) -> list[str]:
     return ["arrowstate", *spark_stores]
 
 
-def _set_engine(spark, engine: str) -> None:
+def set_engine(spark, engine: str) -> None:
+    """arrowstate, or Spark's operators on `hdfs_backed` or `rocksdb_changelog` (RocksDB with
+    changelog checkpointing)."""
     spark.conf.set("spark.arrowstate.enabled", str(engine == "arrowstate").lower())
     if engine == "rocksdb_changelog":
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
@@ -49,22 +51,11 @@ def _set_engine(spark, engine: str) -> None:
 
 def _state_files(spark, checkpoint: str) -> dict:
     """The state files under `checkpoint`/state (Spark's metadata left out): count and
-    bytes, through Hadoop's filesystem."""
-    jvm = spark._jvm
-    root = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/state")
-    fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(root):
-        return {"files": 0, "bytes": 0}
-    files = fs.listFiles(root, True)
-    count = size = 0
-    while files.hasNext():
-        status = files.next()
-        path = status.getPath().toString()
-        if "/_metadata/" in path or "/_stateSchema/" in path or path.endswith(".crc"):
-            continue
-        count += 1
-        size += status.getLen()
-    return {"files": count, "bytes": size}
+    bytes."""
+    from bench_lib.checkpoints import state_files
+    kept = [size for path, size in state_files(spark, checkpoint).items()
+            if not ("/_metadata/" in path or "/_stateSchema/" in path or path.endswith(".crc"))]
+    return {"files": len(kept), "bytes": sum(kept)}
 
 
 def _measure(spark, checkpoints, inputs: list[str], case, engine: str) -> dict:
@@ -73,7 +64,7 @@ def _measure(spark, checkpoints, inputs: list[str], case, engine: str) -> dict:
     from storage import steady_traffic, traffic_per_batch   # tests/helpers, on bench's path
 
     build, mode, _node = case
-    _set_engine(spark, engine)
+    set_engine(spark, engine)
     source = tempfile.mkdtemp(prefix="bench-economy-in-")
     checkpoint = checkpoints.new()
     try:

@@ -2,8 +2,10 @@
 count and sum per key, by default) over batches of new keys, arrowstate under a memory
 budget against Spark on its RocksDB store (changelog checkpointing on) in one process, the
 engines alternating, the checkpoint where --checkpoint says: each batch's time, the peak
-resident memory of the state workers and the JVM, the object store's requests a batch, and
-whether every batch's output was the same (see bench.py's docstring)."""
+resident memory of the state workers and the JVM, the files and bytes each batch writes
+under the checkpoint's state/, the object store's requests a batch, the time to restart at
+the last version, and whether every batch's output was the same (see bench.py's
+docstring)."""
 from __future__ import annotations
 
 import glob
@@ -61,28 +63,22 @@ class PeakRss:
                 "workers": len(self.workers), "jvm_rss_peak_mb": round(self.jvm / 2**20)}
 
 
-def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
-                checkpoints=None) -> tuple[list, dict, dict]:
+def scaling_run(spark, source: str, arrowstate: bool, case,
+                checkpoints) -> tuple[list, dict, dict]:
     """The case's query (`(build, node)`: the query on a stream of key and value, and the
     arrowstate node it plans) in update mode over every file of `source`, arrowstate on or
-    Spark's operators on the state store `provider` (RocksDB, with changelog
-    checkpointing: Spark's cheapest checkpoint for a large state), its checkpoint where
+    Spark's operators on its RocksDB store with changelog checkpointing (Spark's cheapest
+    checkpoint for a large state), its checkpoint where
     `checkpoints` (bench_lib/checkpoints.py) puts it: each batch's duration (ms), a
     checksum of each batch's output (row count and a sum of row hashes: equal outputs,
     equal sums), the peak resident memory, the files and bytes each batch wrote under the
     checkpoint's `state/`, on an object store its requests a batch, and the time to restart
     at the last version (`_restart_ms`)."""
-    from bench_lib.checkpoints import Checkpoints, per_batch, state_files, written_between
+    from bench_lib.checkpoints import per_batch, state_files, written_between
+    from bench_lib.economy import set_engine
     build, node = case
     from pyspark.sql import functions as F
-    checkpoints = checkpoints or Checkpoints("local")
-    spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
-    if arrowstate:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    else:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", provider)
-        spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-                       "true")
+    set_engine(spark, "arrowstate" if arrowstate else "rocksdb_changelog")
     checksums = {}
     checkpoint = checkpoints.new()
     listings = []   # the state's files as each batch starts (the previous batch committed)
@@ -123,7 +119,6 @@ def scaling_run(spark, source: str, arrowstate: bool, case, provider: str,
         return durations, checksums, memory
     finally:
         peak.stop()
-        spark.conf.unset("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
         checkpoints.remove(checkpoint)
 
 
@@ -151,17 +146,17 @@ def _restart_ms(spark, source: str, build, checkpoint: str, arrowstate: bool) ->
         os.remove(extra)
 
 
-def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
+def scaling(spark, args, case, checkpoints) -> None:
     """Per state size: the median over --runs runs of each run's median time of its last
     --batches batches, and the peak resident memory, arrowstate (under the budget) and Spark
-    on the state store `provider` running the case (see scaling_run), the engines
+    on RocksDB running the case (see scaling_run), the engines
     alternating run by run after --warmup rounds on a small state, their outputs compared;
     each engine's per-batch times of its last run beside them."""
     warm_up = tempfile.mkdtemp(prefix="bench-warmup-")
     write_scaling_batches(warm_up, 30_000, 10_000)
     for i in range(max(1, args.warmup)):
         for on in ((True, False) if i % 2 == 0 else (False, True)):
-            scaling_run(spark, warm_up, on, case, provider, checkpoints)
+            scaling_run(spark, warm_up, on, case, checkpoints)
     shutil.rmtree(warm_up, ignore_errors=True)
     for state_keys in [int(k) for k in args.state_keys.split(",")]:
         source = tempfile.mkdtemp(prefix="bench-scaling-")
@@ -171,7 +166,7 @@ def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
                       "state_keys": state_keys,
                       "batch_rows": args.batch_rows, "batches": batches,
                       "measured_batches": min(args.batches, batches), "runs": args.runs,
-                      "checkpoint": checkpoints.kind if checkpoints else "local",
+                      "checkpoint": checkpoints.kind,
                       "budget": spark.sparkContext.getConf().get(
                           "spark.executor.pyspark.memory", "none")}
             medians = {True: [], False: []}
@@ -179,7 +174,7 @@ def scaling(spark, args, case, provider: str, checkpoints=None) -> None:
             outputs = {True: [], False: []}
             for i in range(args.runs):
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
-                    durations, answers, peak = scaling_run(spark, source, on, case, provider,
+                    durations, answers, peak = scaling_run(spark, source, on, case,
                                                            checkpoints)
                     outputs[on].append(answers)
                     restarts[on].append(peak.pop("restart_ms"))

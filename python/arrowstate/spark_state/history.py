@@ -209,12 +209,13 @@ def history(checkpoint: str) -> dict:
     batches = []
     for batch in committed:
         started = _batch_timestamp(checkpoint, batch)
-        # the commit is in [its time, its time + resolution) and not before the start:
-        # the middle of what is left of that span
-        earliest = max(ended[batch], started if started is not None else ended[batch])
-        latest = ended[batch] + resolution - 1
-        duration = (earliest + latest) // 2 - started \
-            if started is not None and earliest <= latest else None
+        duration = None
+        if started is not None:
+            # the commit is in [its time, its time + resolution) and not before the start:
+            # the middle of what is left of that span
+            earliest, latest = max(ended[batch], started), ended[batch] + resolution - 1
+            if earliest <= latest:
+                duration = (earliest + latest) // 2 - started
         batches.append({
             "batchId": batch, "batchTimestampMs": started, "committedAtMs": ended[batch],
             "durationMs": duration,
