@@ -196,11 +196,13 @@ class Worker:
         # rows as Spark counts them: stored rows, unless the family counts otherwise
         family.metrics.setdefault("numTotalStateRows", len(state))
         start = time.perf_counter()
-        delta, snapshots, prune_below = state.commit_files(
+        done = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
             {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec)
         commit_ms = int((time.perf_counter() - start) * 1000)
-        p.send(f, "COMMIT", snapshots, prune_below, p.Chunks(delta, conf["fileChunkBytes"]))
+        name, content = done.schema_file or ("", b"")
+        p.send(f, "COMMIT", done.snapshots, done.prune_below, name, content,
+               p.Chunks(done.delta, conf["fileChunkBytes"]))
         f.flush()
         p.receive(f, "COMMITTED")
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),

@@ -412,8 +412,7 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
         family.process(state, pa.RecordBatch.from_arrays(
             [pa.array(users), pa.array(users), pa.array(values)], schema=schema))
         list(family.finish(state))
-        delta, _, _ = state.commit_files(version, 100)
-        written[files.file_name(files.DELTA, version)] = delta
+        written.update(state.commit_files(version, 100).written())
         state.mark_committed(version, 1000)
 
     run(1, ["a", "a", "b"], [1, 1, 2])

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import zlib
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -61,19 +62,22 @@ def _put(state, version, n=6):
     return keys
 
 
-def _history(versions=10, every=4, retain=100):
-    """Commits `versions` versions; returns the written files and each version's rows."""
+def _history(versions=10, every=4, retain=100, compact=True):
+    """Commits `versions` versions; returns the written files and each version's rows.
+    Small deltas are compact (format 4) unless `compact` is False (formats 2 and 3)."""
     state, written, expected = _state(), {}, {}
-    for v in range(1, versions + 1):
-        keys = _put(state, v)
-        if v % 2 == 0:
-            state.pop_present(keys[:2])
-        state.lifecycle.wait_for_snapshot()
-        delta, snapshots, _ = state.commit_files(v, retain)
-        written[files.file_name(files.DELTA, v)] = delta
-        written.update((files.file_name(files.SNAPSHOT, s), b) for s, b in snapshots)
-        state.mark_committed(v, every)
-        expected[v] = _rows(state)
+    with mock.patch.object(files, "COMPACT_MAX_BYTES",
+                           files.COMPACT_MAX_BYTES if compact else -1):
+        for v in range(1, versions + 1):
+            keys = _put(state, v)
+            if v % 2 == 0:
+                state.pop_present(keys[:2])
+            state.lifecycle.wait_for_snapshot()
+            done = state.commit_files(v, retain)
+            written.update(done.written())
+            written.update((files.file_name(files.SNAPSHOT, s), b) for s, b in done.snapshots)
+            state.mark_committed(v, every)
+            expected[v] = _rows(state)
     return written, expected
 
 
@@ -103,9 +107,12 @@ SWEEP = textwrap.dedent('''
     schema = pa.schema([pa.field(f"k{i}", f.type) for i, f in enumerate(KEYS)]
                        + [pa.field(f"v{i}", f.type) for i, f in enumerate(VALUES)])
     result = {}
-    for name, data in json.load(sys.stdin).items():
-        data = bytes.fromhex(data)
+    sample = {n: bytes.fromhex(d) for n, d in json.load(sys.stdin).items()}
+    schemas = {n: d for n, d in sample.items() if files.is_schema_file(n)}
+    for name, data in sample.items():
         path = f"{WHERE}/{name}"
+        # a damaged schema file is found by loading a compact delta that names it
+        target = "6.arrowstate.delta" if name in schemas else name
         silent, unnamed, cases = 0, [], 0
         variants = [data[:cut] for cut in range(len(data))]
         for i in range(len(data)):
@@ -115,8 +122,10 @@ SWEEP = textwrap.dedent('''
                 variants.append(bytes(damaged))
         for damaged in variants:
             cases += 1
+            found = dict(sample, **{name: damaged})
             try:
-                files.decode(path, "test", damaged, schema)
+                files.decode(f"{WHERE}/{target}", "test", found[target], schema,
+                             read_schema=found.get)
                 silent += 1
             except files.CorruptStateFile as e:
                 if path not in str(e):
@@ -128,7 +137,13 @@ SWEEP = textwrap.dedent('''
 
 def test_every_byte_flip_and_truncation_is_detected_without_a_crash(tmp_path):
     written, _ = _history()
-    sample = {n: written[n].hex() for n in ("6.arrowstate.delta", "4.arrowstate.snapshot")}
+    full, _ = _history(compact=False)
+    (schema_file,) = [n for n in written if files.is_schema_file(n)]
+    # a compact delta and the schema file it names, a format 2 delta, a snapshot
+    files_swept = {n: written[n] for n in ("6.arrowstate.delta", "4.arrowstate.snapshot",
+                                           schema_file)}
+    files_swept["7.arrowstate.delta"] = full["7.arrowstate.delta"]
+    sample = {n: data.hex() for n, data in files_swept.items()}
     (tmp_path / "sweep.py").write_text(SWEEP)
     # in its own process: a crash there is a failure here, not the end of the test run
     done = subprocess.run(
@@ -138,7 +153,7 @@ def test_every_byte_flip_and_truncation_is_detected_without_a_crash(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     for name, seen in result.items():
-        assert seen["cases"] > 3 * len(written[name])
+        assert seen["cases"] > 3 * len(files_swept[name])
         assert seen["silent"] == 0 and seen["unnamed"] == [], (name, seen)
 
 
@@ -176,13 +191,14 @@ def test_crafted_string_offsets_are_an_error_not_a_crash():
 
 
 def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
-    written, _ = _history()
+    written, _ = _history(compact=False)
     payload = _payload(written["3.arrowstate.delta"])
     other = VersionedState([pa.field("k", pa.int64())], [])
     other.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
-    foreign, _, _ = other.commit_files(3, 100)
+    foreign = other.commit_files(3, 100).written()
     with pytest.raises(CorruptStateFile, match="columns"):
-        _decode(foreign)
+        files.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, foreign["3.arrowstate.delta"],
+                     _schema(), read_schema=foreign.get)
     # a message length of 2 GiB - 1, checksum made valid: an error, no allocation
     huge = bytearray(payload)
     huge[4:8] = struct.pack("<i", 0x7FFFFFFF)
@@ -192,8 +208,8 @@ def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
         _decode(_reframe(payload, rows=999))
     with pytest.raises(CorruptStateFile, match="not this file's delta of version 4"):
         _decode(written["3.arrowstate.delta"], "4.arrowstate.delta")
-    with pytest.raises(CorruptStateFile, match="format 4"):
-        _decode(_reframe(payload, fmt=4))
+    with pytest.raises(CorruptStateFile, match="format 5"):
+        _decode(_reframe(payload, fmt=5))
     with pytest.raises(CorruptStateFile, match="the file is empty"):
         _decode(b"")
     with pytest.raises(CorruptStateFile, match="not written by arrowstate"):
@@ -202,7 +218,7 @@ def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
 
 def test_format_1_files_still_load():
     """Files as arrowstate 0.1 wrote them: the IPC stream alone, tagged format 1."""
-    written, expected = _history(versions=3, every=100)
+    written, expected = _history(versions=3, every=100, compact=False)
     legacy = {}
     for name, data in written.items():
         reader = pa.ipc.open_stream(_payload(data))
@@ -237,8 +253,8 @@ def test_no_chain_is_an_error_naming_what_is_missing_or_damaged():
     with pytest.raises(MissingStateFiles, match="ck/state/0/3/9.arrowstate.delta") as e:
         _load(gone, 10)
     assert "operator 0, partition 3" in str(e.value)
-    pruned = {n: b for n, b in written.items()
-              if files.parse_name(n)[0] >= 4 or n.endswith("snapshot")}
+    pruned = {n: b for n, b in written.items() if files.is_schema_file(n)
+              or files.parse_name(n)[0] >= 4 or n.endswith("snapshot")}
     pruned["4.arrowstate.snapshot"] = pruned["8.arrowstate.snapshot"] = b"junk"
     with pytest.raises(CorruptStateFile, match="every snapshot that could load version 10"):
         _load(pruned, 10)
@@ -250,7 +266,7 @@ def test_no_chain_is_an_error_naming_what_is_missing_or_damaged():
 
 def test_each_file_has_its_own_unique_id():
     written, _ = _history(versions=3, every=100)
-    ids = {files.unique_id(b) for b in written.values()}
+    ids = {files.unique_id(b) for n, b in written.items() if files.parse_name(n)}
     assert len(ids) == 3 and None not in ids
     state = _load(written, 3)
     assert state.last_uid == files.unique_id(written["3.arrowstate.delta"])
@@ -287,7 +303,7 @@ def test_empty_batches_and_an_empty_snapshot_load():
     empty = files.with_op(pa.RecordBatch.from_pylist([], schema=schema), files.OP_PUT)
     snapshot, _ = files.encode(schema, files.SNAPSHOT, 2, [empty])
     assert len(_load({files.file_name(files.SNAPSHOT, 2): snapshot}, 2)) == 0
-    written, expected = _history(versions=3)
+    written, expected = _history(versions=3, compact=False)
     full = written[files.file_name(files.DELTA, 3)]
     batches, _ = files.decode("3.arrowstate.delta", "test", full, schema)
     padded, _ = files.encode(schema, files.DELTA, 3, [empty, *batches, empty])
@@ -299,7 +315,7 @@ def test_change_records_are_no_state_and_only_format_3_deltas_hold_them():
     """Change records (what each state operation did, for Spark's change feed) ride in a
     delta beside its puts and removes: a load passes over them, the delta is format 3, and
     a format 2 delta or any snapshot holding one is refused."""
-    written, expected = _history(versions=3)
+    written, expected = _history(versions=3, compact=False)
     schema = _state().schema
     name = files.file_name(files.DELTA, 3)
     batches, _ = files.decode(name, "test", written[name], schema)
@@ -319,3 +335,71 @@ def test_change_records_are_no_state_and_only_format_3_deltas_hold_them():
     snapshot, _ = files.encode(schema, files.SNAPSHOT, 3, [record_batch], changes=True)
     with pytest.raises(CorruptStateFile, match="values other than 0 to 1"):
         _decode(snapshot, files.file_name(files.SNAPSHOT, 3))
+
+
+def test_small_deltas_name_their_schema_file_and_large_ones_carry_their_schema():
+    """A delta of a few rows (format 4) holds its rows only and names the schema file its
+    partition keeps once; a delta over COMPACT_MAX_BYTES holds its schema (format 2). Both
+    load; the schema file is written with the first delta that needs it only."""
+    state, written = _state(), {}
+    schema_files = []
+    for v, n in ((1, 6), (2, 6), (3, 200), (4, 6)):
+        _put(state, v, n)
+        with mock.patch.object(files, "COMPACT_MAX_BYTES", 4096):   # 6 rows: about 900 B
+            done = state.commit_files(v, 100)
+        schema_files.append(done.schema_file and done.schema_file[0])
+        written.update(done.written())
+        state.mark_committed(v, 100)
+    expected = _rows(state)
+    formats = [files.TRAILER.unpack(written[files.file_name(files.DELTA, v)][-60:])[1]
+               for v in (1, 2, 3, 4)]
+    assert formats == [files.FORMAT_COMPACT, files.FORMAT_COMPACT, files.FORMAT_VERSION,
+                       files.FORMAT_COMPACT]
+    assert schema_files[0] and schema_files[1:] == [None, None, None]
+    assert len(written["1.arrowstate.delta"]) < 600 < len(written[schema_files[0]])
+    assert _rows(_load(written, 4)) == expected
+    # a state loaded from the files knows the schema file is there
+    loaded = _load(written, 4)
+    _put(loaded, 5)
+    assert loaded.commit_files(5, 100).schema_file is None
+
+
+def test_a_compact_deltas_schema_file_missing_or_damaged_is_an_error_naming_it():
+    written, expected = _history(versions=3, every=100)
+    (schema_file,) = [n for n in written if files.is_schema_file(n)]
+    assert _rows(_load(written, 3)) == expected[3]
+    gone = {n: b for n, b in written.items() if n != schema_file}
+    with pytest.raises(CorruptStateFile, match=f"1.arrowstate.delta .*the schema file it "
+                                               f"names, {schema_file}, is missing"):
+        _load(gone, 3)
+    other = VersionedState([pa.field("k", pa.int64())], [])
+    other.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
+    (other_name, other_bytes), = [
+        (n, b) for n, b in other.commit_files(1, 100).written().items()
+        if files.is_schema_file(n)]
+    renamed = dict(gone, **{schema_file: other_bytes})   # another schema under its name
+    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{schema_file} .*not the one its "
+                                               "name says"):
+        _load(renamed, 3)
+    flipped = bytearray(written[schema_file])
+    flipped[10] ^= 1
+    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{schema_file} .*checksum"):
+        _load(dict(written, **{schema_file: bytes(flipped)}), 3)
+
+
+def test_compact_deltas_keep_change_records_and_figures():
+    schema = _state().schema
+    state = _state()
+    _put(state, 1)
+    rows = pa.RecordBatch.from_arrays(state._changes[0].columns[:-1], schema=schema)
+    state.record_changes(rows, pa.array([files.CHANGE_UPDATE] * rows.num_rows, pa.int8()))
+    figures = {"numTotalStateRows": 6, "numUpdatedStateRows": 300, "numRemovedStateRows": 0}
+    written = state.commit_files(1, 100, figures).written()
+    delta = written["1.arrowstate.delta"]
+    assert files.TRAILER.unpack(delta[-60:])[1:4] == (files.FORMAT_COMPACT, 0,
+                                                      files.FLAG_CHANGES)
+    assert files.recorded_figures("1.arrowstate.delta", delta) == figures
+    batches, _ = files.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, delta, schema,
+                              read_schema=written.get)
+    ops = pa.concat_arrays([b.column(b.num_columns - 1) for b in batches]).to_pylist()
+    assert ops == [files.OP_PUT] * 6 + [files.CHANGE_UPDATE] * 6

@@ -97,9 +97,10 @@ def test_delta_and_snapshot_chain_loads_each_version():
             assert removed.column(2).to_pylist() == [version - 1]
         # made in a thread: wait, so the test knows when it ships
         state.lifecycle.wait_for_snapshot()
-        delta, shipped, prune_below = state.commit_files(version, min_versions_to_retain=3)
-        written[f"{version}.arrowstate.delta"] = delta
-        written.update((f"{v}.arrowstate.snapshot", b) for v, b in shipped)
+        done = state.commit_files(version, min_versions_to_retain=3)
+        written.update(done.written())
+        written.update((f"{v}.arrowstate.snapshot", b) for v, b in done.snapshots)
+        prune_below = done.prune_below
         if prune_below > 0:
             prunes.append((version, prune_below))
         state.mark_committed(version, min_deltas_for_snapshot=4)
@@ -156,9 +157,8 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
         _state().load(DictFiles({"1.arrowstate.delta": b"garbage"}), 1)
     other = VersionedState([pa.field("k0", pa.int64())], [])
     other.put_rows([(1,)], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
-    delta, _, _ = other.commit_files(1, 100)
     with pytest.raises(CorruptStateFile, match="columns"):
-        _state().load(DictFiles({"1.arrowstate.delta": delta}), 1)
+        _state().load(DictFiles(other.commit_files(1, 100).written()), 1)
 
 
 def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_changes():
@@ -171,7 +171,7 @@ def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_cha
     written = named(a)
     written.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1]), pa.array([10])],
                                                      ["k", "s_a"]))
-    files = DictFiles({"1.arrowstate.delta": written.commit_files(1, 100)[0]})
+    files = DictFiles(written.commit_files(1, 100).written())
     grown = named(b, a)   # a column added, and the order changed with it
     grown.load(files, 1)
     assert grown.rows.take(grown.rows.live_ids()).to_pydict() == {

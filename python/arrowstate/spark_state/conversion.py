@@ -319,7 +319,7 @@ def export_to_spark(checkpoint: str, operator: int | None = None,
 
     return _convert(checkpoint, "exported", choose, check,
                     lambda layout, job: layout.export_operator(job), EXPORTED,
-                    lambda name: store_files.parse_name(name) is not None, planning=planning,
+                    store_files.is_ours, planning=planning,
                     spark_conf=spark_conf)
 
 

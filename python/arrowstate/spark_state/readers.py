@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..store import VersionedState, evolution
 from ..store import files as store_files
-from ..store.lifecycle import FileSource, load_plans
+from ..store.lifecycle import FileSource, load_plans, schema_reader
 from .layouts import layout_of_schema
 from .transform_with_state import (FEED_DELETE, FEED_MERGE, FEED_PUT,  # noqa: F401
                                    TIMER_FAMILIES, TIMER_VARIABLE, change_records)
@@ -34,17 +34,11 @@ def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
     file's (a family that names its columns may have added some since the oldest)."""
     if version == 0:
         return None
-    plans, _ = load_plans(source.names(), version, source.where, source.context)
-    chain = plans[0][0]
-    payload = source.read(chain[-1])
-    if store_files.unique_id(payload) is not None:
-        payload = payload[:-store_files.TRAILER.size]
-    try:
-        schema = pa.ipc.open_stream(pa.py_buffer(payload)).schema
-    except pa.ArrowException as e:
-        raise store_files.CorruptStateFile(f"{source.where}/{chain[-1]}", source.context,
-                                           f"its Arrow data is invalid: {e}") from e
-    return pa.schema(list(schema)[:-1])
+    names = source.names()
+    plans, _ = load_plans(names, version, source.where, source.context)
+    newest = plans[0][0][-1]
+    return store_files.stored_columns(f"{source.where}/{newest}", source.context,
+                                      source.read(newest), schema_reader(source, names))
 
 
 def stored_state(source: FileSource, version: int, fields_by_name: bool = False
@@ -89,16 +83,17 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
     """The puts and removes of versions start..end, in order, as Spark's change data readers
     give them: `key`, `value` (null for a remove), `op` (1 put, 0 remove), `version`."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    names = set(source.names())
+    names = source.names()
     schema = stored_schema(source, end)
     if schema is None:
         return
+    read_schema = schema_reader(source, names)
     for version in range(start, end + 1):
         name = store_files.file_name(store_files.DELTA, version)
         if name not in names:
             raise _missing_delta(source, name, start)
         batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
-                                        source.read(name), schema)
+                                        source.read(name), schema, read_schema=read_schema)
         for batch in batches:
             for op, run in store_files.op_runs(batch):
                 if op not in (store_files.OP_PUT, store_files.OP_REMOVE):
@@ -186,7 +181,8 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
     if state is None:
         return
     key_count, column, variable = _variable_column(source, state, column_family)
-    names = set(source.names())
+    names = source.names()
+    read_schema = schema_reader(source, names)
     value_names = [f["name"] for f in value_schema["fields"]]
     for version in range(start, end + 1):
         name = store_files.file_name(store_files.DELTA, version)
@@ -194,7 +190,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
             raise _missing_delta(source, name, start)
         batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
                                         source.read(name), state.schema,
-                                        state.dropped_columns, state.evolve)
+                                        state.dropped_columns, state.evolve, read_schema)
         # a key's change records and its rows are in batches of their own
         mine = [b.filter(pc.equal(b.column(key_count - 1), variable)) for b in batches]
         mine = [b for b in mine if b.num_rows]

@@ -17,7 +17,24 @@ arrowstate 0.2, and format 3, the same with change records in deltas:
                row count (i64), payload length (i64), unique id (16 bytes), then CRC-32
                (zlib's) of the payload and every trailer byte before it (u32)
 
-A delta's schema metadata also records the partition's state figures of its version as the
+Format 4, written since arrowstate 0.5 for a small delta (its rows at most
+COMPACT_MAX_BYTES), carries no schema: at 10 rows the schema was most of the file. The
+partition keeps each schema once, in a schema file, that the delta names:
+
+    schema file := `<id>.arrowstate.schema`: the schema's Arrow IPC message (metadata: the
+                   format tag) and a trailer (format 4, kind 2, version 0, rows 0); its id,
+                   32 hex digits, is the BLAKE2b-128 digest of that message
+    compact delta := payload trailer (format 4, kind 0; flags bit 0: change records)
+    payload := schema id (16 bytes), the length of the messages below (u32), the state
+               figures (a count byte, 0 or 3, then each as an unsigned LEB128 number),
+               then the Arrow IPC messages that follow the schema in its stream (record
+               batches, uncompressed buffers, end of stream) as one ZSTD frame
+
+The worker writes a schema file before the first delta that needs it; retention never
+deletes one (there are as many as the partition's schemas). Snapshots and larger deltas
+keep formats 2 and 3.
+
+A format 2 or 3 delta's schema metadata also records the partition's state figures of its version as the
 task reported them to Spark (`arrowstate.figures`, JSON: numTotalStateRows,
 numUpdatedStateRows, numRemovedStateRows), so `state history` reads them without replaying
 any rows; a reader that does not know the key passes over it.
@@ -33,6 +50,7 @@ batches.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -51,11 +69,16 @@ from . import evolution
 
 FORMAT_VERSION = 2
 FORMAT_WITH_CHANGES = 3   # a delta holding change records
+FORMAT_COMPACT = 4        # a small delta whose schema is in its partition's schema file
+COMPACT_MAX_BYTES = 64 << 10   # a delta whose rows take at most this is compact
+FLAG_CHANGES = 1               # format 4's trailer flag: change records among the rows
+SCHEMA_KIND = 2                # the kind code of a schema file
 FORMAT = FILES["format"].encode()          # format 1's schema tag
 FORMAT_2 = b"arrowstate-state-2"
 OP_COLUMN = FILES["opColumn"]
 DELTA, SNAPSHOT = "delta", "snapshot"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
+SCHEMA_SUFFIX = FILES["schemaSuffix"]
 KIND_CODE = {DELTA: 0, SNAPSHOT: 1}
 OP_PUT, OP_REMOVE = 1, 0
 # change records (format 3 deltas): what a state operation did, in the row's own columns
@@ -64,6 +87,8 @@ MAGIC = b"ARWSTATE"
 TRAILER = struct.Struct("<8sHBBIqqq16sI")
 _CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
 _NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
+_SCHEMA_NAME = re.compile(r"^[0-9a-f]{32}" + re.escape(SCHEMA_SUFFIX) + "$")
+_COMPACT_HEAD = struct.Struct("<16sI")   # schema id, length of the messages
 
 
 class CorruptStateFile(ArrowStateError):
@@ -152,6 +177,16 @@ def parse_name(name: str) -> tuple[int, str] | None:
     return int(m.group(1)), DELTA if m.group(2) == SUFFIX[DELTA] else SNAPSHOT
 
 
+def is_schema_file(name: str) -> bool:
+    return _SCHEMA_NAME.match(name) is not None
+
+
+def is_ours(name: str) -> bool:
+    """Whether `name` is one of arrowstate's files (a version's delta or snapshot, or a
+    schema file)."""
+    return parse_name(name) is not None or is_schema_file(name)
+
+
 # Spark's own state stores' files: the HDFS-backed provider's and RocksDB's
 SPARK_STORES = {
     "Spark's HDFS-backed state store (HDFSBackedStateStoreProvider)":
@@ -200,15 +235,21 @@ def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
     return rows
 
 
-def _trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
-             changes: bool) -> tuple[bytes, bytes]:
+def _trailer(kind_code: int, fmt: int, flags: int, version: int, rows: int, length: int,
+             payload_crc: int) -> tuple[bytes, bytes]:
     """The trailer after a payload of `length` bytes whose CRC-32 is `payload_crc`, and the
     file's new unique id."""
     uid = uuid.uuid4().bytes
-    fmt = FORMAT_WITH_CHANGES if changes else FORMAT_VERSION
-    head = TRAILER.pack(MAGIC, fmt, KIND_CODE[kind], 0, 0, version, rows, length, uid,
+    head = TRAILER.pack(MAGIC, fmt, kind_code, flags, 0, version, rows, length, uid,
                         0)[:_CRC_AT]
     return head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid
+
+
+def _full_trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
+                  changes: bool) -> tuple[bytes, bytes]:
+    """A format 2 or 3 file's trailer (`_trailer`)."""
+    return _trailer(KIND_CODE[kind], FORMAT_WITH_CHANGES if changes else FORMAT_VERSION, 0,
+                    version, rows, length, payload_crc)
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
@@ -220,8 +261,66 @@ def encode(schema: pa.Schema, kind: str, version: int,
     sink = pa.BufferOutputStream()
     rows = _write_payload(sink, schema, kind, version, batches, figures, codec)
     payload = sink.getvalue()
-    trailer, uid = _trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
+    trailer, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload),
+                                 changes)
     return b"".join((memoryview(payload), trailer)), uid
+
+
+def _schema_of_files(schema: pa.Schema) -> pa.Schema:
+    """The schema a schema file holds: the state columns, the op column, the format tag."""
+    return schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata({b"format": FORMAT_2})
+
+
+def schema_file(schema: pa.Schema) -> tuple[str, bytes]:
+    """The name and bytes of the schema file that holds `schema` (the state columns)."""
+    message = _schema_of_files(schema).serialize().to_pybytes()
+    trailer, _ = _trailer(SCHEMA_KIND, FORMAT_COMPACT, 0, 0, 0, len(message),
+                          zlib.crc32(message))
+    return _schema_name(hashlib.blake2b(message, digest_size=16).digest()), message + trailer
+
+
+def _schema_name(schema_id: bytes) -> str:
+    return f"{schema_id.hex()}{SCHEMA_SUFFIX}"
+
+
+def _leb128(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
+                 changes: bool = False, figures: dict | None = None, codec: str = "lz4"
+                 ) -> tuple[bytes, bytes, str | None]:
+    """A delta's bytes, its unique id, and the name of the schema file it needs (None for
+    a delta that holds its schema): a compact delta (format 4) when its rows take at most
+    COMPACT_MAX_BYTES, else as `encode` makes one (`codec` applies to that form only: a
+    compact delta is one ZSTD frame, the smallest for a few rows)."""
+    if sum(b.nbytes for b in batches) > COMPACT_MAX_BYTES:
+        data, uid = encode(schema, DELTA, version, batches, changes, figures, codec)
+        return data, uid, None
+    file_schema = _schema_of_files(schema)
+    sink = pa.BufferOutputStream()
+    rows = 0
+    with pa.ipc.new_stream(sink, file_schema) as writer:
+        for b in batches:
+            writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
+            rows += b.num_rows
+    stream, message = sink.getvalue(), file_schema.serialize()
+    if not stream.slice(0, message.size).equals(message):   # what decode puts back
+        raise AssertionError("an Arrow stream that does not begin with its schema message")
+    messages = stream.slice(message.size)
+    name = _schema_name(hashlib.blake2b(message, digest_size=16).digest())
+    counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
+    payload = b"".join([_COMPACT_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
+                        bytes([len(counted)]), *counted,
+                        pa.compress(messages, codec="zstd", asbytes=True)])
+    trailer, uid = _trailer(KIND_CODE[DELTA], FORMAT_COMPACT, FLAG_CHANGES if changes else 0,
+                            version, rows, len(payload), zlib.crc32(payload))
+    return payload + trailer, uid, name
 
 
 class _Checksummed(io.RawIOBase):
@@ -249,7 +348,7 @@ def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
         sink = _Checksummed(raw)
         rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches,
                               codec=codec)
-        trailer, _ = _trailer(kind, version, rows, sink.size, sink.crc, False)
+        trailer, _ = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
         raw.write(trailer)
         return sink.size + len(trailer)
 
@@ -261,6 +360,66 @@ def unique_id(payload: bytes) -> bytes | None:
     return TRAILER.unpack(payload[-TRAILER.size:])[8]
 
 
+def _checked_trailer(payload, bad) -> tuple | None:
+    """The trailer's fields (TRAILER's order) once the payload's length and checksum agree
+    with it; None for a file without one (format 1). Damage is `bad(what)`."""
+    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
+        return None
+    fields = TRAILER.unpack(payload[-TRAILER.size:])
+    length, crc = fields[7], fields[9]
+    if length != len(payload) - TRAILER.size:
+        raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
+                  f"says {length} (truncated or appended to)")
+    computed = zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
+                          zlib.crc32(memoryview(payload)[:length]))
+    if computed != crc:
+        raise bad(f"checksum mismatch (stored CRC-32 {crc:#010x}, computed {computed:#010x}): "
+                  "the file is damaged")
+    return fields
+
+
+def _compact_head(body, bad) -> tuple[bytes, int, dict | None, int]:
+    """A compact delta's schema id, messages' length, figures and where its frame starts."""
+    if len(body) < _COMPACT_HEAD.size + 1:
+        raise bad("it is too short for a compact delta")
+    schema_id, length = _COMPACT_HEAD.unpack(body[:_COMPACT_HEAD.size])
+    at, numbers = _COMPACT_HEAD.size + 1, []
+    for _ in range(body[_COMPACT_HEAD.size]):
+        n = shift = 0
+        while True:
+            if at >= len(body) or shift > 63:
+                raise bad("its state figures are cut short")
+            n |= (body[at] & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if not body[at - 1] & 0x80:
+                break
+        numbers.append(n)
+    if numbers and len(numbers) != len(STATE_FIGURES):
+        raise bad(f"it records {len(numbers)} state figures, not {len(STATE_FIGURES)}")
+    return schema_id, length, dict(zip(STATE_FIGURES, numbers)) if numbers else None, at
+
+
+def _schema_message(path: str, context: str, schema_id: bytes, read_schema) -> bytes:
+    """The verified schema message of the schema file `schema_id` names, beside `path`."""
+    name = _schema_name(schema_id)
+    data = read_schema(name) if read_schema is not None else None
+    if data is None:
+        raise CorruptStateFile(path, context, f"the schema file it names, {name}, is missing "
+                                              "from its directory")
+    where = f"{path.rsplit('/', 1)[0]}/{name}"
+
+    def bad(what: str) -> CorruptStateFile:
+        return CorruptStateFile(where, context, what)
+
+    fields = _checked_trailer(data, bad)
+    if fields is None or fields[1] != FORMAT_COMPACT or fields[2] != SCHEMA_KIND:
+        raise bad("it is not an arrowstate schema file")
+    message = bytes(memoryview(data)[:fields[7]])
+    if hashlib.blake2b(message, digest_size=16).digest() != schema_id:
+        raise bad("its schema is not the one its name says (damaged, or renamed)")
+    return message
+
+
 def recorded_figures(path: str, payload: bytes) -> dict | None:
     """The state figures a delta records (None when it records none: a file of an older
     arrowstate, or a snapshot), after checking its trailer and checksum; its rows are not
@@ -268,16 +427,12 @@ def recorded_figures(path: str, payload: bytes) -> dict | None:
     def bad(what: str) -> CorruptStateFile:
         return CorruptStateFile(path, "state history", what)
 
-    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
+    fields = _checked_trailer(payload, bad)
+    if fields is None:
         return None   # format 1: no figures
-    fields = TRAILER.unpack(payload[-TRAILER.size:])
-    length, crc = fields[7], fields[9]
-    if length != len(payload) - TRAILER.size:
-        raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
-                  f"says {length} (truncated or appended to)")
-    if zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
-                  zlib.crc32(memoryview(payload)[:length])) != crc:
-        raise bad("checksum mismatch: the file is damaged")
+    length = fields[7]
+    if fields[1] == FORMAT_COMPACT:
+        return _compact_head(memoryview(payload)[:length], bad)[2]
     try:   # the stream's schema message only: no record batch is read
         meta = pa.ipc.open_stream(pa.py_buffer(memoryview(payload)[:length])).schema.metadata
         recorded = (meta or {}).get(FIGURES)
@@ -286,47 +441,56 @@ def recorded_figures(path: str, payload: bytes) -> dict | None:
         raise bad(f"its Arrow schema or figures cannot be read: {e}") from e
 
 
+def _stream(path: str, context: str, payload, read_schema, bad) -> tuple:
+    """A file's Arrow IPC stream, its trailer's fields (None for format 1) and the highest
+    op its rows may hold; every check of the trailer done."""
+    version, kind = parse_name(path.rsplit("/", 1)[-1])
+    fields = _checked_trailer(payload, bad)
+    if fields is None:
+        return memoryview(payload), None, OP_PUT
+    (_, fmt, kind_code, flags, _, file_version, rows, length, uid, crc) = fields
+    if fmt not in (FORMAT_VERSION, FORMAT_WITH_CHANGES, FORMAT_COMPACT):
+        raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
+                  f"formats 1 to {FORMAT_COMPACT} (damaged, or a newer arrowstate wrote it)")
+    allowed_flags = FLAG_CHANGES if fmt == FORMAT_COMPACT else 0
+    if (kind_code != KIND_CODE[kind] or file_version != version or flags & ~allowed_flags
+            or (fmt == FORMAT_COMPACT and kind != DELTA)):
+        raise bad(f"its trailer describes a {('delta', 'snapshot', 'schema')[kind_code % 3]} "
+                  f"of version {file_version}, not this file's {kind} of version {version}")
+    changes = kind == DELTA and (fmt == FORMAT_WITH_CHANGES or flags & FLAG_CHANGES)
+    highest_op = CHANGE_DELETE if changes else OP_PUT
+    body = memoryview(payload)[:length]
+    if fmt != FORMAT_COMPACT:
+        return body, fields, highest_op
+    schema_id, size, _, at = _compact_head(body, bad)
+    try:
+        messages = pa.decompress(body[at:], decompressed_size=size, codec="zstd")
+    except (pa.ArrowException, ValueError) as e:
+        raise bad(f"its rows cannot be decompressed: {e}") from e
+    message = _schema_message(path, context, schema_id, read_schema)
+    return memoryview(message + messages.to_pybytes()), fields, highest_op
+
+
 def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
-           dropped: frozenset = frozenset(), evolve=evolution.positional
-           ) -> tuple[list[pa.RecordBatch], bytes | None]:
+           dropped: frozenset = frozenset(), evolve=evolution.positional,
+           read_schema=None) -> tuple[list[pa.RecordBatch], bytes | None]:
     """Every batch of one file (state columns plus the op column), all verified, and the
     file's unique id (None for format 1). Any damage is a CorruptStateFile naming `path`.
     Named columns written in an older schema are read in `schema`'s, by `evolve(name,
-    column, type)` (`_by_name`)."""
+    column, type)` (`_by_name`). A compact delta's schema comes from `read_schema(name)`,
+    the bytes of a file of its directory or None (`lifecycle.schema_reader`)."""
     parsed = parse_name(path.rsplit("/", 1)[-1])
     if parsed is None:
         raise CorruptStateFile(path, context, "not an arrowstate state file name")
-    version, kind = parsed
 
     def bad(what: str) -> CorruptStateFile:
         return CorruptStateFile(path, context, what)
 
     if len(payload) == 0:
         raise bad("the file is empty")
-    uid, highest_op = None, OP_PUT
-    if len(payload) >= TRAILER.size and payload[-TRAILER.size:][:8] == MAGIC:
-        (_, fmt, kind_code, flags, _, file_version, rows, length, uid,
-         crc) = TRAILER.unpack(payload[-TRAILER.size:])
-        if fmt not in (FORMAT_VERSION, FORMAT_WITH_CHANGES):
-            raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
-                      f"formats 1 to {FORMAT_WITH_CHANGES} (damaged, or a newer arrowstate "
-                      f"wrote it)")
-        if fmt == FORMAT_WITH_CHANGES and kind == DELTA:
-            highest_op = CHANGE_DELETE
-        if length != len(payload) - TRAILER.size:
-            raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
-                      f"says {length} (truncated or appended to)")
-        computed = zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
-                              zlib.crc32(memoryview(payload)[:length]))
-        if computed != crc:
-            raise bad(f"checksum mismatch (stored CRC-32 {crc:#010x}, computed "
-                      f"{computed:#010x}): the file is damaged")
-        if kind_code != KIND_CODE[kind] or file_version != version or flags:
-            raise bad(f"its trailer describes a {('delta', 'snapshot')[kind_code & 1]} of "
-                      f"version {file_version}, not this file's {kind} of version {version}")
-        body, expected_format = memoryview(payload)[:length], FORMAT_2
-    else:
-        body, rows, expected_format = memoryview(payload), None, FORMAT
+    body, fields, highest_op = _stream(path, context, payload, read_schema, bad)
+    rows, uid = (None, None) if fields is None else (fields[6], fields[8])
+    expected_format = FORMAT if fields is None else FORMAT_2
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(body))
         meta = reader.schema.metadata or {}
@@ -367,6 +531,20 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
     if plan is not None:
         batches = [_project(b, plan) for b in batches]
     return batches, uid
+
+
+def stored_columns(path: str, context: str, payload, read_schema=None) -> pa.Schema:
+    """The state columns a file holds (its schema without the op column), its trailer and
+    checksum checked; its rows are not decoded."""
+    def bad(what: str) -> CorruptStateFile:
+        return CorruptStateFile(path, context, what)
+
+    body, _, _ = _stream(path, context, payload, read_schema, bad)
+    try:
+        schema = pa.ipc.open_stream(pa.py_buffer(body)).schema
+    except pa.ArrowException as e:
+        raise bad(f"its Arrow data is invalid: {e}") from e
+    return pa.schema(list(schema)[:-1])
 
 
 def _bytes_type(t: pa.DataType) -> pa.DataType:

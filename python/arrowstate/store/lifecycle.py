@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import uuid
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ..errors import ArrowStateError
 from . import files
@@ -34,6 +34,20 @@ class FileSource(Protocol):
 
     def tail(self, name: str, size: int) -> bytes:
         """The file's last `size` bytes (all of a shorter one); empty if it is missing."""
+
+
+def schema_reader(source: FileSource, names: Sequence[str]) -> Callable[[str], bytes | None]:
+    """For `files.decode`: a schema file of the directory (whose files are `names`) by
+    name, read once however many deltas name it; None for one it does not hold."""
+    present, read = set(names), {}
+
+    def schema(name: str) -> bytes | None:
+        if name not in present:
+            return None
+        if name not in read:
+            read[name] = bytes(source.read(name))
+        return read[name]
+    return schema
 
 
 class MissingStateFiles(ArrowStateError, FileNotFoundError):

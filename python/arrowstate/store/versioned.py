@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,13 +18,31 @@ from .. import keys as keycodec
 from . import evolution, files
 from .hashed import HashedRows, available as hash_table_available
 from .prefixed import PrefixedHashedRows
-from .lifecycle import FileSource, Lifecycle, load_plans
+from .lifecycle import FileSource, Lifecycle, load_plans, schema_reader
 from .rows import KeyedRows, sampled_size
 from .tier import TieredRows
 from .time_index import TimeIndex
 
 if TYPE_CHECKING:
     from .budget import TierPlace
+
+
+class CommitFiles(NamedTuple):
+    """What committing a version writes: its delta, the schema file to write before it (name
+    and bytes) when the partition lacks the one it needs, the snapshots (of earlier
+    versions) made meanwhile, and the version below which files may be pruned (-1: none)."""
+    version: int
+    delta: bytes
+    schema_file: tuple[str, bytes] | None
+    snapshots: list
+    prune_below: int
+
+    def written(self) -> dict[str, bytes]:
+        """The files the commit itself writes, by name, in order: the schema file, then the
+        delta."""
+        done = dict([self.schema_file]) if self.schema_file else {}
+        done[files.file_name(files.DELTA, self.version)] = self.delta
+        return done
 
 
 class VersionedState:
@@ -88,6 +106,9 @@ class VersionedState:
         self.last_uid: bytes | None = None  # unique id of the newest delta it committed
         self.files_skipped = 0              # damaged snapshots passed over by the last load
         self._pending_uid: bytes | None = None
+        # the schema files the partition holds (known since the load, or written since)
+        self.schema_files: set[str] = set()
+        self._pending_schema: str | None = None
         self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
         self._has_change_records = False
 
@@ -230,16 +251,17 @@ class VersionedState:
 
     # -- versions ---------------------------------------------------------------------------
     def commit_files(self, new_version: int, min_versions_to_retain: int,
-                     figures: dict | None = None, codec: str = "lz4"
-                     ) -> tuple[bytes, list[tuple[int, bytes]], int]:
-        """The delta for new_version (recording the state `figures`, if given; its buffers
-        compressed with `codec`, a files.ipc_codec), the snapshots (of earlier versions) made
-        meanwhile, and the version below which files may be pruned (-1 for none)."""
-        delta, self._pending_uid = files.encode(self.schema, files.DELTA, new_version,
-                                                self._changes, self._has_change_records,
-                                                figures, codec)
+                     figures: dict | None = None, codec: str = "lz4") -> CommitFiles:
+        """The files of new_version's commit: its delta records the state `figures`, if
+        given; a large delta's buffers are compressed with `codec`, a files.ipc_codec."""
+        delta, self._pending_uid, schema_name = files.encode_delta(
+            self.schema, new_version, self._changes, self._has_change_records, figures, codec)
+        schema_file = None
+        if schema_name is not None and schema_name not in self.schema_files:
+            schema_file = files.schema_file(self.schema)
+            self._pending_schema = schema_name
         snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
-        return delta, snapshots, prune_below
+        return CommitFiles(new_version, delta, schema_file, snapshots, prune_below)
 
     def mark_committed(self, new_version: int, min_deltas_for_snapshot: int,
                        snapshot_dir: str | None = None, codec: str = "lz4") -> None:
@@ -247,6 +269,9 @@ class VersionedState:
         `snapshot_dir`, else as bytes; compressed with `codec`)."""
         self.version = new_version
         self.last_uid = self._pending_uid
+        if self._pending_schema is not None:
+            self.schema_files.add(self._pending_schema)
+            self._pending_schema = None
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
@@ -259,13 +284,15 @@ class VersionedState:
         and the deltas after that, as Spark's automatic snapshot repair does; a damaged or
         missing delta that every chain needs fails, naming it. With `snapshot`, only the
         chain from that snapshot is taken (Spark's readers' snapshotStartBatchId)."""
-        plans, snapshots = load_plans(source.names(), version, source.where, source.context,
-                                      snapshot)
+        names = source.names()
+        plans, snapshots = load_plans(names, version, source.where, source.context, snapshot)
         damaged: list[int] = []
+        read_schema = schema_reader(source, names)
+        self.schema_files = {n for n in names if files.is_schema_file(n)}
 
         def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
             return files.decode(f"{source.where}/{name}", source.context, source.read(name),
-                                self.schema, self.dropped_columns, self.evolve)
+                                self.schema, self.dropped_columns, self.evolve, read_schema)
 
         for chain, base in plans:
             try:

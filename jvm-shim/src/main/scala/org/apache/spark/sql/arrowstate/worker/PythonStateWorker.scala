@@ -145,11 +145,15 @@ class PythonStateWorker(
     }
 
   /** COMMIT: the snapshots the worker finished meanwhile (version, the local file it
-   * wrote) and the version below which files may be pruned; the new version's delta, as it
-   * comes, goes to `writeDelta` (which reads it to its end). */
-  def readCommit(writeDelta: InputStream => Unit): (Seq[(Long, String)], Long) = {
+   * wrote) and the version below which files may be pruned; the schema file the delta
+   * needs, if the partition lacks it, goes to `writeFile` (name, bytes) first; then the new
+   * version's delta, as it comes, to `writeDelta` (which reads it to its end). */
+  def readCommit(writeFile: (String, Array[Byte]) => Unit)(
+      writeDelta: InputStream => Unit): (Seq[(Long, String)], Long) = {
     val (_, Seq(snapshots: Seq[(Long, String)] @unchecked, pruneBelow: Long,
-      delta: InputStream)) = read(Contract.Frame.Commit)
+      schemaFile: String, schemaBytes: Array[Byte], delta: InputStream)) =
+      read(Contract.Frame.Commit)
+    if (schemaFile.nonEmpty) writeFile(schemaFile, schemaBytes)
     streamed(writeDelta(delta))
     (snapshots, pruneBelow)
   }

@@ -141,10 +141,15 @@ class StateExchange(
     // the delta is written as it comes from the worker: the write's time is the commit's,
     // the wait for the worker before it the worker's
     var writeNanos = 0L
-    val (snapshots, pruneBelow) = timed(worker.readCommit { delta =>
+    def writing(body: => Unit): Unit = {
       val start = System.nanoTime()
-      files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta)
-      writeNanos = System.nanoTime() - start
+      body
+      writeNanos += System.nanoTime() - start
+    }
+    val (snapshots, pruneBelow) = timed(worker.readCommit { (name, content) =>
+      writing(files.write(name, new java.io.ByteArrayInputStream(content)))
+    } { delta =>
+      writing(files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta))
     })
     pythonNanos -= writeNanos
     val commitMs = writeNanos / 1000000
