@@ -67,7 +67,10 @@ class _Partition:
         self.ours: dict[int, dict[str, tuple[str, int]]] = {}
         self.hdfs: dict[int, dict[str, tuple[str, int]]] = {}
         self.rocksdb: set[int] = set()
+        self.schema_bytes = 0   # the schema files small deltas name (store.files)
         for name, size in files_for(where).file_sizes(where).items():
+            if store_files.is_schema_file(name):
+                self.schema_bytes += size
             parsed = store_files.parse_name(name)
             hdfs = _HDFS_NAME.match(name)
             rocks = _ROCKSDB_NAME.match(name)
@@ -96,22 +99,24 @@ class _Partition:
 
     def chain_bytes(self, version: int, engine: str) -> int | None:
         """Bytes of the files that load `version`: the newest snapshot at or below it and
-        the deltas after it; 0 for a partition with no file at or below it; None when a
-        file of the chain is gone."""
+        the deltas after it, with the partition's schema files when a delta is among them;
+        0 for a partition with no file at or below it; None when a file of the chain is
+        gone."""
         files = {ARROWSTATE: self.ours, HDFS: self.hdfs}.get(engine)
         if files is None:
             return None
         if not any(v <= version for v in files):
             return 0
         total = 0
+        schemas = self.schema_bytes if engine == ARROWSTATE else 0
         for v in range(version, 0, -1):
             kinds = files.get(v, {})
             if store_files.SNAPSHOT in kinds:
-                return total + kinds[store_files.SNAPSHOT][1]
+                return total + kinds[store_files.SNAPSHOT][1] + (schemas if total else 0)
             if store_files.DELTA not in kinds:
                 return None
             total += kinds[store_files.DELTA][1]
-        return total
+        return total + schemas
 
 
 def _join(*notes) -> str | None:
