@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="shuffle partitions (200: many small tasks, as --small-batches)")
     parser.add_argument("--jfr", help="record the measured runs of the first mode here")
     parser.add_argument("--py-spy", dest="py_spy", help="prefix of py-spy's output files")
     args = parser.parse_args()
@@ -110,7 +112,8 @@ def main() -> None:
     import arrowstate
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-profile")
-        .config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "8g")).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -50,6 +50,7 @@ batches.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -266,17 +267,22 @@ def encode(schema: pa.Schema, kind: str, version: int,
     return b"".join((memoryview(payload), trailer)), uid
 
 
-def _schema_of_files(schema: pa.Schema) -> pa.Schema:
-    """The schema a schema file holds: the state columns, the op column, the format tag."""
-    return schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata({b"format": FORMAT_2})
+@functools.lru_cache(maxsize=256)   # a state's schema is the same at every commit
+def _schema_of_files(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
+    """The schema a schema file holds (the state columns, the op column, the format tag),
+    its IPC message and the schema file's name."""
+    file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
+        {b"format": FORMAT_2})
+    message = file_schema.serialize()
+    return file_schema, message, _schema_name(hashlib.blake2b(message, digest_size=16).digest())
 
 
 def schema_file(schema: pa.Schema) -> tuple[str, bytes]:
     """The name and bytes of the schema file that holds `schema` (the state columns)."""
-    message = _schema_of_files(schema).serialize().to_pybytes()
-    trailer, _ = _trailer(SCHEMA_KIND, FORMAT_COMPACT, 0, 0, 0, len(message),
+    _, message, name = _schema_of_files(schema)
+    trailer, _ = _trailer(SCHEMA_KIND, FORMAT_COMPACT, 0, 0, 0, message.size,
                           zlib.crc32(message))
-    return _schema_name(hashlib.blake2b(message, digest_size=16).digest()), message + trailer
+    return name, message.to_pybytes() + trailer
 
 
 def _schema_name(schema_id: bytes) -> str:
@@ -302,18 +308,17 @@ def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
     if sum(b.nbytes for b in batches) > COMPACT_MAX_BYTES:
         data, uid = encode(schema, DELTA, version, batches, changes, figures, codec)
         return data, uid, None
-    file_schema = _schema_of_files(schema)
+    file_schema, message, name = _schema_of_files(schema)
     sink = pa.BufferOutputStream()
     rows = 0
     with pa.ipc.new_stream(sink, file_schema) as writer:
         for b in batches:
             writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
             rows += b.num_rows
-    stream, message = sink.getvalue(), file_schema.serialize()
+    stream = sink.getvalue()
     if not stream.slice(0, message.size).equals(message):   # what decode puts back
         raise AssertionError("an Arrow stream that does not begin with its schema message")
     messages = stream.slice(message.size)
-    name = _schema_name(hashlib.blake2b(message, digest_size=16).digest())
     counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
     payload = b"".join([_COMPACT_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
                         bytes([len(counted)]), *counted,
