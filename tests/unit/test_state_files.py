@@ -403,3 +403,14 @@ def test_compact_deltas_keep_change_records_and_figures():
                               read_schema=written.get)
     ops = pa.concat_arrays([b.column(b.num_columns - 1) for b in batches]).to_pylist()
     assert ops == [files.OP_PUT] * 6 + [files.CHANGE_UPDATE] * 6
+
+
+def test_schemas_that_differ_only_in_column_names_have_their_own_schema_files():
+    """pyarrow's schema equality ignores field metadata, where a family names its columns:
+    each schema still gets its own schema file."""
+    a = pa.schema([pa.field("k0", pa.int64()), pa.field("v0", pa.int64(),
+                                                        metadata={files.COLUMN_NAME: b"a"})])
+    b = pa.schema([pa.field("k0", pa.int64()), pa.field("v0", pa.int64(),
+                                                        metadata={files.COLUMN_NAME: b"b"})])
+    assert a == b and files.schema_file(a) != files.schema_file(b)
+    assert files.schema_file(a) == files.schema_file(a)

@@ -50,7 +50,6 @@ batches.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
@@ -267,14 +266,25 @@ def encode(schema: pa.Schema, kind: str, version: int,
     return b"".join((memoryview(payload), trailer)), uid
 
 
-@functools.lru_cache(maxsize=256)   # a state's schema is the same at every commit
+_MADE: dict[int, tuple] = {}   # id(schema) -> (schema, what _schema_of_files made of it)
+
+
 def _schema_of_files(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
     """The schema a schema file holds (the state columns, the op column, the format tag),
-    its IPC message and the schema file's name."""
+    its IPC message and the schema file's name. Made once per schema object: a state
+    commits with the same one every time. (Kept by identity: pyarrow's schema equality
+    ignores field metadata, which names a family's columns.)"""
+    made = _MADE.get(id(schema))
+    if made is not None and made[0] is schema:
+        return made[1]
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
         {b"format": FORMAT_2})
     message = file_schema.serialize()
-    return file_schema, message, _schema_name(hashlib.blake2b(message, digest_size=16).digest())
+    made = (file_schema, message, _schema_name(hashlib.blake2b(message, digest_size=16).digest()))
+    if len(_MADE) >= 256:
+        _MADE.clear()
+    _MADE[id(schema)] = (schema, made)   # the schema held: its id is not reused meanwhile
+    return made
 
 
 def schema_file(schema: pa.Schema) -> tuple[str, bytes]:
