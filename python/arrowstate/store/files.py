@@ -34,10 +34,11 @@ The worker writes a schema file before the first delta that needs it; retention 
 deletes one (there are as many as the partition's schemas). Snapshots and larger deltas
 keep formats 2 and 3.
 
-A format 2 or 3 delta's schema metadata also records the partition's state figures of its version as the
-task reported them to Spark (`arrowstate.figures`, JSON: numTotalStateRows,
+A format 2 or 3 delta's schema metadata also records the partition's state figures of its
+version as the task reported them to Spark (`arrowstate.figures`, JSON: numTotalStateRows,
 numUpdatedStateRows, numRemovedStateRows), so `state history` reads them without replaying
-any rows; a reader that does not know the key passes over it.
+any rows; a reader that does not know the key passes over it (a compact delta keeps them
+in its head).
 
 Nothing in a file is used before all of it is verified: trailer, length, checksum, then
 every record batch in full (Arrow's `validate(full=True)` on a view with strings as bytes:
@@ -280,7 +281,8 @@ def _schema_of_files(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
     file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
         {b"format": FORMAT_2})
     message = file_schema.serialize()
-    made = (file_schema, message, _schema_name(hashlib.blake2b(message, digest_size=16).digest()))
+    digest = hashlib.blake2b(message, digest_size=16).digest()
+    made = (file_schema, message, _schema_name(digest))
     if len(_MADE) >= 256:
         _MADE.clear()
     _MADE[id(schema)] = (schema, made)   # the schema held: its id is not reused meanwhile
