@@ -29,12 +29,14 @@ def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
     return layout_of_schema(value_schema).spark_rows(batch, key_schema, value_schema)
 
 
-def stored_schema(source: FileSource, version: int) -> pa.Schema | None:
+def stored_schema(source: FileSource, version: int, names: list[str] | None = None
+                  ) -> pa.Schema | None:
     """The state columns of the files that load `version` (None at version 0): the newest
-    file's (a family that names its columns may have added some since the oldest)."""
+    file's (a family that names its columns may have added some since the oldest).
+    `names`: the directory's listing, where the caller has it."""
     if version == 0:
         return None
-    names = source.names()
+    names = source.names() if names is None else names
     plans, _ = load_plans(names, version, source.where, source.context)
     newest = plans[0][0][-1]
     return store_files.stored_columns(f"{source.where}/{newest}", source.context,
@@ -84,7 +86,7 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
     give them: `key`, `value` (null for a remove), `op` (1 put, 0 remove), `version`."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
     names = source.names()
-    schema = stored_schema(source, end)
+    schema = stored_schema(source, end, names)
     if schema is None:
         return
     read_schema = schema_reader(source, names)

@@ -1,4 +1,5 @@
-"""The state file format: its one home (names, encoding, decoding, verification).
+"""The state file format: its one home (names, encoding, decoding, verification; the
+trailer in `container`, format 4's compact deltas in `compact`).
 
 A partition's files live in `<checkpoint>/state/<operatorId>/<partitionId>/`:
 `<version>.arrowstate.delta` (the puts and removes of one version, in order) and
@@ -51,12 +52,9 @@ batches.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
-import struct
-import uuid
 import zlib
 from typing import BinaryIO, Iterable, Iterator
 
@@ -66,41 +64,22 @@ import pyarrow.compute as pc
 
 from ..contract import FILES
 from ..errors import ArrowStateError
-from . import evolution
+from . import compact, evolution
+from .compact import FLAG_CHANGES, SCHEMA_SUFFIX, is_schema_file, schema_file  # noqa: F401
+from .container import (FORMAT_2, FORMAT_COMPACT, FORMAT_VERSION,  # noqa: F401
+                        FORMAT_WITH_CHANGES, KIND_DELTA, KIND_SNAPSHOT, MAGIC, STATE_FIGURES,
+                        TRAILER, CorruptStateFile, checked_trailer, trailer, unique_id)
 
-FORMAT_VERSION = 2
-FORMAT_WITH_CHANGES = 3   # a delta holding change records
-FORMAT_COMPACT = 4        # a small delta whose schema is in its partition's schema file
-COMPACT_MAX_BYTES = 64 << 10   # a delta whose rows take at most this is compact
-FLAG_CHANGES = 1               # format 4's trailer flag: change records among the rows
-SCHEMA_KIND = 2                # the kind code of a schema file
+COMPACT_MAX_BYTES = 64 << 10   # a delta whose rows take at most this is compact (format 4)
 FORMAT = FILES["format"].encode()          # format 1's schema tag
-FORMAT_2 = b"arrowstate-state-2"
 OP_COLUMN = FILES["opColumn"]
 DELTA, SNAPSHOT = "delta", "snapshot"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
-SCHEMA_SUFFIX = FILES["schemaSuffix"]
-KIND_CODE = {DELTA: 0, SNAPSHOT: 1}
+KIND_CODE = {DELTA: KIND_DELTA, SNAPSHOT: KIND_SNAPSHOT}
 OP_PUT, OP_REMOVE = 1, 0
 # change records (format 3 deltas): what a state operation did, in the row's own columns
 CHANGE_UPDATE, CHANGE_APPEND, CHANGE_DELETE = 2, 3, 4
-MAGIC = b"ARWSTATE"
-TRAILER = struct.Struct("<8sHBBIqqq16sI")
-_CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
 _NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
-_SCHEMA_NAME = re.compile(r"^[0-9a-f]{32}" + re.escape(SCHEMA_SUFFIX) + "$")
-_COMPACT_HEAD = struct.Struct("<16sI")   # schema id, length of the messages
-
-
-class CorruptStateFile(ArrowStateError):
-    """A state file that cannot be used; the message names it and says what is wrong."""
-
-    def __init__(self, path: str, context: str, what: str,
-                 condition: str = "CANNOT_LOAD_STATE_STORE.CORRUPT_STATE_FILE") -> None:
-        self.path, self.what = path, what
-        super().__init__(
-            condition, f"An error occurred during loading state. arrowstate cannot use state "
-            f"file {path} ({context}): {what}", path=path, context=context, reason=what)
 
 
 class StateColumnsChanged(ArrowStateError):
@@ -115,7 +94,6 @@ class StateColumnsChanged(ArrowStateError):
 
 COLUMN_NAME = b"arrowstate.column"   # value field metadata: the family's name of the column
 FIGURES = b"arrowstate.figures"       # a delta's schema metadata: its version's state figures
-STATE_FIGURES = ("numTotalStateRows", "numUpdatedStateRows", "numRemovedStateRows")
 
 
 def _column_names(fields: list) -> list:
@@ -178,10 +156,6 @@ def parse_name(name: str) -> tuple[int, str] | None:
     return int(m.group(1)), DELTA if m.group(2) == SUFFIX[DELTA] else SNAPSHOT
 
 
-def is_schema_file(name: str) -> bool:
-    return _SCHEMA_NAME.match(name) is not None
-
-
 def is_ours(name: str) -> bool:
     """Whether `name` is one of arrowstate's files (a version's delta or snapshot, or a
     schema file)."""
@@ -236,20 +210,10 @@ def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
     return rows
 
 
-def _trailer(kind_code: int, fmt: int, flags: int, version: int, rows: int, length: int,
-             payload_crc: int) -> tuple[bytes, bytes]:
-    """The trailer after a payload of `length` bytes whose CRC-32 is `payload_crc`, and the
-    file's new unique id."""
-    uid = uuid.uuid4().bytes
-    head = TRAILER.pack(MAGIC, fmt, kind_code, flags, 0, version, rows, length, uid,
-                        0)[:_CRC_AT]
-    return head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid
-
-
 def _full_trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
                   changes: bool) -> tuple[bytes, bytes]:
-    """A format 2 or 3 file's trailer (`_trailer`)."""
-    return _trailer(KIND_CODE[kind], FORMAT_WITH_CHANGES if changes else FORMAT_VERSION, 0,
+    """A format 2 or 3 file's trailer (`container.trailer`)."""
+    return trailer(KIND_CODE[kind], FORMAT_WITH_CHANGES if changes else FORMAT_VERSION, 0,
                     version, rows, length, payload_crc)
 
 
@@ -262,52 +226,8 @@ def encode(schema: pa.Schema, kind: str, version: int,
     sink = pa.BufferOutputStream()
     rows = _write_payload(sink, schema, kind, version, batches, figures, codec)
     payload = sink.getvalue()
-    trailer, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload),
-                                 changes)
-    return b"".join((memoryview(payload), trailer)), uid
-
-
-_MADE: dict[int, tuple] = {}   # id(schema) -> (schema, what _schema_of_files made of it)
-
-
-def _schema_of_files(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
-    """The schema a schema file holds (the state columns, the op column, the format tag),
-    its IPC message and the schema file's name. Made once per schema object: a state
-    commits with the same one every time. (Kept by identity: pyarrow's schema equality
-    ignores field metadata, which names a family's columns.)"""
-    made = _MADE.get(id(schema))
-    if made is not None and made[0] is schema:
-        return made[1]
-    file_schema = schema.append(pa.field(OP_COLUMN, pa.int8())).with_metadata(
-        {b"format": FORMAT_2})
-    message = file_schema.serialize()
-    digest = hashlib.blake2b(message, digest_size=16).digest()
-    made = (file_schema, message, _schema_name(digest))
-    if len(_MADE) >= 256:
-        _MADE.clear()
-    _MADE[id(schema)] = (schema, made)   # the schema held: its id is not reused meanwhile
-    return made
-
-
-def schema_file(schema: pa.Schema) -> tuple[str, bytes]:
-    """The name and bytes of the schema file that holds `schema` (the state columns)."""
-    _, message, name = _schema_of_files(schema)
-    trailer, _ = _trailer(SCHEMA_KIND, FORMAT_COMPACT, 0, 0, 0, message.size,
-                          zlib.crc32(message))
-    return name, message.to_pybytes() + trailer
-
-
-def _schema_name(schema_id: bytes) -> str:
-    return f"{schema_id.hex()}{SCHEMA_SUFFIX}"
-
-
-def _leb128(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    end, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
+    return b"".join((memoryview(payload), end)), uid
 
 
 def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
@@ -320,24 +240,7 @@ def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
     if sum(b.nbytes for b in batches) > COMPACT_MAX_BYTES:
         data, uid = encode(schema, DELTA, version, batches, changes, figures, codec)
         return data, uid, None
-    file_schema, message, name = _schema_of_files(schema)
-    sink = pa.BufferOutputStream()
-    rows = 0
-    with pa.ipc.new_stream(sink, file_schema) as writer:
-        for b in batches:
-            writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=file_schema))
-            rows += b.num_rows
-    stream = sink.getvalue()
-    if not stream.slice(0, message.size).equals(message):   # what decode puts back
-        raise AssertionError("an Arrow stream that does not begin with its schema message")
-    messages = stream.slice(message.size)
-    counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
-    payload = b"".join([_COMPACT_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
-                        bytes([len(counted)]), *counted,
-                        pa.compress(messages, codec="zstd", asbytes=True)])
-    trailer, uid = _trailer(KIND_CODE[DELTA], FORMAT_COMPACT, FLAG_CHANGES if changes else 0,
-                            version, rows, len(payload), zlib.crc32(payload))
-    return payload + trailer, uid, name
+    return compact.encode(schema, version, batches, changes, figures)
 
 
 class _Checksummed(io.RawIOBase):
@@ -365,76 +268,9 @@ def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
         sink = _Checksummed(raw)
         rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches,
                               codec=codec)
-        trailer, _ = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
-        raw.write(trailer)
-        return sink.size + len(trailer)
-
-
-def unique_id(payload: bytes) -> bytes | None:
-    """The unique id in a format-2 file's trailer (the last TRAILER.size bytes will do)."""
-    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
-        return None
-    return TRAILER.unpack(payload[-TRAILER.size:])[8]
-
-
-def _checked_trailer(payload, bad) -> tuple | None:
-    """The trailer's fields (TRAILER's order) once the payload's length and checksum agree
-    with it; None for a file without one (format 1). Damage is `bad(what)`."""
-    if len(payload) < TRAILER.size or payload[-TRAILER.size:][:8] != MAGIC:
-        return None
-    fields = TRAILER.unpack(payload[-TRAILER.size:])
-    length, crc = fields[7], fields[9]
-    if length != len(payload) - TRAILER.size:
-        raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
-                  f"says {length} (truncated or appended to)")
-    computed = zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
-                          zlib.crc32(memoryview(payload)[:length]))
-    if computed != crc:
-        raise bad(f"checksum mismatch (stored CRC-32 {crc:#010x}, computed {computed:#010x}): "
-                  "the file is damaged")
-    return fields
-
-
-def _compact_head(body, bad) -> tuple[bytes, int, dict | None, int]:
-    """A compact delta's schema id, messages' length, figures and where its frame starts."""
-    if len(body) < _COMPACT_HEAD.size + 1:
-        raise bad("it is too short for a compact delta")
-    schema_id, length = _COMPACT_HEAD.unpack(body[:_COMPACT_HEAD.size])
-    at, numbers = _COMPACT_HEAD.size + 1, []
-    for _ in range(body[_COMPACT_HEAD.size]):
-        n = shift = 0
-        while True:
-            if at >= len(body) or shift > 63:
-                raise bad("its state figures are cut short")
-            n |= (body[at] & 0x7F) << shift
-            at, shift = at + 1, shift + 7
-            if not body[at - 1] & 0x80:
-                break
-        numbers.append(n)
-    if numbers and len(numbers) != len(STATE_FIGURES):
-        raise bad(f"it records {len(numbers)} state figures, not {len(STATE_FIGURES)}")
-    return schema_id, length, dict(zip(STATE_FIGURES, numbers)) if numbers else None, at
-
-
-def _schema_message(path: str, context: str, schema_id: bytes, read_schema) -> bytes:
-    """The verified schema message of the schema file `schema_id` names, beside `path`."""
-    name = _schema_name(schema_id)
-    data = read_schema(name) if read_schema is not None else None
-    if data is None:
-        raise CorruptStateFile(path, context, f"the schema file it names, {name}, is missing "
-                                              "from its directory")
-    where = f"{path.rsplit('/', 1)[0]}/{name}"
-
-    def bad(what: str) -> CorruptStateFile:
-        return CorruptStateFile(where, context, what)
-
-    fields = _checked_trailer(data, bad)
-    if fields is None or fields[1] != FORMAT_COMPACT or fields[2] != SCHEMA_KIND:
-        raise bad("it is not an arrowstate schema file")
-    message = bytes(memoryview(data)[:fields[7]])
-    if hashlib.blake2b(message, digest_size=16).digest() != schema_id:
-        raise bad("its schema is not the one its name says (damaged, or renamed)")
-    return message
+        end, _ = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
+        raw.write(end)
+        return sink.size + len(end)
 
 
 def recorded_figures(path: str, payload: bytes) -> dict | None:
@@ -444,12 +280,12 @@ def recorded_figures(path: str, payload: bytes) -> dict | None:
     def bad(what: str) -> CorruptStateFile:
         return CorruptStateFile(path, "state history", what)
 
-    fields = _checked_trailer(payload, bad)
+    fields = checked_trailer(payload, bad)
     if fields is None:
         return None   # format 1: no figures
     length = fields[7]
     if fields[1] == FORMAT_COMPACT:
-        return _compact_head(memoryview(payload)[:length], bad)[2]
+        return compact.head(memoryview(payload)[:length], bad)[2]
     try:   # the stream's schema message only: no record batch is read
         meta = pa.ipc.open_stream(pa.py_buffer(memoryview(payload)[:length])).schema.metadata
         recorded = (meta or {}).get(FIGURES)
@@ -462,7 +298,7 @@ def _stream(path: str, context: str, payload, read_schema, bad) -> tuple:
     """A file's Arrow IPC stream, its trailer's fields (None for format 1) and the highest
     op its rows may hold; every check of the trailer done."""
     version, kind = parse_name(path.rsplit("/", 1)[-1])
-    fields = _checked_trailer(payload, bad)
+    fields = checked_trailer(payload, bad)
     if fields is None:
         return memoryview(payload), None, OP_PUT
     (_, fmt, kind_code, flags, _, file_version, rows, length, uid, crc) = fields
@@ -477,15 +313,9 @@ def _stream(path: str, context: str, payload, read_schema, bad) -> tuple:
     changes = kind == DELTA and (fmt == FORMAT_WITH_CHANGES or flags & FLAG_CHANGES)
     highest_op = CHANGE_DELETE if changes else OP_PUT
     body = memoryview(payload)[:length]
-    if fmt != FORMAT_COMPACT:
-        return body, fields, highest_op
-    schema_id, size, _, at = _compact_head(body, bad)
-    try:
-        messages = pa.decompress(body[at:], decompressed_size=size, codec="zstd")
-    except (pa.ArrowException, ValueError) as e:
-        raise bad(f"its rows cannot be decompressed: {e}") from e
-    message = _schema_message(path, context, schema_id, read_schema)
-    return memoryview(message + messages.to_pybytes()), fields, highest_op
+    if fmt == FORMAT_COMPACT:
+        body = compact.stream(path, context, body, read_schema, bad)
+    return body, fields, highest_op
 
 
 def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
