@@ -84,14 +84,13 @@ def _schema(kind):
     return pa.schema(fields + [pa.field(f"v{len(fields)}", pa.int64())])
 
 
-@pytest.mark.parametrize("kind, background", [(k, False) for k in KINDS]
+@pytest.mark.parametrize("kind, paced", [(k, False) for k in KINDS]
                          + [("long", True), ("string", True)])
-def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, background):
+def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, paced):
     """Random puts and removals, with runs merged in memory and on disk (and, with
-    `background`, the larger merges in a thread while the tier goes on): every lookup,
-    row, removal and count as KeyedRows gives them."""
-    if background:
-        monkeypatch.setattr(tier, "BACKGROUND_ROWS", 600)
+    `paced`, the larger merges a step at a time in a thread while the tier goes on):
+    every lookup, row, removal and count as KeyedRows gives them."""
+    monkeypatch.setattr(tier, "PACED_ROWS", 600 if paced else 1 << 30)
     schema = _schema(kind)
     dtype = keys.key_dtype(list(schema)[:-1])
     assert dtype is not None and (dtype == np.int64) == (kind == "long not null")
@@ -116,13 +115,13 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, backgr
             theirs.discard(their_keys)
         if step % 30 == 29:
             ours.spill()
-        if background and step % 7 == 0:   # a merge done meanwhile is swapped in
+        if paced and step % 7 == 0:   # a commit: the next step of the paced merges
             ours.compact_if_sparse()
         probes = both_keys(kind, dtype, rng.integers(-1, 3000, 300))
         assert_answers_alike(ours, theirs, probes, step)
     assert any(run.on_disk for run in ours.runs)
     assert ours.disk_bytes() > 0
-    assert (ours.background_merges > 0) == background
+    assert (ours.paced_merges > 0) == paced
     rows = sorted(map(str, pa.Table.from_batches(list(ours.all_rows(100)), schema).to_pylist()))
     assert rows == sorted(map(str, pa.Table.from_batches(list(theirs.all_rows(100)),
                                                          schema).to_pylist()))
@@ -247,6 +246,84 @@ def test_a_full_disk_names_the_directory_and_the_setting(tmp_path):
         assert e.parameters["setting"] == "spark.arrowstate.worker.localDir"
         assert "full" in e.parameters["reason"]
         assert os.listdir(mount / "t") == [], "a run that failed leaves no file behind"
+
+
+def _long_rows(schema, k):
+    return pa.RecordBatch.from_arrays([pa.array(k), pa.array(k * 2)], schema=schema)
+
+
+def test_paced_merges_spread_their_writes_over_the_commits(tmp_path, monkeypatch):
+    """The largest merges write their result a step per commit, each step about PACE
+    times the rows added since the one before, so no commit writes a whole large merge;
+    every merge still ends, the runs stay few, and the answers are a dict's."""
+    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
+    monkeypatch.setattr(tier, "MERGE_ROWS", 64)
+    schema = _schema("long not null")
+    rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=4096)
+    rng = np.random.default_rng(5)
+    live: dict = {}
+    per_commit, largest, step_writes, most_runs = 500, 0, [], 0
+    for commit in range(120):
+        k = rng.integers(0, 1 << 40, per_commit)
+        rows.insert(k, _long_rows(schema, k))
+        live.update(zip(k.tolist(), (k * 2).tolist()))
+        before = {id(m): m.written for m in rows._merges}
+        rows.compact_if_sparse()
+        if rows._stepper is not None:
+            rows._stepper.join()
+        for merge in rows._merges:
+            wrote = merge.written - before.get(id(merge), 0)
+            bound = max(tier.PACE * per_commit, merge.total / tier.PACE_STEPS)
+            # a step ends at the first piece of the merge past its quota
+            assert wrote <= bound + tier.FANOUT * tier.MERGE_ROWS, (commit, merge.total)
+            step_writes.append(wrote)
+            largest = max(largest, merge.total)
+        most_runs = max(most_runs, len(rows.runs))
+    assert largest >= 16 * per_commit, "merges large enough to be spread"
+    assert max(step_writes) < largest / 4
+    assert most_runs <= 4 * tier.FANOUT
+    assert rows.paced_merges > 0
+    probes = np.array(list(live)[::7] + [-1, -2], dtype=np.int64)
+    ids = rows.lookup(probes)
+    assert (ids[:-2] >= 0).all() and (ids[-2:] < 0).all()
+    assert rows.take(ids[:-2]).column("v1").to_pylist() == [live[p] for p in probes[:-2]]
+    rows.settle()
+    assert not rows._merges and len(rows) == len(live)
+    rows.close()
+
+
+def test_a_tier_loaded_whole_merges_unpaced(tmp_path, monkeypatch):
+    """Rows added without commits between (a load) merge whole as they come, so a loaded
+    tier holds few runs and is not left with a backlog of merges."""
+    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
+    schema = _schema("long not null")
+    rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=4096)
+    with rows.unpaced():
+        for lo in range(0, 60_000, 500):
+            rows.insert(np.arange(lo, lo + 500), _long_rows(schema, np.arange(lo, lo + 500)))
+    assert len(rows.runs) <= 3 * tier.FANOUT and len(rows._merges) <= 1
+    assert len(rows) == 60_000
+    assert rows.take(rows.lookup(np.array([0, 59_999]))).column("v1").to_pylist() == [
+        0, 119_998]
+    rows.close()
+
+
+def test_a_paced_merge_on_a_full_disk_fails_at_the_next_change(tmp_path, monkeypatch):
+    """A step that cannot write (a full local disk) fails the next change of the tier with
+    the error naming the directory, and leaves no file of its own behind."""
+    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
+    with small_disk(tmp_path / "small", "256k") as mount:
+        schema = _schema("long not null")
+        rows = TieredRows(schema, np.dtype(np.int64), str(mount / "t"), memory_cap=1 << 20)
+        with pytest.raises(LocalStateWriteFailed) as failure:
+            for lo in range(0, 200_000, 1000):   # in memory until the merges write
+                rows.insert(np.arange(lo, lo + 1000),
+                            _long_rows(schema, np.arange(lo, lo + 1000)))
+                rows.compact_if_sparse()
+        assert failure.value.parameters["path"].startswith(str(mount))
+        assert rows.paced_merges > 0 and not rows._merges
+        rows.close()
+        assert not os.path.exists(mount / "t")
 
 
 def _header(memory, percent=50, local_dir="/tmp"):

@@ -442,11 +442,11 @@ class RunWriter:
         return run
 
     def abandon(self) -> None:
-        for f in (self._keys, self._alive):
-            f.close()
-        with contextlib.suppress(pa.ArrowException, OSError):   # abandoned: its file goes
-            self._arrow.close()
-        self._sink.close()
+        # abandoned, its files go: closing one may fail as the write did (a full disk)
+        for close in (self._keys.close, self._alive.close, self._arrow.close,
+                      self._sink.close):
+            with contextlib.suppress(pa.ArrowException, OSError):
+                close()
         delete_run_files(self.path)
 
 

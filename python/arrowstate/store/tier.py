@@ -11,12 +11,16 @@ A run is a numpy array of keys and an Arrow batch in memory, or files on local d
 files are a cache of what the checkpoint holds: a worker builds them from the checkpoint's
 files and deletes them when it drops the state or exits.
 
-A merge of BACKGROUND_ROWS rows or more runs in a thread of its own, one at a time, so a
-micro-batch that makes the largest runs merge does not wait for them: the runs it merges
-stay in place (and answer) until it is done, and the next change swaps its result in.
+A merge of PACED_ROWS rows or more is paced: it writes its result a step at a time, in a
+thread of its own started as each version commits, each step about PACE times the rows added
+to the tier since the one before, so the work of the largest merges is spread over the
+micro-batches until the next merge of their size is due instead of landing on one. The
+runs it merges stay in place (and answer) until it is done; the change after that swaps
+its result in.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -33,7 +37,9 @@ from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunReader, RunWriter,
                    empty_batch, merged, newest_of_each)
 
 FANOUT = 4                # runs of one size class merged into one
-BACKGROUND_ROWS = 1 << 22  # a merge of this many rows or more runs in the background
+PACED_ROWS = 1 << 20      # a merge of this many rows or more is paced over micro-batches
+PACE = 1.5                # rows a paced merge writes per row added to the tier meanwhile
+PACE_STEPS = 16           # and at least this fraction of its rows per step (state at rest)
 _sequence = itertools.count()
 
 
@@ -60,8 +66,11 @@ class TieredRows:
         self.directory, self.memory_cap = directory, memory_cap
         self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
-        self._merging: _BackgroundMerge | None = None
-        self.background_merges = 0    # started (for tests and metrics)
+        self._merges: list[_PacedMerge] = []   # paced merges not yet swapped in
+        self._stepper: _Stepper | None = None   # the thread stepping them, if running
+        self._added = 0               # rows added since the last step began
+        self._unpaced = False         # see `unpaced`
+        self.paced_merges = 0         # started (for tests and metrics)
         self._live = 0
         self._made_directory = False
         self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
@@ -70,14 +79,14 @@ class TieredRows:
         return self._live
 
     def close(self) -> None:
-        """Deletes the tier's files (after a merge running in the background ends)."""
-        self._finish_merge(wait=True, swap=False)
+        """Deletes the tier's files (after a merge step running in the background ends)."""
+        self._drop_merges()
         self.runs = []
         self._live = 0
         self._cleanup()
 
     def clear(self) -> None:
-        self._finish_merge(wait=True, swap=False)
+        self._drop_merges()
         for run in self.runs:
             run.delete_files()
         self.runs, self._live = [], 0
@@ -256,53 +265,113 @@ class TieredRows:
         """Appends a run, then merges the newest runs once FANOUT of them are of one size
         class or smaller (tiered merging: each row is copied about log_FANOUT(n / first
         run) times, and at most FANOUT - 1 runs of each class are probed; Bloom filters
-        keep probing cheap)."""
-        self._finish_merge(wait=False)
+        keep probing cheap). A merge of PACED_ROWS or more is paced (see the module)."""
+        self._collect(wait=False)
         self.runs.append(run)
-        merging = self._merging.runs if self._merging is not None else ()
-        while True:
-            size_class = _size_class(self.runs[-1].n)
-            tail = 0
-            for older in reversed(self.runs):
-                if _size_class(older.n) > size_class or any(older is r for r in merging):
-                    break
-                tail += 1
-            if tail < FANOUT:
-                break
-            taken = self.runs[-tail:]
-            if sum(r.n for r in taken) >= BACKGROUND_ROWS:
-                if self._merging is None:   # else it waits for the one running to end
-                    self._merging = _BackgroundMerge(self, taken, len(taken) == len(self.runs))
-                    self.background_merges += 1
-                break
-            del self.runs[-tail:]
-            self.runs.append(self._merge(taken, bottom=not self.runs))
+        self._added += run.n
+        self._plan_merges()
+        if self._unpaced:
+            self._step_merges(whole=True)
         newest = self.runs[-1]
         if (not newest.on_disk and newest.memory_bytes() > self.memory_cap
-                and not (self._merging is not None
-                         and any(newest is r for r in self._merging.runs))):
+                and id(newest) not in self._merging_runs()):
             self.runs[-1] = self._write(newest)
 
-    def _finish_merge(self, wait: bool, swap: bool = True) -> None:
-        """Swaps a background merge's result in for its runs once it is done (waiting for it
-        with `wait`), and deletes their files; without `swap` its result goes too. A merge
-        that failed raises its error here."""
-        merge = self._merging
-        if merge is None or (not wait and merge.thread.is_alive()):
+    def _plan_merges(self) -> None:
+        """Merges every FANOUT or more consecutive runs (none of them merging) of one size
+        class or smaller below the newest of them, newest first, until none are left: the
+        newest runs as they are added, and a paced merge's result once swapped in among
+        runs of its class."""
+        top = len(self.runs) - 1
+        while top >= FANOUT - 1:
+            merging = self._merging_runs()
+            size_class = _size_class(self.runs[top].n)
+            bottom = top + 1
+            while (bottom > 0 and _size_class(self.runs[bottom - 1].n) <= size_class
+                   and id(self.runs[bottom - 1]) not in merging):
+                bottom -= 1
+            if top + 1 - bottom < FANOUT:
+                top -= 1
+                continue
+            taken = self.runs[bottom:top + 1]
+            if sum(r.n for r in taken) >= PACED_ROWS:
+                self._merges.append(_PacedMerge(self, taken, bottom == 0))
+                self.paced_merges += 1
+                top = bottom - 1
+                continue
+            self.runs[bottom:top + 1] = [self._merge(taken, bottom=bottom == 0)]
+            top = len(self.runs) - 1   # the result may complete a class above it
+
+    def _merging_runs(self) -> set[int]:
+        return {id(r) for merge in self._merges for r in merge.runs}
+
+    def _collect(self, wait: bool) -> None:
+        """Once no step is running (waiting for one with `wait`), swaps each finished
+        merge's result in for its runs and deletes their files. A step that failed raises
+        its error here."""
+        stepper = self._stepper
+        if stepper is not None:
+            if stepper.is_alive() and not wait:
+                return
+            stepper.join()
+            self._stepper = None
+            if stepper.error is not None:
+                self._drop_merges()
+                raise stepper.error
+        done = [m for m in self._merges if m.result is not None]
+        for merge in done:
+            self._merges.remove(merge)
+            start = next(i for i, r in enumerate(self.runs) if r is merge.runs[0])
+            assert all(a is b for a, b in zip(self.runs[start:start + len(merge.runs)],
+                                              merge.runs))
+            self.runs[start:start + len(merge.runs)] = [merge.result]
+            for run in merge.runs:   # views opened before hold their files open
+                run.delete_files()
+        if done:
+            self._plan_merges()
+
+    @contextlib.contextmanager
+    def unpaced(self) -> Iterator[None]:
+        """Within it, merges are not paced: each runs whole in the background as soon as
+        the one before is done (a state being loaded: no micro-batches to spread them
+        over)."""
+        self._unpaced = True
+        try:
+            yield
+        finally:
+            self._unpaced = False
+
+    def _step_merges(self, whole: bool = False) -> None:
+        """Starts the next step of the paced merges (`whole`: all that is left of them),
+        unless one is still running (the rows added meanwhile then count toward the step
+        after it)."""
+        self._collect(wait=False)
+        if self._stepper is not None:
             return
-        merge.thread.join()
-        self._merging = None
-        if merge.error is not None:
-            raise merge.error
-        if not swap:
-            merge.result.delete_files()
+        added, self._added = self._added, 0
+        if not self._merges:
             return
-        start = next(i for i, r in enumerate(self.runs) if r is merge.runs[0])
-        assert all(a is b for a, b in zip(self.runs[start:start + len(merge.runs)],
-                                          merge.runs))
-        self.runs[start:start + len(merge.runs)] = [merge.result]
-        for run in merge.runs:   # views opened before hold their files open
-            run.delete_files()
+        quotas = [merge.total if whole
+                  else max(int(PACE * added), -(-merge.total // PACE_STEPS))
+                  for merge in self._merges]
+        self._stepper = _Stepper(list(zip(self._merges, quotas)))
+
+    def _drop_merges(self) -> None:
+        """Ends the paced merges unfinished, deleting what they wrote."""
+        if self._stepper is not None:
+            self._stepper.join()
+            self._stepper = None
+        merges, self._merges = self._merges, []
+        for merge in merges:
+            merge.abandon()
+
+    def settle(self) -> None:
+        """Finishes every paced merge now (tests; a state at rest)."""
+        while self._merges:
+            self._collect(wait=True)
+            for merge in self._merges:
+                merge.step(merge.total)
+            self._collect(wait=True)
 
     def _merge(self, runs: list[Run], bottom: bool, delete_inputs: bool = True) -> Run:
         """One run from several (oldest first). Dead entries are dropped at the bottom (no
@@ -343,14 +412,7 @@ class TieredRows:
             reader.close()
 
     def _write_pieces(self, pieces, expected: int, bloom: Bloom | None = None) -> Run:
-        if not self._made_directory:
-            try:
-                os.makedirs(self.directory, exist_ok=True)
-            except OSError as e:
-                raise LocalStateWriteFailed(self.directory, e) from e
-            self._made_directory = True
-        writer = RunWriter(os.path.join(self.directory, str(next(_sequence))), self.schema,
-                            expected, bloom, self.prefix_width)
+        writer = self._writer(expected, bloom)
         try:
             for keys, alive, rows in pieces:
                 writer.write(keys, alive, rows)
@@ -359,20 +421,30 @@ class TieredRows:
             writer.abandon()
             raise
 
+    def _writer(self, expected: int, bloom: Bloom | None = None) -> RunWriter:
+        if not self._made_directory:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+            except OSError as e:
+                raise LocalStateWriteFailed(self.directory, e) from e
+            self._made_directory = True
+        return RunWriter(os.path.join(self.directory, str(next(_sequence))), self.schema,
+                         expected, bloom, self.prefix_width)
+
     def spill(self) -> int:
         """Writes every run held in memory to disk; the bytes of memory it gives back."""
         freed = 0
-        merging = self._merging.runs if self._merging is not None else ()
+        merging = self._merging_runs()
         for i, run in enumerate(self.runs):
-            if not run.on_disk and run.n and not any(run is r for r in merging):
+            if not run.on_disk and run.n and id(run) not in merging:
                 freed += run.memory_bytes()
                 self.runs[i] = self._write(run)
         return freed
 
     def compact_if_sparse(self) -> None:
-        """Runs merge as they are added; after a commit, a background merge that is done
-        is swapped in."""
-        self._finish_merge(wait=False)
+        """Runs merge as they are added; after a commit, the paced merges done are swapped
+        in and the next step of the others begins."""
+        self._step_merges()
 
     # -- memory -------------------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -382,18 +454,66 @@ class TieredRows:
         return sum(r.disk_bytes for r in self.runs)
 
 
-class _BackgroundMerge:
-    """A merge of runs (which stay in the tier meanwhile) in a thread of its own."""
+class _PacedMerge:
+    """A merge of runs (which stay in the tier meanwhile) that writes its result to disk a
+    step at a time; `result` is the run once the last step is done."""
 
     def __init__(self, tier: TieredRows, runs: list[Run], bottom: bool) -> None:
-        self.runs, self.result, self.error = list(runs), None, None
-        self.thread = threading.Thread(target=self._run, args=(tier, bottom), daemon=True,
-                                       name="arrowstate-tier-merge")
-        self.thread.start()
+        self.runs = list(runs)
+        self.total = sum(r.n for r in runs)
+        self.result: Run | None = None
+        self.written = 0      # entries written so far
+        self._readers = [RunReader(r, tier.dtype) for r in runs]
+        self._pieces = merged(self._readers, MERGE_ROWS, keep_dead=not bottom)
+        self._tier = tier
+        self._writer: RunWriter | None = None
 
-    def _run(self, tier: TieredRows, bottom: bool) -> None:
+    def step(self, rows: int) -> None:
+        """Writes at least `rows` more entries of the result (all that are left, at most);
+        the last step finishes the run."""
+        if self._writer is None:
+            self._writer = self._tier._writer(self.total)
+        goal = self.written + rows
         try:
-            self.result = tier._merge(self.runs, bottom, delete_inputs=False)
+            while self.written < goal:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    self.result = self._writer.finish(self._tier.dtype)
+                    self._close_readers()
+                    return
+                self._writer.write(*piece)
+                self.written += len(piece[0])
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        if self._writer is not None and self.result is None:
+            self._writer.abandon()
+        self._writer = None
+        self._close_readers()
+        if self.result is not None:
+            self.result.delete_files()
+
+    def _close_readers(self) -> None:
+        readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.close()
+
+
+class _Stepper(threading.Thread):
+    """One step of each paced merge (merge, rows), in turn, in a thread of its own: numpy's
+    sorts and Arrow's takes and IPC release the GIL, so it goes on beside the next task."""
+
+    def __init__(self, steps: list[tuple[_PacedMerge, int]]) -> None:
+        super().__init__(daemon=True, name="arrowstate-tier-merge")
+        self.steps, self.error = steps, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for merge, rows in self.steps:
+                merge.step(rows)
         except BaseException as e:   # raised in the task's thread when it collects this
             self.error = e
 

@@ -7,6 +7,7 @@ retention) in `Lifecycle`; this class records the changes between them.
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 from typing import TYPE_CHECKING, Callable, Hashable, Iterator, NamedTuple, Sequence
@@ -294,31 +295,34 @@ class VersionedState:
             return files.decode(f"{source.where}/{name}", source.context, source.read(name),
                                 self.schema, self.dropped_columns, self.evolve, read_schema)
 
-        for chain, base in plans:
-            try:
-                first, uid = decoded(chain[0])
-            except files.CorruptStateFile as e:
-                if not base:
-                    raise
-                damaged.append(base)
-                print(f"arrowstate: WARN skipping damaged snapshot {e.path} "
-                      f"({source.context}): {e.what}; loading from an older snapshot and "
-                      "the deltas after it", file=sys.stderr, flush=True)
-                continue
-            self.rows.clear()
-            for batch in first:
-                self._apply(batch)
-            for name in chain[1:]:   # each file is verified whole before it is applied
-                batches, uid = decoded(name)
-                for batch in batches:
+        # a tier merges whole as it loads (no micro-batches to pace its merges over)
+        with (self.rows.unpaced() if isinstance(self.rows, TieredRows)
+              else contextlib.nullcontext()):
+            for chain, base in plans:
+                try:
+                    first, uid = decoded(chain[0])
+                except files.CorruptStateFile as e:
+                    if not base:
+                        raise
+                    damaged.append(base)
+                    print(f"arrowstate: WARN skipping damaged snapshot {e.path} "
+                          f"({source.context}): {e.what}; loading from an older snapshot and "
+                          "the deltas after it", file=sys.stderr, flush=True)
+                    continue
+                self.rows.clear()
+                for batch in first:
                     self._apply(batch)
-            self.lifecycle.loaded(snapshots, base, damaged)
-            self.version = version
-            self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
-            self.files_skipped = len(damaged)
-            self._changes.clear()
-            self._has_change_records = False
-            return
+                for name in chain[1:]:   # each file is verified whole before it is applied
+                    batches, uid = decoded(name)
+                    for batch in batches:
+                        self._apply(batch)
+                self.lifecycle.loaded(snapshots, base, damaged)
+                self.version = version
+                self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
+                self.files_skipped = len(damaged)
+                self._changes.clear()
+                self._has_change_records = False
+                return
         raise files.CorruptStateFile(
             f"{source.where}/{files.file_name(files.SNAPSHOT, damaged[-1])}", source.context,
             f"every snapshot that could load version {version} is damaged "
