@@ -70,8 +70,9 @@ def test_prefixed_rows_answer_as_the_dict_store_and_scan_each_groups_live_rows(
                 assert _text(rows.pop_present(ours_keys)) == _text(
                     theirs.pop_present(their_keys)), step
             else:
-                rows.discard(ours_keys)
-                theirs.discard(their_keys)
+                key_rows = pa.RecordBatch.from_arrays(cols, names=["k0", "k1"])
+                rows.discard(ours_keys, key_rows)
+                theirs.discard(their_keys, key_rows)
             for name in names:
                 live.pop(name, None)
         if step % 10 == 9:

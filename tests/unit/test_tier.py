@@ -111,7 +111,7 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, paced)
             got, want = ours.pop_present(ours_keys), theirs.pop_present(their_keys)
             assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
         else:
-            ours.discard(ours_keys)
+            ours.discard(ours_keys, pa.RecordBatch.from_arrays(cols, names=schema.names[:-1]))
             theirs.discard(their_keys)
         if step % 30 == 29:
             ours.spill()

@@ -228,14 +228,17 @@ class HashedRows:
         returns their rows, in row id order."""
         return self._rows.take(self.remove_found(keys, ids))
 
-    def remove_found(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """pop_found without reading the rows: the row ids removed, ascending."""
+    def remove_found(self, keys: np.ndarray, ids: np.ndarray,
+                     key_rows: pa.RecordBatch | None = None) -> np.ndarray:
+        """pop_found without reading the rows: the row ids removed, ascending (`key_rows`
+        is the tier's)."""
         ids, first = np.unique(np.asarray(ids, dtype=np.int64), return_index=True)
         self._remove(np.asarray(keys, dtype=self.dtype)[first], ids)
         return ids
 
-    def discard(self, keys: np.ndarray) -> None:
-        """Removes the keys, present or not, without reading their rows."""
+    def discard(self, keys: np.ndarray, key_rows: pa.RecordBatch | None = None) -> None:
+        """Removes the keys, present or not, without reading their rows (`key_rows` is the
+        tier's)."""
         keys = np.asarray(keys, dtype=self.dtype)
         ids = self.lookup(keys)
         found = np.flatnonzero(ids >= 0)

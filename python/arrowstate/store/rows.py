@@ -65,16 +65,19 @@ class KeyedRows:
         returns their rows, in row id order."""
         return self.take(self.remove_found(keys, ids))
 
-    def remove_found(self, keys: Sequence[Hashable], ids: np.ndarray) -> np.ndarray:
-        """pop_found without reading the rows: the row ids removed, ascending."""
+    def remove_found(self, keys: Sequence[Hashable], ids: np.ndarray,
+                     key_rows: pa.RecordBatch | None = None) -> np.ndarray:
+        """pop_found without reading the rows: the row ids removed, ascending (`key_rows`,
+        for the tier's sake, is not needed here)."""
         ids, first = np.unique(ids, return_index=True)
         gone = self.pick(keys, first)
         collections.deque(map(self.data.__delitem__, gone), maxlen=0)  # a loop in C
         self._dead += len(ids)
         return ids
 
-    def discard(self, keys: Sequence[Hashable]) -> None:
-        """Removes the keys, present or not, without reading their rows."""
+    def discard(self, keys: Sequence[Hashable], key_rows: pa.RecordBatch | None = None) -> None:
+        """Removes the keys, present or not, without reading their rows (`key_rows` is the
+        tier's)."""
         for k in keys:
             self.data.pop(k, None)
         self._dead += len(keys)

@@ -63,6 +63,8 @@ class TieredRows:
     def __init__(self, schema: pa.Schema, dtype: np.dtype, directory: str,
                  memory_cap: int, prefix_width: int | None = None) -> None:
         self.schema, self.dtype = schema, np.dtype(dtype)
+        # the key columns come first: VersionedState's k0, k1, ... then v0, v1, ...
+        self.key_count = sum(1 for f in schema if f.name.startswith("k"))
         self.directory, self.memory_cap = directory, memory_cap
         self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
@@ -232,33 +234,42 @@ class TieredRows:
         keys = np.asarray(keys, dtype=self.dtype)
         once = newest_of_each(ids)   # in row-id order
         rows = self.take(ids[once])   # before the removal: it changes the row ids
-        self._bury(np.sort(keys[once]))
+        self._bury(keys[once], rows)
         return rows
 
-    def remove_found(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """pop_found without reading the rows: the row ids removed, ascending (as they were:
-        the removal changes them)."""
+    def remove_found(self, keys: np.ndarray, ids: np.ndarray,
+                     key_rows: pa.RecordBatch) -> np.ndarray:
+        """pop_found without reading the rows (`key_rows`: rows whose first columns are
+        the keys', one per id): the row ids removed, ascending (as they were: the removal
+        changes them)."""
         keys = np.asarray(keys, dtype=self.dtype)
         once = newest_of_each(ids)
-        self._bury(np.sort(keys[once]))
+        self._bury(keys[once], key_rows.take(pa.array(once)))
         return ids[once]
 
-    def discard(self, keys: np.ndarray) -> None:
-        """Removes the keys, present or not, without reading their rows."""
+    def discard(self, keys: np.ndarray, key_rows: pa.RecordBatch) -> None:
+        """Removes the keys, present or not, without reading their rows (`key_rows`: rows
+        whose first columns are the keys', one per key)."""
         if not len(keys) or not self.runs:
             return
         keys = np.asarray(keys, dtype=self.dtype)
-        keys = keys[newest_of_each(keys)]
-        self._bury(keys[self.lookup(keys) >= 0])
+        pick = newest_of_each(keys)
+        pick = pick[self.lookup(keys[pick]) >= 0]
+        self._bury(keys[pick], key_rows.take(pa.array(pick)))
 
-    def _bury(self, keys: np.ndarray) -> None:
-        """Removes present keys (sorted, unique): a run of dead entries that hides them."""
+    def _bury(self, keys: np.ndarray, key_rows: pa.RecordBatch) -> None:
+        """Removes present keys (unique; `key_rows`: rows whose first columns are theirs, in
+        the same order): a run of dead entries that hides them. Each keeps its key columns
+        (the checkpoint's copy of a run names the keys it removes), its values null."""
         if not len(keys):
             return
         self._live -= len(keys)
-        empty = pa.RecordBatch.from_arrays(
-            [pa.nulls(len(keys), f.type) for f in self.schema], schema=self.schema)
-        self._add(Run.in_memory(keys, np.zeros(len(keys), dtype=bool), empty,
+        order = np.argsort(keys, kind="stable")
+        key_rows = key_rows.take(pa.array(order))
+        columns = key_rows.columns[: self.key_count] + [
+            pa.nulls(len(keys), f.type) for f in list(self.schema)[self.key_count:]]
+        self._add(Run.in_memory(keys[order], np.zeros(len(keys), dtype=bool),
+                                pa.RecordBatch.from_arrays(columns, schema=self.schema),
                                 self.prefix_width))
 
     def _add(self, run: Run) -> None:

@@ -229,7 +229,7 @@ class VersionedState:
                     rows: pa.RecordBatch) -> None:
         """Removes keys that `lookup` found (`ids`: their row ids, once each) whose rows
         the caller has read (`rows`, taken by those ids)."""
-        self.rows.remove_found(keys, ids)
+        self.rows.remove_found(keys, ids, rows)
         self._removed(rows)
 
     def _removed(self, rows: pa.RecordBatch) -> pa.RecordBatch:
@@ -339,7 +339,7 @@ class VersionedState:
             if op == files.OP_PUT:
                 self.rows.insert(run_keys, run)
             else:
-                self.rows.discard(run_keys)
+                self.rows.discard(run_keys, run)
 
     def move_to_hash_table(self, min_keys: int) -> bool:
         """Moves the rows from the dict to a hash table in compiled code (`HashedRows`: no
