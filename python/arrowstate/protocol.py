@@ -141,10 +141,10 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
         write_int(f, len(value))
         for s in value:
             write_str(f, s)
-    elif kind == "versionedFiles":
+    elif kind == "namedFiles":
         write_int(f, len(value))
-        for version, path in value:
-            write_long(f, version)
+        for name, path in value:
+            write_str(f, name)
             write_str(f, path)
     elif kind.startswith("json:"):
         check_payload(kind[5:], value)
@@ -166,8 +166,8 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
         return read_str(f)
     if kind == "strings":
         return [read_str(f) for _ in range(read_int(f))]
-    if kind == "versionedFiles":
-        return [(read_long(f), read_str(f)) for _ in range(read_int(f))]
+    if kind == "namedFiles":
+        return [(read_str(f), read_str(f)) for _ in range(read_int(f))]
     if kind.startswith("json:"):
         value = json.loads(read_bytes(f))
         check_payload(kind[5:], value)

@@ -9,8 +9,9 @@ conversation (frames and their bodies in contract.json, read and written by prot
   (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
   reads state)
   END -> DATA batch* END
-  COMMIT snapshots of earlier versions, prune-below version, delta -> COMMITTED (the JVM
-  wrote the delta) -> COMMITTED metrics
+  [LIST_FILES: a snapshot naming earlier run files checks they are there] COMMIT snapshots
+  of earlier versions, prune-below version, run files to delete, delta -> COMMITTED (the
+  JVM wrote the delta) -> COMMITTED metrics
 A state file crosses in bounded chunks (READ_FILE's content, COMMIT's delta, IMPORT_STATE's
 snapshot): one larger than spark.arrowstate.worker.fileMemoryBytes is received into a local
 file and memory-mapped, never whole in the worker's heap.
@@ -198,10 +199,11 @@ class Worker:
         start = time.perf_counter()
         done = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
-            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec)
+            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec,
+            lambda: p.request(f, "LIST_FILES")[0])
         commit_ms = int((time.perf_counter() - start) * 1000)
         name, content = done.schema_file or ("", b"")
-        p.send(f, "COMMIT", done.snapshots, done.prune_below, name, content,
+        p.send(f, "COMMIT", done.snapshots, done.prune_below, done.delete, name, content,
                p.Chunks(done.delta, conf["fileChunkBytes"]))
         f.flush()
         p.receive(f, "COMMITTED")

@@ -151,16 +151,20 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     from arrowstate.errors import ArrowStateError
 
     f = io.BytesIO()
-    protocol.send(f, "COMMIT", [(3, "/tmp/3.arrowstate.snapshot")], 2, "s.schema", b"xy",
-                  protocol.Chunks(b"delta", 3))
+    protocol.send(f, "COMMIT", [("3.arrowstate.snapshot", "/tmp/3.arrowstate.snapshot")], 2,
+                  ["a.arrowstate.run"], "s.schema", b"xy", protocol.Chunks(b"delta", 3))
     protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
     raw = f.getvalue()
-    # the declared layout: tag, one (version, local path), prune-below, the schema file's
-    # name and bytes, the delta's chunks
-    path = b"/tmp/3.arrowstate.snapshot"
+    # the declared layout: tag, one (name, local path), prune-below, the run files to
+    # delete, the schema file's name and bytes, the delta's chunks
+    name, path = b"3.arrowstate.snapshot", b"/tmp/3.arrowstate.snapshot"
     assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
     assert raw[4:8] == (1).to_bytes(4, "big")
-    schema_at = 8 + 8 + 4 + len(path) + 8
+    assert raw[8:12 + len(name)] == len(name).to_bytes(4, "big") + name
+    deletes_at = 12 + len(name) + 4 + len(path) + 8
+    assert raw[deletes_at:deletes_at + 24] == ((1).to_bytes(4, "big") + (16).to_bytes(4, "big")
+                                               + b"a.arrowstate.run")
+    schema_at = deletes_at + 24
     assert raw[schema_at:schema_at + 18] == ((8).to_bytes(4, "big") + b"s.schema"
                                              + (2).to_bytes(4, "big") + b"xy")
     delta_at = schema_at + 18
@@ -168,7 +172,7 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
         (3).to_bytes(4, "big") + b"del" + (2).to_bytes(4, "big") + b"ta" + bytes(4)
         + contract.FRAMES["COMMITTED"].to_bytes(4, "big"))
     with pytest.raises(ArrowStateError, match="must be Chunks") as e:
-        protocol.send(io.BytesIO(), "COMMIT", [], 2, "", b"", b"delta")
+        protocol.send(io.BytesIO(), "COMMIT", [], 2, [], "", b"", b"delta")
     assert e.value.parameters["field"] == "delta"
     with pytest.raises(ArrowStateError, match="metrics"):
         protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})

@@ -75,7 +75,7 @@ def _history(versions=10, every=4, retain=100, compact=True):
             state.lifecycle.wait_for_snapshot()
             done = state.commit_files(v, retain)
             written.update(done.written())
-            written.update((files.file_name(files.SNAPSHOT, s), b) for s, b in done.snapshots)
+            written.update(done.snapshots)
             state.mark_committed(v, every)
             expected[v] = _rows(state)
     return written, expected

@@ -34,6 +34,7 @@ import os
 import re
 
 from ..store import files as store_files
+from ..store import manifest
 from .checkpoint_files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
                                last_committed_batch, log_ids, operator_metadata,
                                planned_batch)
@@ -68,9 +69,13 @@ class _Partition:
         self.hdfs: dict[int, dict[str, tuple[str, int]]] = {}
         self.rocksdb: set[int] = set()
         self.schema_bytes = 0   # the schema files small deltas name (store.files)
+        self.run_bytes: dict[str, int] = {}   # the run files snapshots name (store.manifest)
+        self._snapshot_bytes: dict[int, int] = {}
         for name, size in files_for(where).file_sizes(where).items():
             if store_files.is_schema_file(name):
                 self.schema_bytes += size
+            if store_files.is_run_file(name):
+                self.run_bytes[name] = size
             parsed = store_files.parse_name(name)
             hdfs = _HDFS_NAME.match(name)
             rocks = _ROCKSDB_NAME.match(name)
@@ -97,6 +102,22 @@ class _Partition:
         path = os.path.join(self.where, found[0])
         return store_files.recorded_figures(path, files_for(path).read_mapped(path))
 
+    def _arrowstate_snapshot_bytes(self, version: int) -> int:
+        """A snapshot's bytes: with the run files it names, for a manifest."""
+        if version not in self._snapshot_bytes:
+            name, size = self.ours[version][store_files.SNAPSHOT]
+            if self.run_bytes:
+                path = os.path.join(self.where, name)
+                try:
+                    made = manifest.read(path, "state history",
+                                         files_for(path).read_mapped(path))
+                except store_files.CorruptStateFile:
+                    made = None   # a damaged snapshot: its own bytes
+                if made is not None:
+                    size += sum(self.run_bytes.get(n, 0) for n in made.names())
+            self._snapshot_bytes[version] = size
+        return self._snapshot_bytes[version]
+
     def chain_bytes(self, version: int, engine: str) -> int | None:
         """Bytes of the files that load `version`: the newest snapshot at or below it and
         the deltas after it, with the partition's schema files when a delta is among them;
@@ -112,7 +133,9 @@ class _Partition:
         for v in range(version, 0, -1):
             kinds = files.get(v, {})
             if store_files.SNAPSHOT in kinds:
-                return total + kinds[store_files.SNAPSHOT][1] + (schemas if total else 0)
+                snapshot = (self._arrowstate_snapshot_bytes(v) if engine == ARROWSTATE
+                            else kinds[store_files.SNAPSHOT][1])
+                return total + snapshot + (schemas if total else 0)
             if store_files.DELTA not in kinds:
                 return None
             total += kinds[store_files.DELTA][1]

@@ -13,7 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import VersionedState, evolution
+from ..store import VersionedState, evolution, manifest
 from ..store import files as store_files
 from ..store.lifecycle import FileSource, load_plans, schema_reader
 from .layouts import layout_of_schema
@@ -39,8 +39,16 @@ def stored_schema(source: FileSource, version: int, names: list[str] | None = No
     names = source.names() if names is None else names
     plans, _ = load_plans(names, version, source.where, source.context)
     newest = plans[0][0][-1]
+    payload = source.read(newest)
+    made = (manifest.read(f"{source.where}/{newest}", source.context, payload)
+            if newest.endswith(store_files.SUFFIX[store_files.SNAPSHOT]) else None)
+    if made is not None:   # a snapshot naming run files: their columns (empty: none)
+        pieces = [p for run in made.runs for p in run]
+        if not pieces:
+            return None
+        newest, payload = pieces[-1].name, source.read(pieces[-1].name)
     return store_files.stored_columns(f"{source.where}/{newest}", source.context,
-                                      source.read(newest), schema_reader(source, names))
+                                      payload, schema_reader(source, names))
 
 
 def stored_state(source: FileSource, version: int, fields_by_name: bool = False

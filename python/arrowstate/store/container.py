@@ -1,6 +1,6 @@
 """A state file's container: its payload, then the 60-byte trailer that makes it
 self-verifying (the layout is in `files`), and the error a file that fails it raises.
-Formats 2 to 4 share it (`files`, `compact`)."""
+Formats 2 to 5 share it (`files`, `compact`, `manifest`)."""
 from __future__ import annotations
 
 import struct
@@ -12,8 +12,9 @@ from ..errors import ArrowStateError
 FORMAT_VERSION = 2
 FORMAT_WITH_CHANGES = 3   # a delta holding change records
 FORMAT_COMPACT = 4        # a small delta whose schema is in its partition's schema file
+FORMAT_MANIFEST = 5       # a snapshot that names run files instead of holding rows
 FORMAT_2 = b"arrowstate-state-2"   # the payload's schema tag, formats 2 to 4
-KIND_DELTA, KIND_SNAPSHOT, KIND_SCHEMA = 0, 1, 2   # the trailer's kind codes
+KIND_DELTA, KIND_SNAPSHOT, KIND_SCHEMA, KIND_RUN = 0, 1, 2, 3   # the trailer's kind codes
 STATE_FIGURES = ("numTotalStateRows", "numUpdatedStateRows", "numRemovedStateRows")
 MAGIC = b"ARWSTATE"
 TRAILER = struct.Struct("<8sHBBIqqq16sI")

@@ -66,20 +66,23 @@ from ..contract import FILES
 from ..errors import ArrowStateError
 from . import compact, evolution
 from .compact import FLAG_CHANGES, SCHEMA_SUFFIX, is_schema_file, schema_file  # noqa: F401
-from .container import (FORMAT_2, FORMAT_COMPACT, FORMAT_VERSION,  # noqa: F401
-                        FORMAT_WITH_CHANGES, KIND_DELTA, KIND_SNAPSHOT, MAGIC, STATE_FIGURES,
-                        TRAILER, CorruptStateFile, checked_trailer, trailer, unique_id)
+from .container import (FORMAT_2, FORMAT_COMPACT, FORMAT_MANIFEST,  # noqa: F401
+                        FORMAT_VERSION, FORMAT_WITH_CHANGES, KIND_DELTA, KIND_RUN,
+                        KIND_SNAPSHOT, MAGIC, STATE_FIGURES, TRAILER, CorruptStateFile,
+                        checked_trailer, trailer, unique_id)
 
 COMPACT_MAX_BYTES = 64 << 10   # a delta whose rows take at most this is compact (format 4)
 FORMAT = FILES["format"].encode()          # format 1's schema tag
 OP_COLUMN = FILES["opColumn"]
-DELTA, SNAPSHOT = "delta", "snapshot"
+DELTA, SNAPSHOT, RUN = "delta", "snapshot", "run"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
-KIND_CODE = {DELTA: KIND_DELTA, SNAPSHOT: KIND_SNAPSHOT}
+RUN_SUFFIX = FILES["runSuffix"]
+KIND_CODE = {DELTA: KIND_DELTA, SNAPSHOT: KIND_SNAPSHOT, RUN: KIND_RUN}
 OP_PUT, OP_REMOVE = 1, 0
 # change records (format 3 deltas): what a state operation did, in the row's own columns
 CHANGE_UPDATE, CHANGE_APPEND, CHANGE_DELETE = 2, 3, 4
 _NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
+_RUN_NAME = re.compile(r"^[0-9a-f]{32}" + re.escape(RUN_SUFFIX) + "$")
 
 
 class StateColumnsChanged(ArrowStateError):
@@ -156,10 +159,21 @@ def parse_name(name: str) -> tuple[int, str] | None:
     return int(m.group(1)), DELTA if m.group(2) == SUFFIX[DELTA] else SNAPSHOT
 
 
+def is_run_file(name: str) -> bool:
+    """Whether `name` is a run file's (see `manifest`)."""
+    return _RUN_NAME.match(name) is not None
+
+
 def is_ours(name: str) -> bool:
-    """Whether `name` is one of arrowstate's files (a version's delta or snapshot, or a
-    schema file)."""
-    return parse_name(name) is not None or is_schema_file(name)
+    """Whether `name` is one of arrowstate's files (a version's delta or snapshot, a schema
+    file or a run file)."""
+    return parse_name(name) is not None or is_schema_file(name) or is_run_file(name)
+
+
+def _name_kind(name: str) -> tuple[int | None, str] | None:
+    """(version, kind) of a state file's name (version None for a run file); None for any
+    other name."""
+    return (None, RUN) if is_run_file(name) else parse_name(name)
 
 
 # Spark's own state stores' files: the HDFS-backed provider's and RocksDB's
@@ -261,16 +275,17 @@ class _Checksummed(io.RawIOBase):
 
 
 def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
-                   batches: Iterable[pa.RecordBatch], codec: str = "lz4") -> int:
+                   batches: Iterable[pa.RecordBatch], codec: str = "lz4"
+                   ) -> tuple[int, bytes]:
     """Writes one file (as `encode` makes it) to a local path a batch at a time, so a large
-    snapshot is never whole in memory; its size."""
+    snapshot is never whole in memory; its size and unique id."""
     with open(path, "wb") as raw:
         sink = _Checksummed(raw)
         rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches,
                               codec=codec)
-        end, _ = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
+        end, uid = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
         raw.write(end)
-        return sink.size + len(end)
+        return sink.size + len(end), uid
 
 
 def recorded_figures(path: str, payload: bytes) -> dict | None:
@@ -297,19 +312,23 @@ def recorded_figures(path: str, payload: bytes) -> dict | None:
 def _stream(path: str, context: str, payload, read_schema, bad) -> tuple:
     """A file's Arrow IPC stream, its trailer's fields (None for format 1) and the highest
     op its rows may hold; every check of the trailer done."""
-    version, kind = parse_name(path.rsplit("/", 1)[-1])
+    version, kind = _name_kind(path.rsplit("/", 1)[-1])
     fields = checked_trailer(payload, bad)
     if fields is None:
         return memoryview(payload), None, OP_PUT
     (_, fmt, kind_code, flags, _, file_version, rows, length, uid, crc) = fields
+    if fmt == FORMAT_MANIFEST and kind == SNAPSHOT:
+        raise bad("it is a snapshot that names run files (format 5), read through "
+                  "`manifest`, not as rows")
     if fmt not in (FORMAT_VERSION, FORMAT_WITH_CHANGES, FORMAT_COMPACT):
         raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
-                  f"formats 1 to {FORMAT_COMPACT} (damaged, or a newer arrowstate wrote it)")
+                  f"formats 1 to {FORMAT_MANIFEST} (damaged, or a newer arrowstate wrote it)")
     allowed_flags = FLAG_CHANGES if fmt == FORMAT_COMPACT else 0
-    if (kind_code != KIND_CODE[kind] or file_version != version or flags & ~allowed_flags
-            or (fmt == FORMAT_COMPACT and kind != DELTA)):
-        raise bad(f"its trailer describes a {('delta', 'snapshot', 'schema')[kind_code % 3]} "
-                  f"of version {file_version}, not this file's {kind} of version {version}")
+    if (kind_code != KIND_CODE[kind] or (version is not None and file_version != version)
+            or flags & ~allowed_flags or (fmt == FORMAT_COMPACT and kind != DELTA)):
+        described = ("delta", "snapshot", "schema", "run")[kind_code % 4]
+        raise bad(f"its trailer describes a {described} of version {file_version}, not "
+                  f"this file's {kind}" + (f" of version {version}" if version else ""))
     changes = kind == DELTA and (fmt == FORMAT_WITH_CHANGES or flags & FLAG_CHANGES)
     highest_op = CHANGE_DELETE if changes else OP_PUT
     body = memoryview(payload)[:length]
@@ -326,8 +345,7 @@ def decode(path: str, context: str, payload: bytes, schema: pa.Schema,
     Named columns written in an older schema are read in `schema`'s, by `evolve(name,
     column, type)` (`_by_name`). A compact delta's schema comes from `read_schema(name)`,
     the bytes of a file of its directory or None (`lifecycle.schema_reader`)."""
-    parsed = parse_name(path.rsplit("/", 1)[-1])
-    if parsed is None:
+    if _name_kind(path.rsplit("/", 1)[-1]) is None:
         raise CorruptStateFile(path, context, "not an arrowstate state file name")
 
     def bad(what: str) -> CorruptStateFile:

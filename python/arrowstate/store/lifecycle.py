@@ -4,7 +4,9 @@ this decides; snapshots are encoded here in a thread and written, like the pruni
 shim's maintenance thread, both off the micro-batch's path (as Spark's maintenance does). A
 worker writes a snapshot to a local file a batch at a time and the JVM copies it into the
 checkpoint, so a large snapshot is never whole in memory; without a directory (offline
-tools, tests) it is encoded to bytes.
+tools, tests) it is encoded to bytes. A state on the tier snapshots as a manifest naming
+its runs' files (`manifest`): only runs no earlier snapshot shipped are written, and a run
+file goes when no snapshot that retention keeps names it.
 """
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ import os
 import sys
 import threading
 import uuid
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from ..errors import ArrowStateError
-from . import files
+from . import files, manifest
 from .rows import FrozenRows
 
 
@@ -112,21 +114,28 @@ class Lifecycle:
         self.snapshots: set[int] = set()      # versions with a snapshot written or shipped
         self.last_snapshot_version = 0        # the newest snapshot made or loaded
         self.pruned_below = 0
+        # the run files each known manifest names (those shipped, or read at the load)
+        self.manifests: dict[int, frozenset[str]] = {}
         self._pending: _Snapshot | None = None
 
-    def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int]) -> None:
-        """After a load from `base`: a damaged snapshot is never counted on for pruning."""
+    def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int],
+               manifests: dict[int, frozenset[str]]) -> None:
+        """After a load from `base`: a damaged snapshot is never counted on for pruning.
+        `manifests`: the run files of every manifest the partition holds."""
         self.snapshots = set(snapshots) - set(damaged)
         self.last_snapshot_version = base
+        self.manifests = dict(manifests)
 
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
-                  directory: str | None = None, codec: str = "lz4") -> None:
+                  directory: str | None = None, codec: str = "lz4",
+                  seeds: tuple[int, int] = (0, 0)) -> None:
         """After `version` is committed: makes its snapshot in a thread when one is due (in
-        a file in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
-        only then (it freezes the live rows)."""
+        files in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
+        only then (it freezes the live rows); a tier's frozen runs make a manifest, whose
+        keys follow the hash `seeds`."""
         due = version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
         if due and self._pending is None:
-            self._pending = _Snapshot(rows_of(), schema, version, directory, codec)
+            self._pending = _Snapshot(rows_of(), schema, version, directory, codec, seeds)
             self.last_snapshot_version = version
 
     def discard(self) -> None:
@@ -134,74 +143,151 @@ class Lifecycle:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
-            if pending.path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(pending.path)
+            pending.delete_local()
 
-    def maintenance(self, new_version: int, min_versions_to_retain: int
-                    ) -> tuple[list[tuple[int, bytes | str]], int]:
-        """What to write and prune with the commit of `new_version`: finished snapshots, and
-        the version below which files may go (-1 for none): the newest snapshot at or below
-        the oldest version retention keeps loadable. The JVM prunes only after the
-        snapshots are written and once that snapshot's file exists."""
-        snapshots = []
+    def maintenance(self, new_version: int, min_versions_to_retain: int,
+                    list_names: Callable[[], list[str]] | None = None,
+                    held_runs: Callable[[], set[str]] = set) -> "Maintenance":
+        """What to write and prune with the commit of `new_version`: the files of finished
+        snapshots, in order; the version below which files may go (-1 for none): the
+        newest snapshot at or below the oldest version retention keeps loadable; and the
+        run files to delete then, named by no snapshot kept nor by the state's runs
+        (`held_runs`). The JVM prunes only after the snapshots are written and once that
+        snapshot's file exists, and deletes the run files only after it pruned. A
+        manifest naming run files of earlier snapshots ships only when `list_names` (the
+        partition's files) shows them all there: one whose write failed leaves its runs
+        to be written again by the next."""
+        shipped: list[tuple[str, bytes | str]] = []
         if self._pending is not None and not self._pending.is_alive():
             pending, self._pending = self._pending, None
             try:
-                snapshots.append(pending.result())
-                self.snapshots.add(snapshots[0][0])
+                made = pending.result()
             except OSError as e:   # a local disk that is full: the deltas stay, as in Spark
                 print(f"arrowstate: WARN the snapshot of version {pending.version} could not "
-                      f"be written to {pending.path}: {e}; its deltas stay, nothing is lost",
-                      file=sys.stderr, flush=True)
+                      f"be written to {pending.directory}: {e}; its deltas stay, nothing is "
+                      "lost", file=sys.stderr, flush=True)
+            else:
+                if self._ship(pending, made, list_names):
+                    shipped = made.files
         oldest_retained = new_version - min_versions_to_retain + 1
         base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
-        if base > self.pruned_below:
-            self.pruned_below = base
-            return snapshots, base
-        return snapshots, -1
+        if base <= self.pruned_below:
+            return Maintenance(shipped, -1, [])
+        self.pruned_below = base
+        kept = set(held_runs())
+        if self._pending is not None:
+            kept |= self._pending.reused
+        gone: set[str] = set()
+        for version in list(self.manifests):
+            if version < base:
+                gone |= self.manifests.pop(version)
+        for names in self.manifests.values():
+            kept |= names
+        return Maintenance(shipped, base, sorted(gone - kept))
+
+    def _ship(self, pending: "_Snapshot", made: manifest.Written | None,
+              list_names: Callable[[], list[str]] | None) -> bool:
+        """Whether a finished snapshot ships; a manifest's runs are then marked written."""
+        if made.written is not None:
+            missing = sorted(made.written.reused - set(list_names()) if list_names and
+                             made.written.reused else ())
+            if missing:
+                print(f"arrowstate: WARN the snapshot of version {pending.version} is not "
+                      f"written: run files it names from earlier snapshots are missing "
+                      f"({', '.join(missing)}); the next snapshot writes those runs again, "
+                      "and the deltas stay, nothing is lost", file=sys.stderr, flush=True)
+                for run in pending.reused_runs:
+                    if run.pieces is not None and any(p.name in missing for p in run.pieces):
+                        run.pieces = None
+                pending.delete_local()
+                return False
+            for run, pieces in made.written.new_runs:
+                run.pieces = pieces
+            self.manifests[pending.version] = frozenset(made.written.manifest.names())
+        self.snapshots.add(pending.version)
+        return True
 
     def wait_for_snapshot(self) -> None:
         if self._pending is not None:
             self._pending.join()
 
 
-class _Snapshot(threading.Thread):
-    """Encodes a snapshot of one committed version, to a local file in `directory` (its
-    path is the result) or to bytes; Arrow's take and IPC release the GIL."""
+class Maintenance(NamedTuple):
+    snapshots: list      # (name, bytes or local path) to write, in order
+    prune_below: int
+    delete: list[str]    # run files to delete once pruned
 
-    def __init__(self, rows: FrozenRows, schema, version: int, directory: str | None,
-                 codec: str) -> None:
+
+class Made(NamedTuple):
+    """A finished snapshot: its files in order, and for a manifest what it wrote."""
+    files: list[tuple[str, bytes | str]]
+    written: manifest.Written | None
+
+
+class _Snapshot(threading.Thread):
+    """Encodes a snapshot of one committed version, to local files in `directory` (their
+    paths are the result) or to bytes: every live row, or for a tier a manifest and the
+    runs not written before; Arrow's take and IPC release the GIL."""
+
+    def __init__(self, rows, schema, version: int, directory: str | None, codec: str,
+                 seeds: tuple[int, int]) -> None:
         super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
-        self.version, self._codec = version, codec
+        self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
         self._rows, self._schema = rows, schema
-        self.path = (None if directory is None else os.path.join(
-            directory, f"{uuid.uuid4().hex}-{files.file_name(files.SNAPSHOT, version)}"))
-        self._bytes: bytes | None = None
+        runs = rows.runs() if hasattr(rows, "runs") else None
+        # the runs it names from earlier snapshots: retention keeps their files meanwhile
+        self.reused_runs = [run for run, _ in runs or () if run.pieces is not None]
+        self.reused = {p.name for run in self.reused_runs for p in run.pieces}
+        self._made: Made | None = None
+        self._local: list[str] = []
         self._error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
-            if self.path is None:
-                self._bytes, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows,
-                                              codec=self._codec)
+            if self.directory is not None:
+                os.makedirs(self.directory, exist_ok=True)
+            if hasattr(self._rows, "runs"):
+                written = manifest.write(self._rows.runs(), self._schema, self.version,
+                                         self._seeds, self._rows.live, self.directory,
+                                         self._codec)
+                self._made = Made(written.files, written)
             else:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                files.encode_to_file(self.path, self._schema, files.SNAPSHOT, self.version,
-                                     rows, self._codec)
+                self._made = Made([self._rows_file()], None)
+            self._local = [c for _, c in self._made.files if isinstance(c, str)]
         except BaseException as e:  # surfaced by result(), in the task that ships it
             self._error = e
-            if self.path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path)
         finally:
+            if hasattr(self._rows, "close"):
+                self._rows.close()
             self._rows = None
 
-    def result(self) -> tuple[int, bytes | str]:
-        """(version, bytes), or (version, local path) for a snapshot made in a file."""
+    def _rows_file(self) -> tuple[str, bytes | str]:
+        name = files.file_name(files.SNAPSHOT, self.version)
+        rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
+        if self.directory is None:
+            data, _ = files.encode(self._schema, files.SNAPSHOT, self.version, rows,
+                                   codec=self._codec)
+            return name, data
+        path = os.path.join(self.directory, f"{uuid.uuid4().hex}-{name}")
+        try:
+            files.encode_to_file(path, self._schema, files.SNAPSHOT, self.version, rows,
+                                 self._codec)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            raise
+        return name, path
+
+    def result(self) -> Made:
         self.join()
         if self._error is not None:
             raise self._error
-        return self.version, self._bytes if self.path is None else self.path
+        return self._made
+
+    def delete_local(self) -> None:
+        """Deletes the local files it made (a snapshot not shipped)."""
+        for path in self._local:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        self._local = []

@@ -56,7 +56,7 @@ class Run:
     Bloom filter of its keys."""
 
     __slots__ = ("n", "keys", "alive", "rows", "path", "fences", "has_dead", "disk_bytes",
-                 "bloom", "__weakref__")
+                 "bloom", "pieces", "__weakref__")
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -68,6 +68,8 @@ class Run:
         self.has_dead = False
         self.disk_bytes = 0
         self.bloom: Bloom | None = None
+        # its run files in the checkpoint once a snapshot has shipped them (`manifest`)
+        self.pieces: tuple | None = None
 
     @classmethod
     def in_memory(cls, keys: np.ndarray, alive: np.ndarray | None,

@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 import weakref
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -199,7 +199,7 @@ class TieredRows:
     def frozen(self) -> "FrozenTier":
         """The live rows as they are now, readable from another thread while this changes
         (runs never change, and their files are held open)."""
-        return FrozenTier(self.schema, self.dtype, list(self.runs))
+        return FrozenTier(self.schema, self.dtype, list(self.runs), self._live)
 
     def all_rows(self, batch_size: int) -> Iterator[pa.RecordBatch]:
         return self.frozen().batches(batch_size)
@@ -414,13 +414,44 @@ class TieredRows:
         return result
 
     def _write(self, run: Run) -> Run:
+        """The run on disk (the same entries: its run files in the checkpoint serve)."""
         reader = RunReader(run, self.dtype)
         try:
-            return self._write_pieces(iter([(reader.keys(0, run.n), reader.alive(0, run.n),
-                                             reader.rows(0, run.n))] if run.n else []),
-                                      run.n, run.bloom)
+            written = self._write_pieces(
+                iter([(reader.keys(0, run.n), reader.alive(0, run.n), reader.rows(0, run.n))]
+                     if run.n else []), run.n, run.bloom)
         finally:
             reader.close()
+        written.pieces = run.pieces
+        return written
+
+    def adopt(self, entries: Iterator[tuple[np.ndarray, np.ndarray, pa.RecordBatch]],
+              expected: int, pieces: tuple, bad: Callable[[str], Exception]) -> None:
+        """Appends, as the newest run and on disk, a run read back from the checkpoint (its
+        run files `pieces`; `entries`: (keys, alive, rows) in key order, `expected` of
+        them); nothing merges (the runs were merged as they were written). A key out of
+        order is `bad(what)`: the files were written under other key seeds, or damaged."""
+        writer = self._writer(expected)
+        last = None
+        try:
+            for keys, alive, rows in entries:
+                if len(keys) and ((last is not None and not keys[0] > last)
+                                  or np.any(keys[1:] <= keys[:-1])):
+                    raise bad("its keys are not in the order of the keys' hash seeds its "
+                              "snapshot names")
+                if len(keys):
+                    last = keys[-1]
+                writer.write(keys, alive, rows)
+            run = writer.finish(self.dtype)
+        except BaseException:
+            writer.abandon()
+            raise
+        run.pieces = pieces
+        self.runs.append(run)
+
+    def set_live(self, count: int) -> None:
+        """The live rows of runs adopted (a snapshot records them)."""
+        self._live = count
 
     def _write_pieces(self, pieces, expected: int, bloom: Bloom | None = None) -> Run:
         writer = self._writer(expected, bloom)
@@ -541,10 +572,15 @@ def _padded(prefixes: np.ndarray, dtype: np.dtype, fill: int) -> np.ndarray:
 class FrozenTier:
     """A consistent view of the live rows at one moment, in key order."""
 
-    def __init__(self, schema: pa.Schema, dtype: np.dtype, runs: list[Run]) -> None:
-        self.schema, self.dtype = schema, dtype
+    def __init__(self, schema: pa.Schema, dtype: np.dtype, runs: list[Run],
+                 live: int) -> None:
+        self.schema, self.dtype, self.live = schema, dtype, live
         # files are opened now: a merge may delete them before the view is read
         self._readers = [RunReader(r, dtype) for r in runs]
+
+    def runs(self) -> list[tuple[Run, RunReader]]:
+        """Its runs, oldest first, each with a reader of it (closed with the view)."""
+        return [(reader.run, reader) for reader in self._readers]
 
     def __del__(self) -> None:
         self.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import keys as keycodec
-from . import evolution, files
+from . import evolution, files, manifest
 from .hashed import HashedRows, available as hash_table_available
 from .prefixed import PrefixedHashedRows
 from .lifecycle import FileSource, Lifecycle, load_plans, schema_reader
@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 
 class CommitFiles(NamedTuple):
     """What committing a version writes: its delta, the schema file to write before it (name
-    and bytes) when the partition lacks the one it needs, the snapshots (of earlier
-    versions) made meanwhile, and the version below which files may be pruned (-1: none)."""
+    and bytes) when the partition lacks the one it needs, the files of snapshots (of earlier
+    versions) made meanwhile (name, and bytes or a local file's path, in order), the version
+    below which files may be pruned (-1: none), and the run files to delete once pruned."""
     version: int
     delta: bytes
     schema_file: tuple[str, bytes] | None
     snapshots: list
     prune_below: int
+    delete: list
 
     def written(self) -> dict[str, bytes]:
         """The files the commit itself writes, by name, in order: the schema file, then the
@@ -252,17 +254,28 @@ class VersionedState:
 
     # -- versions ---------------------------------------------------------------------------
     def commit_files(self, new_version: int, min_versions_to_retain: int,
-                     figures: dict | None = None, codec: str = "lz4") -> CommitFiles:
+                     figures: dict | None = None, codec: str = "lz4",
+                     list_names: Callable[[], list[str]] | None = None) -> CommitFiles:
         """The files of new_version's commit: its delta records the state `figures`, if
-        given; a large delta's buffers are compressed with `codec`, a files.ipc_codec."""
+        given; a large delta's buffers are compressed with `codec`, a files.ipc_codec.
+        `list_names`: the partition's files (a snapshot naming earlier run files checks
+        they are there)."""
         delta, self._pending_uid, schema_name = files.encode_delta(
             self.schema, new_version, self._changes, self._has_change_records, figures, codec)
         schema_file = None
         if schema_name is not None and schema_name not in self.schema_files:
             schema_file = files.schema_file(self.schema)
             self._pending_schema = schema_name
-        snapshots, prune_below = self.lifecycle.maintenance(new_version, min_versions_to_retain)
-        return CommitFiles(new_version, delta, schema_file, snapshots, prune_below)
+        done = self.lifecycle.maintenance(new_version, min_versions_to_retain, list_names,
+                                          self._held_run_files)
+        return CommitFiles(new_version, delta, schema_file, done.snapshots, done.prune_below,
+                           done.delete)
+
+    def _held_run_files(self) -> set[str]:
+        """The run files in the checkpoint that the tier's runs are (none off the tier)."""
+        if not isinstance(self.rows, TieredRows):
+            return set()
+        return {p.name for run in self.rows.runs if run.pieces for p in run.pieces}
 
     def mark_committed(self, new_version: int, min_deltas_for_snapshot: int,
                        snapshot_dir: str | None = None, codec: str = "lz4") -> None:
@@ -277,7 +290,7 @@ class VersionedState:
         self._has_change_records = False
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
-                                 min_deltas_for_snapshot, snapshot_dir, codec)
+                                 min_deltas_for_snapshot, snapshot_dir, codec, self.seeds)
 
     def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
         """Loads `version`: the newest snapshot at or below it and the deltas after it. A
@@ -299,24 +312,24 @@ class VersionedState:
         with (self.rows.unpaced() if isinstance(self.rows, TieredRows)
               else contextlib.nullcontext()):
             for chain, base in plans:
+                self.rows.clear()
                 try:
-                    first, uid = decoded(chain[0])
+                    uid = self._load_base(source, chain[0], names, decoded)
                 except files.CorruptStateFile as e:
                     if not base:
                         raise
                     damaged.append(base)
+                    last_damage = e
                     print(f"arrowstate: WARN skipping damaged snapshot {e.path} "
                           f"({source.context}): {e.what}; loading from an older snapshot and "
                           "the deltas after it", file=sys.stderr, flush=True)
                     continue
-                self.rows.clear()
-                for batch in first:
-                    self._apply(batch)
                 for name in chain[1:]:   # each file is verified whole before it is applied
                     batches, uid = decoded(name)
                     for batch in batches:
                         self._apply(batch)
-                self.lifecycle.loaded(snapshots, base, damaged)
+                self.lifecycle.loaded(snapshots, base, damaged,
+                                      self._manifests(source, names, snapshots, damaged))
                 self.version = version
                 self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
                 self.files_skipped = len(damaged)
@@ -324,9 +337,79 @@ class VersionedState:
                 self._has_change_records = False
                 return
         raise files.CorruptStateFile(
-            f"{source.where}/{files.file_name(files.SNAPSHOT, damaged[-1])}", source.context,
-            f"every snapshot that could load version {version} is damaged "
+            last_damage.path, source.context,
+            f"{last_damage.what}; every snapshot that could load version {version} is damaged "
             f"({', '.join(map(str, damaged))}) and no chain of deltas alone reaches it")
+
+    def _load_base(self, source: FileSource, name: str, names: list[str],
+                   decoded) -> bytes | None:
+        """Applies the first file of a load's chain (a snapshot, a manifest and its run
+        files, or the first delta); its unique id (None for a manifest)."""
+        payload = source.read(name)
+        path = f"{source.where}/{name}"
+        made = (manifest.read(path, source.context, payload)
+                if name.endswith(files.SUFFIX[files.SNAPSHOT]) else None)
+        if made is None:
+            batches, uid = decoded(name)
+            for batch in batches:
+                self._apply(batch)
+            return uid
+        present = set(names)
+
+        def run_batches(piece: manifest.Piece) -> list[pa.RecordBatch]:
+            return manifest.run_batches(
+                source.where, source.context, path, piece, present, source.read, self.schema,
+                lambda p, data: files.decode(p, source.context, data, self.schema,
+                                             self.dropped_columns, self.evolve))
+
+        if not isinstance(self.rows, TieredRows):   # state in memory: the runs in order
+            for run in made.runs:
+                for piece in run:
+                    for batch in run_batches(piece):
+                        self._apply(batch)
+            return None
+        self.seeds = made.seeds   # the runs' key order follows the seeds that wrote them
+
+        def entries(run: list[manifest.Piece]):
+            for piece in run:
+                for batch in run_batches(piece):
+                    rows = pa.RecordBatch.from_arrays(batch.columns[:-1], schema=self.schema)
+                    alive = batch.column(batch.num_columns - 1).to_numpy(
+                        zero_copy_only=False) == files.OP_PUT
+                    yield (self.keys(rows.columns[: self.key_count], rows.num_rows), alive,
+                           rows)
+
+        for run in made.runs:
+            self.rows.adopt(entries(run), sum(p.rows for p in run), tuple(run),
+                            lambda what: files.CorruptStateFile(
+                                f"{source.where}/{run[0].name}", source.context, what))
+        self.rows.set_live(made.rows)
+        return None
+
+    @staticmethod
+    def _manifests(source: FileSource, names: list[str], snapshots: Sequence[int],
+                   damaged: Sequence[int]) -> dict[int, frozenset[str]]:
+        """The run files every manifest of the partition names (retention deletes a run
+        file only when no snapshot it keeps names it). A snapshot's last bytes say whether
+        it is one; a damaged manifest is passed over (it loads nothing: its run files need
+        not stay for it)."""
+        found: dict[int, frozenset[str]] = {}
+        if not any(files.is_run_file(n) for n in names):
+            return found
+        for version in snapshots:
+            if version in damaged:
+                continue
+            name = files.file_name(files.SNAPSHOT, version)
+            if not manifest.is_manifest(source.tail(name, files.TRAILER.size)):
+                continue
+            try:
+                made = manifest.read(f"{source.where}/{name}", source.context,
+                                     source.read(name))
+            except files.CorruptStateFile:
+                continue
+            if made is not None:
+                found[version] = frozenset(made.names())
+        return found
 
     def _apply(self, batch: pa.RecordBatch) -> None:
         """Replays a file batch: runs of puts and removes, in order (change records are

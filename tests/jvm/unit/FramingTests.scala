@@ -133,22 +133,28 @@ object FramingTests extends UnitTests {
     out.writeInt(0)
   }
 
-  test("COMMIT is read as (version, snapshot file) pairs, the prune-below version, the schema file, then the delta streamed") {
+  test("COMMIT is read as (name, local file) pairs, the prune-below version, the run files to delete, the schema file, then the delta streamed") {
     for (size <- Seq(0, 2, 9, 12)) {   // empty, one chunk, a short last one, an exact multiple
       val delta = Array.tabulate[Byte](size)(_.toByte)
       val codec = reading { out =>
         out.writeInt(Contract.Frame.Commit.tag)
-        out.writeInt(1); out.writeLong(5L); str(out, "/tmp/5.arrowstate.snapshot")
+        out.writeInt(2)
+        str(out, "ab.arrowstate.run"); str(out, "/tmp/ab.arrowstate.run")
+        str(out, "5.arrowstate.snapshot"); str(out, "/tmp/5.arrowstate.snapshot")
         out.writeLong(4L)
+        out.writeInt(1); str(out, "cd.arrowstate.run")
         str(out, "ab.arrowstate.schema"); out.writeInt(2); out.write(Array[Byte](7, 8))
         chunks(out, delta, 3)
         out.writeInt(Contract.Frame.Ready.tag)
       }
-      val (frame, Seq(snaps: Seq[(Long, String)] @unchecked, prune: Long, schemaFile: String,
-        schemaBytes: Array[Byte], stream: InputStream)) = codec.read(Contract.Frame.Commit)
+      val (frame, Seq(snaps: Seq[(String, String)] @unchecked, prune: Long,
+        deletes: Seq[String] @unchecked, schemaFile: String, schemaBytes: Array[Byte],
+        stream: InputStream)) = codec.read(Contract.Frame.Commit)
       assertEqual(frame, Contract.Frame.Commit)
-      assertEqual(snaps, Seq(5L -> "/tmp/5.arrowstate.snapshot"))
+      assertEqual(snaps, Seq("ab.arrowstate.run" -> "/tmp/ab.arrowstate.run",
+        "5.arrowstate.snapshot" -> "/tmp/5.arrowstate.snapshot"))
       assertEqual(prune, 4L)
+      assertEqual(deletes, Seq("cd.arrowstate.run"))
       assertEqual(schemaFile, "ab.arrowstate.schema")
       assertEqual(schemaBytes.toSeq, Seq[Byte](7, 8))
       val copy = new ByteArrayOutputStream()

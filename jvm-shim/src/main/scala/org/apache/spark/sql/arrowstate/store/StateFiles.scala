@@ -202,13 +202,18 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     wholeOrUndone(out, out.cancel())(body)
   }
 
-  /** Deletes our files of versions below `version`, once that version's snapshot exists. */
-  def pruneBelow(version: Long): Unit = {
-    if (!fm.exists(new Path(dir, s"$version$SnapshotSuffix"))) return
+  /** Deletes our files of versions below `version`, once that version's snapshot exists;
+   * whether it did. */
+  def pruneBelow(version: Long): Boolean = {
+    if (!fm.exists(new Path(dir, s"$version$SnapshotSuffix"))) return false
     ourNames().foreach { name =>
       versionOf(name).filter(_ < version).foreach(_ => fm.delete(new Path(dir, name)))
     }
+    true
   }
+
+  /** Deletes these files of the directory (a missing one is no error). */
+  def delete(names: Seq[String]): Unit = names.foreach(n => fm.delete(new Path(dir, n)))
 }
 
 /**

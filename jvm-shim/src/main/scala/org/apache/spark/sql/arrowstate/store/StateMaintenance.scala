@@ -18,22 +18,26 @@ object StateMaintenance extends Logging {
     }
   })
 
-  /** Copies the snapshots (local files the worker wrote, deleted once copied or failed)
-   * into the checkpoint, then prunes. */
-  def submit(files: StateFiles, snapshots: Seq[(Long, String)], pruneBelow: Long): Unit =
-    if (snapshots.nonEmpty || pruneBelow > 0) {
+  /** A commit's maintenance: the snapshots' files (name, local file the worker wrote) in
+   * the order to write them, the version below which files may go, and the run files to
+   * delete once pruned. */
+  case class Job(snapshots: Seq[(String, String)], pruneBelow: Long, deletes: Seq[String])
+
+  /** Copies the snapshots' files (deleted once copied or failed) into the checkpoint in
+   * order, stopping at the first that fails (a manifest is written after its run files, or
+   * not at all), then prunes, then deletes the run files no snapshot kept names. */
+  def submit(files: StateFiles, job: Job): Unit =
+    if (job.snapshots.nonEmpty || job.pruneBelow > 0) {
       executor.execute(() => {
         try {
-          snapshots.foreach { case (v, local) =>
-            files.copyLocal(s"$v${StateFiles.SnapshotSuffix}", local)
-          }
-          if (pruneBelow > 0) files.pruneBelow(pruneBelow)
+          job.snapshots.foreach { case (name, local) => files.copyLocal(name, local) }
+          if (job.pruneBelow > 0 && files.pruneBelow(job.pruneBelow)) files.delete(job.deletes)
         } catch {
           case e: Exception =>
             logWarning(s"arrowstate: state maintenance of ${files.dir} failed; its deltas " +
               "stay, so nothing is lost", e)
         } finally {
-          snapshots.foreach { case (_, local) => new java.io.File(local).delete() }
+          job.snapshots.foreach { case (_, local) => new java.io.File(local).delete() }
         }
       })
     }

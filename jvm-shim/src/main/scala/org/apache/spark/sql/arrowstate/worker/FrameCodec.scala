@@ -18,7 +18,7 @@ import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePy
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], versionedFiles Seq[(Long, String)], json:* JValue; chunks (a file of any
+ * Seq[String], namedFiles Seq[(String, String)], json:* JValue; chunks (a file of any
  * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
  * they come, which the caller reads to its end before the next frame.
  */
@@ -84,13 +84,13 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
       case ("strings", v: Seq[_]) =>
         out.writeInt(v.size)
         v.foreach(s => writeValue(frame, field, "string", s))
-      case ("versionedFiles", v: Seq[_]) =>
+      case ("namedFiles", v: Seq[_]) =>
         out.writeInt(v.size)
         v.foreach {
-          case (version: Long, path: String) =>
-            out.writeLong(version); writeBytes(path.getBytes(UTF_8))
+          case (name: String, path: String) =>
+            writeBytes(name.getBytes(UTF_8)); writeBytes(path.getBytes(UTF_8))
           case other => throw ArrowStateException.contract(frame, field,
-            s"a versionedFiles item must be (Long, String), not $other")
+            s"a namedFiles item must be (String, String), not $other")
         }
       case (json, v: JValue) if json.startsWith("json:") =>
         ContractSchema.check(json.stripPrefix("json:"), v)
@@ -111,8 +111,8 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     case "bytes" | "arrow" => readBytes()
     case "string" => new String(readBytes(), UTF_8)
     case "strings" => Seq.fill(in.readInt())(new String(readBytes(), UTF_8))
-    case "versionedFiles" =>
-      Seq.fill(in.readInt())(in.readLong() -> new String(readBytes(), UTF_8))
+    case "namedFiles" =>
+      Seq.fill(in.readInt())(new String(readBytes(), UTF_8) -> new String(readBytes(), UTF_8))
     case "chunks" =>
       val stream = new ChunkedInput(frame, field)
       streaming = Some(stream)

@@ -12,7 +12,7 @@ import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.store.{StateFiles, StateMaintenance}
 
 /**
  * One Python process that holds the state of any number of operator partitions: its
@@ -144,18 +144,26 @@ class PythonStateWorker(
       case _ => None
     }
 
-  /** COMMIT: the snapshots the worker finished meanwhile (version, the local file it
-   * wrote) and the version below which files may be pruned; the schema file the delta
-   * needs, if the partition lacks it, goes to `writeFile` (name, bytes) first; then the new
-   * version's delta, as it comes, to `writeDelta` (which reads it to its end). */
-  def readCommit(writeFile: (String, Array[Byte]) => Unit)(
-      writeDelta: InputStream => Unit): (Seq[(Long, String)], Long) = {
-    val (_, Seq(snapshots: Seq[(Long, String)] @unchecked, pruneBelow: Long,
-      schemaFile: String, schemaBytes: Array[Byte], delta: InputStream)) =
-      read(Contract.Frame.Commit)
+  /** COMMIT: the files of snapshots the worker finished meanwhile (name, the local file it
+   * wrote), the version below which files may be pruned and the run files to delete after;
+   * the schema file the delta needs, if the partition lacks it, goes to `writeFile` (name,
+   * bytes) first; then the new version's delta, as it comes, to `writeDelta` (which reads
+   * it to its end). Before it, the worker may list the partition's files (a snapshot that
+   * names earlier run files checks they are there). */
+  def readCommit(files: StateFiles)(writeFile: (String, Array[Byte]) => Unit)(
+      writeDelta: InputStream => Unit): StateMaintenance.Job = {
+    import Contract.Frame._
+    var frame = read(Commit, ListFiles)
+    while (frame._1 != Commit) {
+      serveFileRequest(frame._1, frame._2, files)
+      frame = read(Commit, ListFiles)
+    }
+    val Seq(snapshots: Seq[(String, String)] @unchecked, pruneBelow: Long,
+      deletes: Seq[String] @unchecked, schemaFile: String, schemaBytes: Array[Byte],
+      delta: InputStream) = frame._2
     if (schemaFile.nonEmpty) writeFile(schemaFile, schemaBytes)
     streamed(writeDelta(delta))
-    (snapshots, pruneBelow)
+    StateMaintenance.Job(snapshots, pruneBelow, deletes)
   }
 
   /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics. */

@@ -146,14 +146,14 @@ class StateExchange(
       body
       writeNanos += System.nanoTime() - start
     }
-    val (snapshots, pruneBelow) = timed(worker.readCommit { (name, content) =>
+    val maintenance = timed(worker.readCommit(files) { (name, content) =>
       writing(files.write(name, new java.io.ByteArrayInputStream(content)))
     } { delta =>
       writing(files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta))
     })
     pythonNanos -= writeNanos
     val commitMs = writeNanos / 1000000
-    StateMaintenance.submit(files, snapshots, pruneBelow)
+    StateMaintenance.submit(files, maintenance)
     val reportedJson = timed(worker.confirmCommitted())
     finished = true
     PythonStateWorkers.giveBack(worker)
