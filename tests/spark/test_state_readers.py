@@ -100,6 +100,42 @@ def test_statestore_and_state_metadata_read_arrowstate_as_native(spark, tmp_path
     assert our_meta == native_meta
 
 
+@pytest.mark.parametrize("name", ["dedup", "aggregation_update", "session_window_append",
+                                  "apply_in_pandas_with_state"])
+def test_readers_read_snapshots_that_name_run_files_as_native(spark, spark_conf, tmp_path,
+                                                              name):
+    """State on the tier (a worker memory budget) snapshots every version as a manifest
+    naming run files; the restarted query takes them back into its tier, and Spark's
+    readers read every batch, the change feed, and from every snapshot, as native."""
+    spark_conf(**{"spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0",
+                  "spark.sql.streaming.stateStore.minDeltasForSnapshot": 1})
+    (native, ours), last = _both(spark, tmp_path, name)
+    assert checkpoint_files(spark, f"{ours}/state/0/*/*.arrowstate.run")
+
+    def read(**options):
+        reader = spark.read.format("statestore")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return [_rows(reader.load(ck)) for ck in (native, ours)]
+
+    for batch in range(last + 1):
+        expected, got = read(batchId=batch)
+        assert got == expected, batch
+    expected, got = read(readChangeFeed=True, changeStartBatchId=0)
+    assert got == expected
+    for partition in range(2):
+        versions = sorted(int(n.split(".")[0]) for n in checkpoint_files(
+            spark, f"{ours}/state/0/{partition}/*.arrowstate.snapshot"))
+        expected = [r for r in read(batchId=last)[0] if f"partition_id={partition})" in r]
+        for version in versions:
+            got = _rows(spark.read.format("statestore")
+                        .option("snapshotStartBatchId", version - 1)
+                        .option("snapshotPartitionId", partition).option("batchId", last)
+                        .load(ours))
+            assert got == expected, (partition, version)
+
+
 @pytest.fixture
 def sparks_maintenance_restarted(spark):
     """Spark starts its state stores' maintenance task once per JVM, with the interval of the
