@@ -4,7 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from arrowstate.store import CorruptStateFile, VersionedState, files, manifest, runs, tier
+from arrowstate.store import (CorruptStateFile, VersionedState, files, lifecycle, manifest,
+                              runs, tier)
 from arrowstate.store.budget import TierPlace
 
 
@@ -22,6 +23,7 @@ class Checkpoint:
     def __init__(self):
         self.files = {}
         self.where, self.context = "ck/state/0/0", "operator 0, partition 0"
+        self.log = []   # per commit: its delta's size and the snapshot files it wrote
 
     def names(self):
         return list(self.files)
@@ -37,6 +39,7 @@ class Checkpoint:
         the snapshots' files in order, pruning, and the run files to delete."""
         self.files.update(done.written())
         self.files.update(done.snapshots)
+        self.log.append((len(done.delta), [(n, len(b)) for n, b in done.snapshots]))
         base = files.file_name(files.SNAPSHOT, done.prune_below)
         if done.prune_below > 0 and base in self.files:
             for name in list(self.files):
@@ -252,3 +255,36 @@ def test_a_manifest_is_self_verifying():
         manifest.read("d/8.arrowstate.snapshot", "", data)
     with pytest.raises(CorruptStateFile, match="read through"):
         files.decode("d/7.arrowstate.snapshot", "", data, pa.schema([("k0", pa.int64())]))
+
+
+def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, monkeypatch):
+    """A manifest's run files ship a few per commit, a share of them over the commits until
+    the next snapshot is due (or as much as the commit's delta), the manifest last;
+    meanwhile no new snapshot starts, and every version loads (from the previous snapshot
+    and the deltas, until the manifest is written)."""
+    monkeypatch.setattr(lifecycle, "SHIP_MIN_BYTES", 1)
+    monkeypatch.setattr(manifest, "PIECE_ROWS", 200)
+    state, checkpoint, expected = _run_versions(tmp_path, 30, retain=40)
+    spread = [(delta, shipped) for delta, shipped in checkpoint.log if shipped]
+    assert len(spread) > 3, "snapshots took several commits"
+    biggest = max(size for _, shipped in spread for _, size in shipped)
+    totals, total = [], 0   # each snapshot's bytes, its manifest last
+    for _, shipped in spread:
+        for name, size in shipped:
+            total += size
+            if name.endswith(files.SUFFIX[files.SNAPSHOT]):
+                totals.append(total)
+                total = 0
+    for delta, shipped in spread:   # a share: a snapshot's bytes over the 3 commits
+        wrote = sum(size for _, size in shipped)
+        assert wrote <= max(delta, max(totals) / 3) + biggest, shipped
+    order = [n for _, shipped in checkpoint.log for n, _ in shipped]
+    manifests = [i for i, n in enumerate(order) if n.endswith(files.SUFFIX[files.SNAPSHOT])]
+    assert len(manifests) >= 2
+    assert all(files.is_run_file(n) for n in order[manifests[0] + 1:manifests[1]]), \
+        "the next snapshot's run files come after the last manifest"
+    for version in range(1, 31):
+        loaded = _loaded(tmp_path, checkpoint, version, name=f"s{version}")
+        assert _contents(loaded) == expected[version], version
+        loaded.close()
+    state.close()

@@ -107,6 +107,9 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
     return plans, snapshots
 
 
+SHIP_MIN_BYTES = 4 << 20   # a commit ships at least this much of a snapshot's files
+
+
 class Lifecycle:
     """Snapshot scheduling and retention for one partition."""
 
@@ -117,6 +120,9 @@ class Lifecycle:
         # the run files each known manifest names (those shipped, or read at the load)
         self.manifests: dict[int, frozenset[str]] = {}
         self._pending: _Snapshot | None = None
+        # a finished snapshot shipping over commits: it, what it made, the files left
+        self._shipping: tuple[_Snapshot, Made, list] | None = None
+        self._spread = 1   # the commits a snapshot's files may ship over (see maintenance)
 
     def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int],
                manifests: dict[int, frozenset[str]]) -> None:
@@ -133,8 +139,9 @@ class Lifecycle:
         files in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
         only then (it freezes the live rows); a tier's frozen runs make a manifest, whose
         keys follow the hash `seeds`."""
-        due = version - self.last_snapshot_version >= max(1, min_deltas_for_snapshot)
-        if due and self._pending is None:
+        self._spread = max(1, min_deltas_for_snapshot)
+        due = version - self.last_snapshot_version >= self._spread
+        if due and self._pending is None and self._shipping is None:
             self._pending = _Snapshot(rows_of(), schema, version, directory, codec, seeds)
             self.last_snapshot_version = version
 
@@ -144,21 +151,29 @@ class Lifecycle:
         if pending is not None:
             pending.join()
             pending.delete_local()
+        shipping, self._shipping = self._shipping, None
+        if shipping is not None:
+            _delete_local(shipping[2])
 
     def maintenance(self, new_version: int, min_versions_to_retain: int,
                     list_names: Callable[[], list[str]] | None = None,
-                    held_runs: Callable[[], set[str]] = set) -> "Maintenance":
-        """What to write and prune with the commit of `new_version`: the files of finished
-        snapshots, in order; the version below which files may go (-1 for none): the
+                    held_runs: Callable[[], set[str]] = set,
+                    delta_bytes: int = 0) -> "Maintenance":
+        """What to write and prune with the commit of `new_version`: files of a finished
+        snapshot, in order; the version below which files may go (-1 for none): the
         newest snapshot at or below the oldest version retention keeps loadable; and the
         run files to delete then, named by no snapshot kept nor by the state's runs
         (`held_runs`). The JVM prunes only after the snapshots are written and once that
-        snapshot's file exists, and deletes the run files only after it pruned. A
-        manifest naming run files of earlier snapshots ships only when `list_names` (the
-        partition's files) shows them all there: one whose write failed leaves its runs
-        to be written again by the next."""
-        shipped: list[tuple[str, bytes | str]] = []
-        if self._pending is not None and not self._pending.is_alive():
+        snapshot's file exists, and deletes the run files only after it pruned.
+
+        A snapshot's files ship over the commits until the next is due
+        (`min_deltas_for_snapshot`), each commit about an even share of them, or as much
+        as its delta (`delta_bytes`) or SHIP_MIN_BYTES where that is more, its manifest
+        last: no micro-batch writes a whole snapshot. A manifest naming run files of earlier
+        snapshots ships only when `list_names` (the partition's files) shows them all
+        there: one whose write failed leaves its runs to be written again by the next."""
+        if (self._shipping is None and self._pending is not None
+                and not self._pending.is_alive()):
             pending, self._pending = self._pending, None
             try:
                 made = pending.result()
@@ -167,16 +182,18 @@ class Lifecycle:
                       f"be written to {pending.directory}: {e}; its deltas stay, nothing is "
                       "lost", file=sys.stderr, flush=True)
             else:
-                if self._ship(pending, made, list_names):
-                    shipped = made.files
+                if self._may_ship(pending, made, list_names):
+                    self._shipping = (pending, made, list(made.files))
+        shipped = self._installment(delta_bytes)
         oldest_retained = new_version - min_versions_to_retain + 1
         base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
         if base <= self.pruned_below:
             return Maintenance(shipped, -1, [])
         self.pruned_below = base
         kept = set(held_runs())
-        if self._pending is not None:
-            kept |= self._pending.reused
+        for snapshot in (self._pending, self._shipping and self._shipping[0]):
+            if snapshot:
+                kept |= snapshot.reused
         gone: set[str] = set()
         for version in list(self.manifests):
             if version < base:
@@ -185,31 +202,60 @@ class Lifecycle:
             kept |= names
         return Maintenance(shipped, base, sorted(gone - kept))
 
-    def _ship(self, pending: "_Snapshot", made: manifest.Written | None,
-              list_names: Callable[[], list[str]] | None) -> bool:
-        """Whether a finished snapshot ships; a manifest's runs are then marked written."""
-        if made.written is not None:
-            missing = sorted(made.written.reused - set(list_names()) if list_names and
-                             made.written.reused else ())
-            if missing:
-                print(f"arrowstate: WARN the snapshot of version {pending.version} is not "
-                      f"written: run files it names from earlier snapshots are missing "
-                      f"({', '.join(missing)}); the next snapshot writes those runs again, "
-                      "and the deltas stay, nothing is lost", file=sys.stderr, flush=True)
-                for run in pending.reused_runs:
-                    if run.pieces is not None and any(p.name in missing for p in run.pieces):
-                        run.pieces = None
-                pending.delete_local()
-                return False
-            for run, pieces in made.written.new_runs:
-                run.pieces = pieces
-            self.manifests[pending.version] = frozenset(made.written.manifest.names())
-        self.snapshots.add(pending.version)
-        return True
+    def _may_ship(self, pending: "_Snapshot", made: "Made",
+                  list_names: Callable[[], list[str]] | None) -> bool:
+        """Whether a finished snapshot may ship: a manifest's earlier run files are there."""
+        if made.written is None or not made.written.reused or list_names is None:
+            return True
+        missing = sorted(made.written.reused - set(list_names()))
+        if not missing:
+            return True
+        print(f"arrowstate: WARN the snapshot of version {pending.version} is not written: "
+              f"run files it names from earlier snapshots are missing ({', '.join(missing)});"
+              " the next snapshot writes those runs again, and the deltas stay, nothing is "
+              "lost", file=sys.stderr, flush=True)
+        for run in pending.reused_runs:
+            if run.pieces is not None and any(p.name in missing for p in run.pieces):
+                run.pieces = None
+        pending.delete_local()
+        return False
+
+    def _installment(self, delta_bytes: int) -> list[tuple[str, bytes | str]]:
+        """The next files of the snapshot shipping (see `maintenance`): at least one, and
+        more while they stay within the commit's share. With its last (its manifest or
+        snapshot file) it is written: a manifest's runs are marked as in the checkpoint."""
+        if self._shipping is None:
+            return []
+        pending, made, left = self._shipping
+        share = -(-sum(_size(c) for _, c in made.files) // self._spread)
+        budget = max(SHIP_MIN_BYTES, delta_bytes, share)
+        out, size = [], 0
+        while left and (not out or size + _size(left[0][1]) <= budget):
+            size += _size(left[0][1])
+            out.append(left.pop(0))
+        if not left:
+            self._shipping = None
+            if made.written is not None:
+                for run, pieces in made.written.new_runs:
+                    run.pieces = pieces
+                self.manifests[pending.version] = frozenset(made.written.manifest.names())
+            self.snapshots.add(pending.version)
+        return out
 
     def wait_for_snapshot(self) -> None:
         if self._pending is not None:
             self._pending.join()
+
+
+def _size(content: bytes | str) -> int:
+    return len(content) if not isinstance(content, str) else os.path.getsize(content)
+
+
+def _delete_local(entries: list[tuple[str, bytes | str]]) -> None:
+    for _, content in entries:
+        if isinstance(content, str):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(content)
 
 
 class Maintenance(NamedTuple):
@@ -287,7 +333,5 @@ class _Snapshot(threading.Thread):
 
     def delete_local(self) -> None:
         """Deletes the local files it made (a snapshot not shipped)."""
-        for path in self._local:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        _delete_local([("", path) for path in self._local])
         self._local = []

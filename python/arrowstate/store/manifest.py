@@ -36,8 +36,10 @@ from .container import (FORMAT_MANIFEST, KIND_SNAPSHOT, MAGIC, TRAILER, CorruptS
                         checked_trailer, trailer)
 from .runs import MERGE_ROWS, Run, RunReader
 
-PIECE_BYTES = 64 << 20    # rows (Arrow's in-memory size) a run file holds at most
-PIECE_ROWS = 1 << 20      # and entries
+# rows (Arrow's in-memory size) and entries a run file holds at most: small enough that a
+# snapshot's files ship a few a micro-batch (lifecycle), large enough to keep requests few
+PIECE_BYTES = 8 << 20
+PIECE_ROWS = 1 << 18
 _TAG = "arrowstate-manifest-1"
 
 

@@ -267,7 +267,7 @@ class VersionedState:
             schema_file = files.schema_file(self.schema)
             self._pending_schema = schema_name
         done = self.lifecycle.maintenance(new_version, min_versions_to_retain, list_names,
-                                          self._held_run_files)
+                                          self._held_run_files, len(delta))
         return CommitFiles(new_version, delta, schema_file, done.snapshots, done.prune_below,
                            done.delete)
 
