@@ -1,5 +1,7 @@
 """Snapshots of tiered state as manifests naming run files (store.manifest), without Spark:
 what they write, what loads from them, what retention deletes, and damage."""
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -38,8 +40,15 @@ class Checkpoint:
         """What the JVM does with a commit: the schema file and delta, then (maintenance)
         the snapshots' files in order, pruning, and the run files to delete."""
         self.files.update(done.written())
-        self.files.update(done.snapshots)
-        self.log.append((len(done.delta), [(n, len(b)) for n, b in done.snapshots]))
+        for name, content in done.snapshots:
+            if isinstance(content, str):   # a local file: copied, then deleted
+                with open(content, "rb") as f:
+                    self.files[name] = f.read()
+                os.remove(content)
+            else:
+                self.files[name] = content
+        self.log.append((len(done.delta),
+                         [(n, len(self.files[n])) for n, _ in done.snapshots]))
         base = files.file_name(files.SNAPSHOT, done.prune_below)
         if done.prune_below > 0 and base in self.files:
             for name in list(self.files):
@@ -61,9 +70,10 @@ def _key_column(raw, string_keys):
 
 
 def _run_versions(tmp_path, versions, string_keys=False, min_deltas=3, retain=4,
-                  checkpoint=None):
-    """Versions of random puts and removals on a tiered state, committed into `checkpoint`;
-    the live rows after each version."""
+                  checkpoint=None, local_files=False):
+    """Versions of random puts and removals on a tiered state, committed into `checkpoint`
+    (snapshots made as local files with `local_files`, as a worker makes them); the live
+    rows after each version."""
     state = _state(tmp_path, string_keys=string_keys)
     checkpoint = checkpoint if checkpoint is not None else Checkpoint()
     rng = np.random.default_rng(11)
@@ -83,7 +93,8 @@ def _run_versions(tmp_path, versions, string_keys=False, min_deltas=3, retain=4,
         state.lifecycle.wait_for_snapshot()
         done = state.commit_files(version, retain, list_names=checkpoint.names)
         checkpoint.commit(done)
-        state.mark_committed(version, min_deltas)
+        state.mark_committed(version, min_deltas,
+                             str(tmp_path / "snapshots") if local_files else None)
         expected[version] = dict(live)
     return state, checkpoint, expected
 
@@ -264,7 +275,7 @@ def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, mo
     and the deltas, until the manifest is written)."""
     monkeypatch.setattr(lifecycle, "SHIP_MIN_BYTES", 1)
     monkeypatch.setattr(manifest, "PIECE_ROWS", 200)
-    state, checkpoint, expected = _run_versions(tmp_path, 30, retain=40)
+    state, checkpoint, expected = _run_versions(tmp_path, 30, retain=40, local_files=True)
     spread = [(delta, shipped) for delta, shipped in checkpoint.log if shipped]
     assert len(spread) > 3, "snapshots took several commits"
     biggest = max(size for _, shipped in spread for _, size in shipped)
@@ -288,3 +299,4 @@ def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, mo
         assert _contents(loaded) == expected[version], version
         loaded.close()
     state.close()
+    assert not os.listdir(tmp_path / "snapshots"), "no local file is left behind"

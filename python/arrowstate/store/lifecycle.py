@@ -120,8 +120,9 @@ class Lifecycle:
         # the run files each known manifest names (those shipped, or read at the load)
         self.manifests: dict[int, frozenset[str]] = {}
         self._pending: _Snapshot | None = None
-        # a finished snapshot shipping over commits: it, what it made, the files left
-        self._shipping: tuple[_Snapshot, Made, list] | None = None
+        # a finished snapshot shipping over commits: it, what it made, the files left, and
+        # the bytes a commit ships of them
+        self._shipping: tuple[_Snapshot, Made, list, int] | None = None
         self._spread = 1   # the commits a snapshot's files may ship over (see maintenance)
 
     def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int],
@@ -183,7 +184,8 @@ class Lifecycle:
                       "lost", file=sys.stderr, flush=True)
             else:
                 if self._may_ship(pending, made, list_names):
-                    self._shipping = (pending, made, list(made.files))
+                    share = -(-sum(_size(c) for _, c in made.files) // self._spread)
+                    self._shipping = (pending, made, list(made.files), share)
         shipped = self._installment(delta_bytes)
         oldest_retained = new_version - min_versions_to_retain + 1
         base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
@@ -226,8 +228,7 @@ class Lifecycle:
         snapshot file) it is written: a manifest's runs are marked as in the checkpoint."""
         if self._shipping is None:
             return []
-        pending, made, left = self._shipping
-        share = -(-sum(_size(c) for _, c in made.files) // self._spread)
+        pending, made, left, share = self._shipping
         budget = max(SHIP_MIN_BYTES, delta_bytes, share)
         out, size = [], 0
         while left and (not out or size + _size(left[0][1]) <= budget):
