@@ -101,6 +101,44 @@ def test_failure_at_each_point_of_a_commit_or_snapshot(spark, spark_conf, inject
     assert_every_file_verifies(str(tmp_path / "run*-on" / "ck"))
 
 
+# run files of snapshots that name runs (state on the tier): written by the maintenance
+# thread, so a failure loses a snapshot, never a commit
+RUN_FILE_FAILURES = [("createAtomic", 3), ("close", 3), ("afterClose", 3), ("delete", 50)]
+
+
+@pytest.mark.local_checkpoints
+@pytest.mark.parametrize("op,times", RUN_FILE_FAILURES,
+                         ids=[f"{op}-x{n}" for op, n in RUN_FILE_FAILURES])
+def test_failure_writing_or_deleting_run_files(spark, spark_conf, injection, tmp_path, op,
+                                               times):
+    """State on the tier snapshots every version as a manifest naming run files: the
+    filesystem fails their writes (a manifest then is not written, and a later one that
+    would name the missing files is not either) or their deletion by retention; after the
+    workers are killed every load repairs around what is missing, with Spark's answers."""
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 1,
+                  "spark.sql.streaming.minBatchesToRetain": 2,
+                  "spark.sql.streaming.checkpointFileManagerClass": INJECTING,
+                  "spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0"})
+
+    def arm_before_third(i, _checkpoint):
+        if i == 2:
+            injection.arm(op, ".*/state/0/1/[0-9a-f]{32}\\.arrowstate\\.run", times)
+        if i == 4:
+            await_maintenance(spark)
+            kill_own_state_workers()
+
+    native = native_run(spark, tmp_path, EVENTS, BATCHES, dedup)
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, dedup, arrowstate=True,
+                     between_batches=arm_before_third,
+                     recover=lambda failure: injection.disarm())
+    assert_runs_same(native, ours, NODE)
+    assert injection.failures(op) > 0, "the failure was never injected"
+    await_maintenance(spark)
+    assert_every_file_verifies(str(tmp_path / "run*-on" / "ck"))
+    assert glob.glob(str(tmp_path / "run*-on" / "ck" / "state" / "0" / "*" / "*.arrowstate.run"))
+
+
 def exits_once(marker):
     """A state function whose worker process dies on its first call for user u3."""
     def count(key, pdfs, state):
