@@ -58,6 +58,14 @@ def _rows(df):
     return sorted(map(str, df.collect()))
 
 
+def _read_both(spark, checkpoints, **options):
+    """Each checkpoint's rows as Spark's `statestore` reader gives them, with `options`."""
+    reader = spark.read.format("statestore")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return [_rows(reader.load(ck)) for ck in checkpoints]
+
+
 def _both(spark, tmp_path, name, **kwargs):
     build, mode = CASES[name]
     runs = [native_run(spark, tmp_path, EVENTS, BATCHES, build, output_mode=mode,
@@ -81,10 +89,7 @@ def test_statestore_and_state_metadata_read_arrowstate_as_native(spark, tmp_path
     assert checkpoint_files(spark, f"{ours}/state/0/*/*.arrowstate.delta")
 
     def read(**options):
-        reader = spark.read.format("statestore")
-        for k, v in options.items():
-            reader = reader.option(k, v)
-        return [_rows(reader.load(ck)) for ck in (native, ours)]
+        return _read_both(spark, (native, ours), **options)
 
     latest = read()
     assert latest[0] and latest[1] == latest[0]
@@ -114,10 +119,7 @@ def test_readers_read_snapshots_that_name_run_files_as_native(spark, spark_conf,
     assert checkpoint_files(spark, f"{ours}/state/0/*/*.arrowstate.run")
 
     def read(**options):
-        reader = spark.read.format("statestore")
-        for k, v in options.items():
-            reader = reader.option(k, v)
-        return [_rows(reader.load(ck)) for ck in (native, ours)]
+        return _read_both(spark, (native, ours), **options)
 
     for batch in range(last + 1):
         expected, got = read(batchId=batch)

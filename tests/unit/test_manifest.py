@@ -9,6 +9,7 @@ import pytest
 from arrowstate.store import (CorruptStateFile, VersionedState, files, lifecycle, manifest,
                               runs, tier)
 from arrowstate.store.budget import TierPlace
+from dict_files import DictFiles
 
 
 @pytest.fixture(autouse=True)
@@ -19,22 +20,12 @@ def small_runs(monkeypatch):
     monkeypatch.setattr(manifest, "PIECE_ROWS", 700)
 
 
-class Checkpoint:
+class Checkpoint(DictFiles):
     """A partition directory in a dict, written as the JVM writes a commit's files."""
 
     def __init__(self):
-        self.files = {}
-        self.where, self.context = "ck/state/0/0", "operator 0, partition 0"
+        super().__init__()
         self.log = []   # per commit: its delta's size and the snapshot files it wrote
-
-    def names(self):
-        return list(self.files)
-
-    def read(self, name):
-        return self.files[name]
-
-    def tail(self, name, size):
-        return self.files.get(name, b"")[-size:]
 
     def commit(self, done):
         """What the JVM does with a commit: the schema file and delta, then (maintenance)

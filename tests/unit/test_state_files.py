@@ -18,6 +18,7 @@ import pytest
 from arrowstate import keys as keycodec
 from arrowstate.store import CorruptStateFile, MissingStateFiles, VersionedState
 from arrowstate.store import files
+import dict_files
 
 KEYS = [pa.field("user", pa.string()), pa.field("window", pa.struct(
     [("start", pa.timestamp("us", tz="UTC")), ("end", pa.timestamp("us", tz="UTC"))]))]
@@ -26,20 +27,9 @@ VALUES = [pa.field("count", pa.int64()), pa.field("total", pa.decimal128(20, 3))
 WHERE, CONTEXT = "ck/state/0/3", "operator 0, partition 3, version 7"
 
 
-class DictFiles:
-    """A partition directory held in a dict: name -> bytes."""
-
+class DictFiles(dict_files.DictFiles):
     def __init__(self, contents, where=WHERE, context=CONTEXT):
-        self.files, self.where, self.context = contents, where, context
-
-    def names(self):
-        return list(self.files)
-
-    def read(self, name):
-        return self.files[name]
-
-    def tail(self, name, size):
-        return self.files.get(name, b"")[-size:]
+        super().__init__(contents, where, context)
 
 
 def _state():
@@ -100,7 +90,7 @@ def test_history_round_trips_through_its_files():
 
 SWEEP = textwrap.dedent('''
     import json, sys
-    sys.path.insert(0, sys.argv[1])
+    sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../helpers"]
     import pyarrow as pa
     from test_state_files import KEYS, VALUES, WHERE
     from arrowstate.store import files

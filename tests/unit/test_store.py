@@ -10,6 +10,7 @@ from arrowstate import keys
 from arrowstate.store import CorruptStateFile, MissingStateFiles, TimeIndex, VersionedState
 from arrowstate.store.lifecycle import load_plans
 from arrowstate.store.rows import KeyedRows
+from dict_files import DictFiles
 
 KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz="UTC"))]
 VALUE_FIELDS = [pa.field("v0", pa.int64())]
@@ -70,22 +71,6 @@ def _put(state, key, value):
 def _contents(state):
     rows = state.rows.take(state.rows.live_ids())
     return dict(zip(state.rows.data, rows.column(2).to_pylist()))
-
-
-class DictFiles:
-    """A partition directory held in a dict: name -> bytes."""
-
-    def __init__(self, files, where="ck/state/0/0", context="operator 0, partition 0"):
-        self.files, self.where, self.context = files, where, context
-
-    def names(self):
-        return list(self.files)
-
-    def read(self, name):
-        return self.files[name]
-
-    def tail(self, name, size):
-        return self.files.get(name, b"")[-size:]
 
 
 def test_delta_and_snapshot_chain_loads_each_version():
