@@ -1,6 +1,8 @@
 """Snapshots of tiered state as manifests naming run files (store.manifest), without Spark:
 what they write, what loads from them, what retention deletes, and damage."""
+import gc
 import os
+import weakref
 
 import numpy as np
 import pyarrow as pa
@@ -291,3 +293,16 @@ def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, mo
         loaded.close()
     state.close()
     assert not os.listdir(tmp_path / "snapshots"), "no local file is left behind"
+
+
+def test_a_snapshot_made_holds_no_run_of_the_tier(tmp_path):
+    """A snapshot made, and shipping for several commits, holds the cells of its runs'
+    files, not the runs: a run merged away meanwhile gives its memory back."""
+    state, _, _ = _run_versions(tmp_path, 3)
+    state.lifecycle.wait_for_snapshot()   # made at version 3, not shipped yet
+    runs_then = [weakref.ref(r) for r in state.rows.runs]
+    assert runs_then
+    state.rows.clear()
+    gc.collect()
+    assert all(r() is None for r in runs_then)
+    state.close()

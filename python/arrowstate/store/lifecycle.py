@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 from ..errors import ArrowStateError
 from . import files, manifest
 from .rows import FrozenRows
+from .runs import RunFiles
 
 
 class FileSource(Protocol):
@@ -216,9 +217,9 @@ class Lifecycle:
               f"run files it names from earlier snapshots are missing ({', '.join(missing)});"
               " the next snapshot writes those runs again, and the deltas stay, nothing is "
               "lost", file=sys.stderr, flush=True)
-        for run in pending.reused_runs:
-            if run.pieces is not None and any(p.name in missing for p in run.pieces):
-                run.pieces = None
+        for cell in pending.reused_cells:
+            if cell.pieces is not None and any(p.name in missing for p in cell.pieces):
+                cell.pieces = None
         pending.delete_local()
         return False
 
@@ -237,8 +238,8 @@ class Lifecycle:
         if not left:
             self._shipping = None
             if made.written is not None:
-                for run, pieces in made.written.new_runs:
-                    run.pieces = pieces
+                for cell, pieces in made.written.new_runs:
+                    cell.pieces = pieces
                 self.manifests[pending.version] = frozenset(made.written.manifest.names())
             self.snapshots.add(pending.version)
         return out
@@ -281,10 +282,15 @@ class _Snapshot(threading.Thread):
         super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
         self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
         self._rows, self._schema = rows, schema
-        runs = rows.runs() if hasattr(rows, "runs") else None
+        runs = rows.runs() if hasattr(rows, "runs") else ()
+        # the runs' cells for their checkpoint files (`RunFiles`), made here, in the task's
+        # thread, before a run can be copied; the snapshot holds them, never the runs
+        for run, _ in runs:
+            if run.files is None:
+                run.files = RunFiles()
         # the runs it names from earlier snapshots: retention keeps their files meanwhile
-        self.reused_runs = [run for run, _ in runs or () if run.pieces is not None]
-        self.reused = {p.name for run in self.reused_runs for p in run.pieces}
+        self.reused_cells = [run.files for run, _ in runs if run.pieces is not None]
+        self.reused = {p.name for cell in self.reused_cells for p in cell.pieces}
         self._made: Made | None = None
         self._local: list[str] = []
         self._error: BaseException | None = None

@@ -34,7 +34,7 @@ import pyarrow as pa
 from . import files
 from .container import (FORMAT_MANIFEST, KIND_SNAPSHOT, MAGIC, TRAILER, CorruptStateFile,
                         checked_trailer, trailer)
-from .runs import MERGE_ROWS, Run, RunReader
+from .runs import MERGE_ROWS, Run, RunFiles, RunReader
 
 # rows (Arrow's in-memory size) and entries a run file holds at most: small enough that a
 # snapshot's files ship a few a micro-batch (lifecycle), large enough to keep requests few
@@ -62,10 +62,10 @@ class Manifest(NamedTuple):
 
 class Written(NamedTuple):
     """A manifest made: the files to write, in order (new run files, then the manifest;
-    each as bytes or a local file's path), the runs whose files it wrote (for `Run.pieces`
-    once shipped), and the names it took from earlier snapshots."""
+    each as bytes or a local file's path), the runs whose files it wrote (their `RunFiles`
+    cells, to mark once shipped) and the names it took from earlier snapshots."""
     files: list[tuple[str, bytes | str]]
-    new_runs: list[tuple[Run, tuple[Piece, ...]]]
+    new_runs: list[tuple[RunFiles, tuple[Piece, ...]]]
     reused: set[str]
     manifest: Manifest
 
@@ -104,7 +104,7 @@ def _write(runs, schema, version, seeds, live_rows, directory, codec, out) -> Wr
             pieces.append(piece)
             out.append((piece.name, content))
         listed.append(pieces)
-        new_runs.append((run, tuple(pieces)))
+        new_runs.append((run.files, tuple(pieces)))
     made = Manifest(listed, seeds, live_rows)
     data = encode(made, version)
     name = files.file_name(files.SNAPSHOT, version)

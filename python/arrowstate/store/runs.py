@@ -51,12 +51,23 @@ class LocalStateWriteFailed(ArrowStateError):
             path=path, reason=what, setting=DIR_SETTING)
 
 
+class RunFiles:
+    """A run's files in the checkpoint (`manifest.Piece`s), None until a snapshot that wrote
+    them has shipped; one cell for the run and its copies (a run moved to disk is the same
+    run), so a snapshot marks it without holding the run itself."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: tuple | None = None) -> None:
+        self.pieces = pieces
+
+
 class Run:
     """One run: in memory (`keys`, `alive`, `rows`) or on disk (`path`, `fences`), and the
     Bloom filter of its keys."""
 
     __slots__ = ("n", "keys", "alive", "rows", "path", "fences", "has_dead", "disk_bytes",
-                 "bloom", "pieces", "__weakref__")
+                 "bloom", "files", "__weakref__")
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -68,8 +79,8 @@ class Run:
         self.has_dead = False
         self.disk_bytes = 0
         self.bloom: Bloom | None = None
-        # its run files in the checkpoint once a snapshot has shipped them (`manifest`)
-        self.pieces: tuple | None = None
+        # its run files in the checkpoint (`manifest`), shared with its copies
+        self.files: RunFiles | None = None
 
     @classmethod
     def in_memory(cls, keys: np.ndarray, alive: np.ndarray | None,
@@ -84,6 +95,11 @@ class Run:
         if alive is not None and not alive.all():
             run.alive, run.has_dead = alive, True
         return run
+
+    @property
+    def pieces(self) -> tuple | None:
+        """Its run files in the checkpoint, once a snapshot that wrote them has shipped."""
+        return self.files.pieces if self.files is not None else None
 
     @property
     def on_disk(self) -> bool:

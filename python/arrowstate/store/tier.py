@@ -33,11 +33,13 @@ import pyarrow as pa
 
 from .bloom import Bloom, key_hashes
 from .rows import take_by_id
-from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunReader, RunWriter,
+from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunFiles, RunReader, RunWriter,
                    empty_batch, merged, newest_of_each)
 
 FANOUT = 4                # runs of one size class merged into one
-PACED_ROWS = 1 << 20      # a merge of this many rows or more is paced over micro-batches
+# a merge of this many rows or more is paced over micro-batches (smaller ones, of runs that
+# may still be in memory, are done at once: a paced merge holds its runs until it ends)
+PACED_ROWS = 1 << 22
 PACE = 1.5                # rows a paced merge writes per row added to the tier meanwhile
 PACE_STEPS = 16           # and at least this fraction of its rows per step (state at rest)
 _sequence = itertools.count()
@@ -422,7 +424,7 @@ class TieredRows:
                      if run.n else []), run.n, run.bloom)
         finally:
             reader.close()
-        written.pieces = run.pieces
+        written.files = run.files
         return written
 
     def adopt(self, entries: Iterator[tuple[np.ndarray, np.ndarray, pa.RecordBatch]],
@@ -446,7 +448,7 @@ class TieredRows:
         except BaseException:
             writer.abandon()
             raise
-        run.pieces = pieces
+        run.files = RunFiles(pieces)
         self.runs.append(run)
 
     def set_live(self, count: int) -> None:
