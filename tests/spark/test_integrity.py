@@ -14,7 +14,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from arrowstate.store import files
+from arrowstate.store import files, manifest
 from harness import assert_runs_same, assert_same, native_run, run_query, spark_errors
 from procinfo import kill_own_state_workers
 
@@ -182,6 +182,50 @@ def test_damaged_newest_snapshot_is_repaired_around(spark, spark_conf, tmp_path)
                           custom_metrics=["stateSnapshotsSkipped"])
     assert damaged
     assert sum(c[0]["stateSnapshotsSkipped"] for c in ours.custom.values()) == len(damaged)
+
+
+@pytest.mark.local_checkpoints
+@pytest.mark.parametrize("how", ["damaged", "missing"])
+def test_a_run_file_damaged_or_missing_is_repaired_around(spark, spark_conf, tmp_path, how):
+    """State on the tier snapshots as manifests naming run files: a run file that only the
+    newest snapshot names is damaged or gone when the workers are lost; the tasks load the
+    snapshot before it and the deltas after, with Spark's answers, and count the skip."""
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 2,
+                  "spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0"})
+    harmed = []
+
+    def harm_before_fifth(i, checkpoint):
+        if i != 4 or "-on" not in checkpoint:
+            return
+        await_maintenance(spark)
+        kill_own_state_workers()
+        for d in glob.glob(os.path.join(checkpoint, "state", "0", "*")):
+            named = {}
+            for path in glob.glob(os.path.join(d, "*.arrowstate.snapshot")):
+                with open(path, "rb") as f:
+                    named[int(os.path.basename(path).split(".")[0])] = manifest.read(
+                        path, "", f.read()).names()
+            if len(named) < 2:
+                continue
+            newest = max(named)
+            only = sorted(named[newest] - set().union(*(n for v, n in named.items()
+                                                        if v != newest)))
+            if only:
+                victim = os.path.join(d, only[0])
+                if how == "missing":
+                    os.remove(victim)
+                else:
+                    with open(victim, "r+b") as f:
+                        f.seek(10)
+                        f.write(b"\xff")
+                harmed.append(victim)
+
+    _, ours = assert_same(spark, tmp_path, EVENTS, BATCHES, dedup, expect_node=NODE,
+                          between_batches=harm_before_fifth,
+                          custom_metrics=["stateSnapshotsSkipped"])
+    assert harmed
+    assert sum(c[0]["stateSnapshotsSkipped"] for c in ours.custom.values()) == len(harmed)
 
 
 @pytest.mark.local_checkpoints
