@@ -19,7 +19,6 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 
 from ..errors import ArrowStateError
 from . import files, manifest
-from .rows import FrozenRows
 from .runs import RunFiles
 
 
