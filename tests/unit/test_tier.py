@@ -9,7 +9,7 @@ import pytest
 
 from arrowstate import keys
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, bloom, budget, runs, tier
+from arrowstate.store import VersionedState, bloom, budget, pacing, runs, tier
 from arrowstate.store.budget import MemoryBudget, TierPlace
 from arrowstate.store.rows import KeyedRows
 from arrowstate.store.runs import LocalStateWriteFailed
@@ -257,7 +257,7 @@ def test_paced_merges_spread_their_writes_over_the_commits(tmp_path, monkeypatch
     times the rows added since the one before, so no commit writes a whole large merge;
     every merge still ends, the runs stay few, and the answers are a dict's."""
     monkeypatch.setattr(tier, "PACED_ROWS", 2000)
-    monkeypatch.setattr(tier, "MERGE_ROWS", 64)
+    monkeypatch.setattr(pacing, "MERGE_ROWS", 64)
     schema = _schema("long not null")
     rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=4096)
     rng = np.random.default_rng(5)
@@ -275,7 +275,7 @@ def test_paced_merges_spread_their_writes_over_the_commits(tmp_path, monkeypatch
             wrote = merge.written - before.get(id(merge), 0)
             bound = max(tier.PACE * per_commit, merge.total / tier.PACE_STEPS)
             # a step ends at the first piece of the merge past its quota
-            assert wrote <= bound + tier.FANOUT * tier.MERGE_ROWS, (commit, merge.total)
+            assert wrote <= bound + tier.FANOUT * pacing.MERGE_ROWS, (commit, merge.total)
             step_writes.append(wrote)
             largest = max(largest, merge.total)
         most_runs = max(most_runs, len(rows.runs))

@@ -24,7 +24,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import threading
 import weakref
 from typing import Callable, Iterator
 
@@ -33,6 +32,7 @@ import pyarrow as pa
 
 from .bloom import Bloom, key_hashes
 from .rows import take_by_id
+from .pacing import PacedMerge, Stepper
 from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunFiles, RunReader, RunWriter,
                    empty_batch, merged, newest_of_each)
 
@@ -70,8 +70,8 @@ class TieredRows:
         self.directory, self.memory_cap = directory, memory_cap
         self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
-        self._merges: list[_PacedMerge] = []   # paced merges not yet swapped in
-        self._stepper: _Stepper | None = None   # the thread stepping them, if running
+        self._merges: list[PacedMerge] = []   # paced merges not yet swapped in
+        self._stepper: Stepper | None = None   # the thread stepping them, if running
         self._added = 0               # rows added since the last step began
         self._unpaced = False         # see `unpaced`
         self.paced_merges = 0         # started (for tests and metrics)
@@ -308,7 +308,7 @@ class TieredRows:
                 continue
             taken = self.runs[bottom:top + 1]
             if sum(r.n for r in taken) >= PACED_ROWS:
-                self._merges.append(_PacedMerge(self, taken, bottom == 0))
+                self._merges.append(PacedMerge(self, taken, bottom == 0))
                 self.paced_merges += 1
                 top = bottom - 1
                 continue
@@ -367,7 +367,7 @@ class TieredRows:
         quotas = [merge.total if whole
                   else max(int(PACE * added), -(-merge.total // PACE_STEPS))
                   for merge in self._merges]
-        self._stepper = _Stepper(list(zip(self._merges, quotas)))
+        self._stepper = Stepper(list(zip(self._merges, quotas)))
 
     def _drop_merges(self) -> None:
         """Ends the paced merges unfinished, deleting what they wrote."""
@@ -433,7 +433,7 @@ class TieredRows:
         run files `pieces`; `entries`: (keys, alive, rows) in key order, `expected` of
         them); nothing merges (the runs were merged as they were written). A key out of
         order is `bad(what)`: the files were written under other key seeds, or damaged."""
-        writer = self._writer(expected)
+        writer = self.run_writer(expected)
         last = None
         try:
             for keys, alive, rows in entries:
@@ -456,7 +456,7 @@ class TieredRows:
         self._live = count
 
     def _write_pieces(self, pieces, expected: int, bloom: Bloom | None = None) -> Run:
-        writer = self._writer(expected, bloom)
+        writer = self.run_writer(expected, bloom)
         try:
             for keys, alive, rows in pieces:
                 writer.write(keys, alive, rows)
@@ -465,7 +465,8 @@ class TieredRows:
             writer.abandon()
             raise
 
-    def _writer(self, expected: int, bloom: Bloom | None = None) -> RunWriter:
+    def run_writer(self, expected: int, bloom: Bloom | None = None) -> RunWriter:
+        """A writer of a new run in the tier's directory (made when first needed)."""
         if not self._made_directory:
             try:
                 os.makedirs(self.directory, exist_ok=True)
@@ -496,70 +497,6 @@ class TieredRows:
 
     def disk_bytes(self) -> int:
         return sum(r.disk_bytes for r in self.runs)
-
-
-class _PacedMerge:
-    """A merge of runs (which stay in the tier meanwhile) that writes its result to disk a
-    step at a time; `result` is the run once the last step is done."""
-
-    def __init__(self, tier: TieredRows, runs: list[Run], bottom: bool) -> None:
-        self.runs = list(runs)
-        self.total = sum(r.n for r in runs)
-        self.result: Run | None = None
-        self.written = 0      # entries written so far
-        self._readers = [RunReader(r, tier.dtype) for r in runs]
-        self._pieces = merged(self._readers, MERGE_ROWS, keep_dead=not bottom)
-        self._tier = tier
-        self._writer: RunWriter | None = None
-
-    def step(self, rows: int) -> None:
-        """Writes at least `rows` more entries of the result (all that are left, at most);
-        the last step finishes the run."""
-        if self._writer is None:
-            self._writer = self._tier._writer(self.total)
-        goal = self.written + rows
-        try:
-            while self.written < goal:
-                piece = next(self._pieces, None)
-                if piece is None:
-                    self.result = self._writer.finish(self._tier.dtype)
-                    self._close_readers()
-                    return
-                self._writer.write(*piece)
-                self.written += len(piece[0])
-        except BaseException:
-            self.abandon()
-            raise
-
-    def abandon(self) -> None:
-        if self._writer is not None and self.result is None:
-            self._writer.abandon()
-        self._writer = None
-        self._close_readers()
-        if self.result is not None:
-            self.result.delete_files()
-
-    def _close_readers(self) -> None:
-        readers, self._readers = self._readers, []
-        for reader in readers:
-            reader.close()
-
-
-class _Stepper(threading.Thread):
-    """One step of each paced merge (merge, rows), in turn, in a thread of its own: numpy's
-    sorts and Arrow's takes and IPC release the GIL, so it goes on beside the next task."""
-
-    def __init__(self, steps: list[tuple[_PacedMerge, int]]) -> None:
-        super().__init__(daemon=True, name="arrowstate-tier-merge")
-        self.steps, self.error = steps, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for merge, rows in self.steps:
-                merge.step(rows)
-        except BaseException as e:   # raised in the task's thread when it collects this
-            self.error = e
 
 
 def _padded(prefixes: np.ndarray, dtype: np.dtype, fill: int) -> np.ndarray:
