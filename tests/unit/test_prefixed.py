@@ -14,8 +14,8 @@ from arrowstate.store.rows import KeyedRows
 from arrowstate.store.tier import TieredRows
 from family_tasks import SESSION, SESSION_SCHEMA, commit, seconds
 from test_hashed import _text
-from test_tier import (_header, assert_answers_alike, assert_scan_finds_live_sessions,
-                       random_sessions)
+from test_budget import _header
+from test_tier import assert_answers_alike, assert_scan_finds_live_sessions, random_sessions
 
 
 def _sessions_state(group_type, tier):
