@@ -20,7 +20,7 @@ class ArrowStateError(Exception):
     """An error with its condition and message parameters; its text is `[CONDITION] message`,
     as Spark prints its own."""
 
-    def __init__(self, condition: str, message: str, **parameters: Any) -> None:
+    def __init__(self, condition: str, message: str, /, **parameters: Any) -> None:
         self.condition = condition
         self.message = message
         self.parameters = {k: str(v) for k, v in parameters.items()}

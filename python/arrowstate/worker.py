@@ -46,7 +46,7 @@ from .spark_state.filesystems import mapped
 from .store import VersionedState
 from .store import files as store_files
 from .store.budget import give_back_memory, resident_bytes
-from .store.held import HeldStates
+from .store.held import HeldStates, check_lineage, checkpoint_uid
 from .store.runs import LocalStateWriteFailed
 
 
@@ -148,8 +148,9 @@ class Worker:
         key, version, run_id = header["stateKey"], header["version"], header["queryRunId"]
         metrics = {"stateCacheHits": 0, "stateCacheMisses": 0, "stateLoadTimeMs": 0,
                    "stateSnapshotsSkipped": 0}
+        base_id = header.get("baseCheckpointId")
         state = self.held.reusable(key, version, run_id, files,
-                                   header["conf"]["verifyHeldState"])
+                                   header["conf"]["verifyHeldState"], base_id)
         if state is not None:
             metrics["stateCacheHits"] = 1
             family.keep_columns(state.schema)
@@ -165,6 +166,7 @@ class Worker:
         state.run_id = run_id
         if version > 0:
             state.load(files, version)
+            check_lineage(state, files, base_id, files.context)
             metrics["stateSnapshotsSkipped"] = state.files_skipped
         family.rebuild_index(state)
         metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
@@ -200,7 +202,7 @@ class Worker:
         done = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
             {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec,
-            lambda: p.request(f, "LIST_FILES")[0])
+            lambda: p.request(f, "LIST_FILES")[0], checkpoint_uid(header.get("checkpointId")))
         commit_ms = int((time.perf_counter() - start) * 1000)
         name, content = done.schema_file or ("", b"")
         p.send(f, "COMMIT", done.snapshots, done.prune_below, done.delete, name, content,

@@ -112,7 +112,8 @@ def test_every_family_declares_its_operator_payload_and_every_frame_type_is_know
 
 def _header(**operator):
     return {"family": "deduplicate", "stateKey": "/ck/state/0/1", "queryRunId": "run",
-            "operatorId": 0, "partitionId": 1, "version": 3, "drop": [],
+            "operatorId": 0, "partitionId": 1, "version": 3, "checkpointId": None,
+            "baseCheckpointId": None, "drop": [],
             "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
                      "maxStateBytes": 0, "stateMemoryPercent": 50,
                      "compressionCodec": "lz4", "verifyHeldState": False,

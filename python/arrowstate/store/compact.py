@@ -65,8 +65,9 @@ def _leb128(n: int) -> bytes:
 
 
 def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], changes: bool,
-           figures: dict | None) -> tuple[bytes, bytes, str]:
-    """A compact delta's bytes, its unique id, and the name of the schema file it needs."""
+           figures: dict | None, uid: bytes | None = None) -> tuple[bytes, bytes, str]:
+    """A compact delta's bytes, its unique id (`uid` if given), and the name of the schema
+    file it needs."""
     with_op, message, name = file_schema(schema)
     sink = pa.BufferOutputStream()
     rows = 0
@@ -83,7 +84,7 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
                         bytes([len(counted)]), *counted,
                         pa.compress(messages, codec="zstd", asbytes=True)])
     end, uid = trailer(KIND_DELTA, FORMAT_COMPACT, FLAG_CHANGES if changes else 0, version,
-                       rows, len(payload), zlib.crc32(payload))
+                       rows, len(payload), zlib.crc32(payload), uid)
     return payload + end, uid, name
 
 

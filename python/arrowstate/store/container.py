@@ -33,10 +33,10 @@ class CorruptStateFile(ArrowStateError):
 
 
 def trailer(kind_code: int, fmt: int, flags: int, version: int, rows: int, length: int,
-            payload_crc: int) -> tuple[bytes, bytes]:
+            payload_crc: int, uid: bytes | None = None) -> tuple[bytes, bytes]:
     """The trailer after a payload of `length` bytes whose CRC-32 is `payload_crc`, and the
-    file's new unique id."""
-    uid = uuid.uuid4().bytes
+    file's unique id (`uid`, 16 bytes, if given: a checkpoint id; else a new one)."""
+    uid = uuid.uuid4().bytes if uid is None else uid
     head = TRAILER.pack(MAGIC, fmt, kind_code, flags, 0, version, rows, length, uid,
                         0)[:_CRC_AT]
     return head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid

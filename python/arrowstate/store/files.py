@@ -225,36 +225,38 @@ def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
 
 
 def _full_trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
-                  changes: bool) -> tuple[bytes, bytes]:
+                  changes: bool, uid: bytes | None = None) -> tuple[bytes, bytes]:
     """A format 2 or 3 file's trailer (`container.trailer`)."""
     return trailer(KIND_CODE[kind], FORMAT_WITH_CHANGES if changes else FORMAT_VERSION, 0,
-                    version, rows, length, payload_crc)
+                    version, rows, length, payload_crc, uid)
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
            batches: Iterable[pa.RecordBatch], changes: bool = False,
-           figures: dict | None = None, codec: str = "lz4") -> tuple[bytes, bytes]:
-    """One file's bytes and its unique id; `batches` carry the state columns plus the op
-    column (`changes`: change records among them, a format 3 delta; `figures`: the state
-    figures a delta records; `codec`: an ipc_codec)."""
+           figures: dict | None = None, codec: str = "lz4", uid: bytes | None = None
+           ) -> tuple[bytes, bytes]:
+    """One file's bytes and its unique id (`uid` if given); `batches` carry the state
+    columns plus the op column (`changes`: change records among them, a format 3 delta;
+    `figures`: the state figures a delta records; `codec`: an ipc_codec)."""
     sink = pa.BufferOutputStream()
     rows = _write_payload(sink, schema, kind, version, batches, figures, codec)
     payload = sink.getvalue()
-    end, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes)
+    end, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes,
+                             uid)
     return b"".join((memoryview(payload), end)), uid
 
 
 def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
-                 changes: bool = False, figures: dict | None = None, codec: str = "lz4"
-                 ) -> tuple[bytes, bytes, str | None]:
+                 changes: bool = False, figures: dict | None = None, codec: str = "lz4",
+                 uid: bytes | None = None) -> tuple[bytes, bytes, str | None]:
     """A delta's bytes, its unique id, and the name of the schema file it needs (None for
     a delta that holds its schema): a compact delta (format 4) when its rows take at most
     COMPACT_MAX_BYTES, else as `encode` makes one (`codec` applies to that form only: a
     compact delta is one ZSTD frame, the smallest for a few rows)."""
     if sum(b.nbytes for b in batches) > COMPACT_MAX_BYTES:
-        data, uid = encode(schema, DELTA, version, batches, changes, figures, codec)
+        data, uid = encode(schema, DELTA, version, batches, changes, figures, codec, uid)
         return data, uid, None
-    return compact.encode(schema, version, batches, changes, figures)
+    return compact.encode(schema, version, batches, changes, figures, uid)
 
 
 class _Checksummed(io.RawIOBase):

@@ -6,6 +6,7 @@ worker's task loop asks; the decisions are made here.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Any, Callable, Iterable
 
 from ..errors import ArrowStateError
@@ -45,6 +46,44 @@ def committed_here(state: VersionedState, files: FileSource) -> bool:
             == state.last_uid)
 
 
+def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
+    """A checkpoint id (a UUID, checkpoint format v2) as a state file's unique id."""
+    return None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
+
+
+def committed_uid(state: VersionedState, files: FileSource) -> bytes | None:
+    """The unique id of the delta of the state's version: the state's own when it committed
+    or loaded that delta, else (a load that ended on a snapshot) read from its trailer."""
+    if state.last_uid is not None:
+        return state.last_uid
+    name = store_files.file_name(store_files.DELTA, state.version)
+    return store_files.unique_id(files.tail(name, store_files.TRAILER.size))
+
+
+def check_lineage(state: VersionedState, files: FileSource, base_id: str | None,
+                  where: str) -> None:
+    """Under checkpoint format v2, fails the load when the state's version is not the one
+    Spark's commit log recorded (`base_id`): its delta was rewritten by an attempt whose
+    batch did not commit, and loading it would be silently wrong."""
+    if base_id is None or state.version == 0:
+        return
+    found = committed_uid(state, files)
+    if found == checkpoint_uid(base_id):
+        return
+    name = store_files.file_name(store_files.DELTA, state.version)
+    found_id = "none" if found is None else str(uuid.UUID(bytes=found))
+    raise ArrowStateError(
+        "CANNOT_LOAD_STATE_STORE.INVALID_CHECKPOINT_LINEAGE",
+        f"An error occurred during loading state. Invalid checkpoint lineage: version "
+        f"{state.version} id {base_id}. {files.where}/{name} ({where}) has checkpoint id "
+        f"{found_id}, not the id {base_id} that the commit log recorded for version "
+        f"{state.version}: the file was written by a task attempt whose batch did not commit. "
+        "Restart the query from a checkpoint copy taken before that batch, or from a new "
+        "checkpoint location.",
+        **{"lineage": f"{state.version}:{base_id}",
+           "message": f"{name} has checkpoint id {found_id}"})
+
+
 class HeldStates:
     """The worker's partition states, by state key (the partition's checkpoint directory),
     and its memory budget."""
@@ -65,15 +104,18 @@ class HeldStates:
         self.budget.configure(header)
 
     def reusable(self, state_key: str, version: int, run_id: str,
-                 files: FileSource, verify: bool) -> VersionedState | None:
+                 files: FileSource, verify: bool,
+                 base_id: str | None = None) -> VersionedState | None:
         """The partition's held state, taken out, when it is what the checkpoint holds at
         `version`: this query run committed it here (a task that failed after its commit
         has the JVM drop the state first), and, with `verify` (speculative tasks: another
         attempt of the same task may have committed after this one), its delta is still the
-        one there, one ranged read of its trailer. Else None, and the held state, if any,
+        one there, one ranged read of its trailer; with `base_id` (checkpoint format v2), it
+        committed the delta the commit log names. Else None, and the held state, if any,
         is let go."""
         state = self.states.pop(state_key, None)
         if (state is not None and state.version == version and state.run_id == run_id
+                and (base_id is None or state.last_uid == checkpoint_uid(base_id))
                 and (not verify or committed_here(state, files))):
             return state
         if state is not None:

@@ -255,13 +255,15 @@ class VersionedState:
     # -- versions ---------------------------------------------------------------------------
     def commit_files(self, new_version: int, min_versions_to_retain: int,
                      figures: dict | None = None, codec: str = "lz4",
-                     list_names: Callable[[], list[str]] | None = None) -> CommitFiles:
+                     list_names: Callable[[], list[str]] | None = None,
+                     uid: bytes | None = None) -> CommitFiles:
         """The files of new_version's commit: its delta records the state `figures`, if
         given; a large delta's buffers are compressed with `codec`, a files.ipc_codec.
         `list_names`: the partition's files (a snapshot naming earlier run files checks
-        they are there)."""
+        they are there). `uid`: the delta's unique id (a checkpoint id), else a new one."""
         delta, self._pending_uid, schema_name = files.encode_delta(
-            self.schema, new_version, self._changes, self._has_change_records, figures, codec)
+            self.schema, new_version, self._changes, self._has_change_records, figures, codec,
+            uid)
         schema_file = None
         if schema_name is not None and schema_name not in self.schema_files:
             schema_file = files.schema_file(self.schema)

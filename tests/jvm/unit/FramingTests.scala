@@ -41,6 +41,7 @@ object FramingTests extends UnitTests {
   private def header(operator: JValue): JValue =
     ("family" -> "deduplicate") ~ ("stateKey" -> "/ck/state/0/1") ~ ("queryRunId" -> "run") ~
       ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
+      ("checkpointId" -> JNull) ~ ("baseCheckpointId" -> JNull) ~
       ("drop" -> List.empty[String]) ~
       ("conf" -> (("minDeltasForSnapshot" -> 10L) ~ ("minVersionsToRetain" -> 100L) ~
         ("maxStateBytes" -> 0L) ~ ("stateMemoryPercent" -> 50L) ~ ("memoryBytes" -> 0L) ~

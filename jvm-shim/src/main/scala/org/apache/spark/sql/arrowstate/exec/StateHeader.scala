@@ -1,24 +1,27 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import org.json4s.JsonAST.JValue
+import org.json4s.JsonAST.{JNull, JString, JValue}
 import org.json4s.JsonDSL._
 
 import org.apache.spark.SparkFiles
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
-import org.apache.spark.sql.arrowstate.worker.LocalStateDir
+import org.apache.spark.sql.arrowstate.worker.{CheckpointIds, LocalStateDir}
 
 /** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
       drop: Seq[String], conf: Map[String, JValue], operator: JValue, task: JValue,
-      localDir: String): JValue =
+      localDir: String, checkpointIds: CheckpointIds): JValue =
     ("family" -> family) ~
       ("stateKey" -> stateKey) ~
       ("queryRunId" -> info.queryRunId.toString) ~
       ("operatorId" -> info.operatorId) ~
       ("partitionId" -> partitionId) ~
       ("version" -> info.storeVersion) ~
+      // null, not left out, under format v1: the contract requires both
+      ("checkpointId" -> checkpointIds.next.map(JString(_)).getOrElse(JNull)) ~
+      ("baseCheckpointId" -> checkpointIds.checkedBase.map(JString(_)).getOrElse(JNull)) ~
       ("drop" -> drop.toList) ~
       ("conf" -> conf) ~
       ("operator" -> operator) ~
@@ -26,3 +29,4 @@ object StateHeader {
       ("sparkFilesDir" -> SparkFiles.getRootDirectory()) ~
       ("localDir" -> LocalStateDir.path(localDir))
 }
+

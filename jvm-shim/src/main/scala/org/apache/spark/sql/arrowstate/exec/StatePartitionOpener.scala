@@ -13,7 +13,7 @@ import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 import org.apache.spark.sql.arrowstate.tools.StateConversion
-import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
+import org.apache.spark.sql.arrowstate.worker.{CheckpointIds, CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
 
 /**
  * Made on the driver: opens a task's exchange with the Python worker for one partition of an
@@ -28,7 +28,8 @@ case class StatePartitionOpener(
     workerSettings: WorkerSettings,
     sentSchema: StructType,
     timeZone: String,
-    hadoopConf: Broadcast[SerializableConfiguration]) {
+    hadoopConf: Broadcast[SerializableConfiguration],
+    checkpointIdsEnabled: Boolean) {
 
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
@@ -43,11 +44,13 @@ case class StatePartitionOpener(
           files, hadoopConf.value.value, workerSettings.copy(owner = None, function = None),
           timeZone)
       }
+      exchange.checkpointIds = CheckpointIds.forTask(info, partitionId, checkpointIdsEnabled,
+        adopted = exchange.adoptedRows > 0)
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            storeConf, operator, TaskEnvironment.current(), localDir),
+            storeConf, operator, TaskEnvironment.current(), localDir, exchange.checkpointIds),
           encoder.schemaIpc)
       } finally encoder.close()
     }
@@ -79,6 +82,7 @@ object StatePartitionOpener {
     StatePartitionOpener(family, info, operator, storeConf,
       ArrowStateConf.get(conf, ArrowStateConf.LocalDir), workerSettings, sentSchema,
       conf.sessionLocalTimeZone, session.sparkContext.broadcast(
-        new SerializableConfiguration(session.sessionState.newHadoopConf())))
+        new SerializableConfiguration(session.sessionState.newHadoopConf())),
+      StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf))
   }
 }

@@ -6,7 +6,7 @@ import org.apache.spark.TaskContext
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference}
-import org.apache.spark.sql.execution.streaming.operators.stateful.StateStoreWriter
+import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperatorStateInfo, StatefulOpStateStoreCheckpointInfo, StateStoreWriter}
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.CompletionIterator
 
@@ -39,6 +39,11 @@ object StateTasks {
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val coordinator = Some(plan.session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
+    // checkpoint format v2: each partition's ids go to the driver with the task's result
+    val checkpointInfos =
+      if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf)) {
+        Some(plan.checkpointInfoAccumulator)
+      } else None
     new ArrowStateRDD[T, InternalRow](input, info, coordinator, reportCommits,
       { (partitionId, rows, reporter) =>
         val exchange = opener.open(partitionId)
@@ -51,6 +56,9 @@ object StateTasks {
           if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
           exchange.commit(info.storeVersion + 1, opMetrics, opener.family, countsInstances)
           CommittedPartitions.add(ArrowStateRDD.providerId(info, partitionId))
+          checkpointInfos.foreach(_.add(StatefulOpStateStoreCheckpointInfo(partitionId,
+            info.storeVersion + 1, exchange.checkpointIds.next.map(Array(_)),
+            exchange.checkpointIds.base.map(Array(_)))))
           reporter.committed(info.storeVersion + 1)
         })
       })

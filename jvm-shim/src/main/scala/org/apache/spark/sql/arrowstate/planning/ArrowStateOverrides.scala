@@ -90,9 +90,6 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     }
     Seq(
       if (stateInfo.isEmpty) Some("no state info (not planned by a streaming query)") else None,
-      if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(conf)) {
-        Some("spark.sql.streaming.stateStore.checkpointFormatVersion >= 2 is not supported")
-      } else None,
       TriggerSupport.unsupportedReason(node)).flatten
   }
 

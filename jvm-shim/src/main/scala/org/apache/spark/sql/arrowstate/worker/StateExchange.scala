@@ -45,6 +45,9 @@ class StateExchange(
   /** Rows of Spark's own state store converted on this load (see StateConversion). */
   var adoptedRows: Long = 0L
 
+  /** The task's checkpoint ids (checkpoint format v2), set before `begin`. */
+  var checkpointIds: CheckpointIds = CheckpointIds.None
+
   private def timed[T](body: => T): T = {
     val t0 = System.nanoTime()
     try body finally pythonNanos += System.nanoTime() - t0
