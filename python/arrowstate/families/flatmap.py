@@ -26,7 +26,8 @@ import pyarrow as pa
 from ..spark_state.flatmap import LAYOUT
 from ..spark_state.layout import arrow_fields
 from ..store import VersionedState
-from .base import STORE_METRICS, FamilyBase, UnsortedInput, gather_rows
+from .base import (STORE_METRICS, FamilyBase, UnsortedInput, flush_groups, gather_rows,
+                   live_clock_ms)
 from .group_state_values import StateValueWriter, python_values
 from .pandas_io import PandasIO
 
@@ -134,6 +135,8 @@ class FlatMapGroupsWithState(FamilyBase):
         self.timeout_column = len(self.key_fields) + len(self.value_fields) - 1
         self.defined_column = self.timeout_column - 1
         self._pending: _Group | None = None
+        self.real_time = bool(operator.get("realTime"))
+        self._operator = operator
         records = operator.get("maxRecordsPerBatch", 0)
         self._unsorted = UnsortedInput(operator, self.key_indices,
                                        records if records > 0 else 2**31 - 1)
@@ -233,8 +236,29 @@ class FlatMapGroupsWithState(FamilyBase):
     def process(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
         if self._unsorted.hold(batch):
             return None
+        if self.real_time:
+            return self._flush(state, batch)
         with self.updating():
             self._process(state, batch)
+        return self.io.output_batch()
+
+    def _flush(self, state: VersionedState, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """Real-time mode: one flush of rows, answered whole. Each key with rows in it is
+        called once, its state written, and then, with processing-time timeouts, the groups
+        whose timeout the live clock has passed; the output is the flush's."""
+        if self.timeout_conf == "ProcessingTimeTimeout":
+            self.batch_ts = live_clock_ms()
+        with self.updating():
+            for part in flush_groups(self._operator, batch, self.key_indices,
+                                     self._unsorted.max_rows):
+                self._process(state, part)
+            if self._pending is not None:
+                self._call(self._pending, timed_out=False)
+                self._pending = None
+            self._write(state)
+        if self.timeout_conf == "ProcessingTimeTimeout":
+            with self.removing():
+                self._timeouts(state, self.batch_ts)
         return self.io.output_batch()
 
     def _process(self, state: VersionedState, batch: pa.RecordBatch) -> None:
@@ -304,6 +328,8 @@ class FlatMapGroupsWithState(FamilyBase):
         outputs.append(self.io.output_batch())
         yield from (batch for batch in outputs if batch is not None)
 
+        if self.real_time and self.timeout_conf == "ProcessingTimeTimeout":
+            self.batch_ts = live_clock_ms()
         with self.removing():
             threshold = {"ProcessingTimeTimeout": self.batch_ts,
                          "EventTimeTimeout": self.watermark}.get(self.timeout_conf)

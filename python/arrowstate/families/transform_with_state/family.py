@@ -31,7 +31,8 @@ from ... import keys as keycodec
 from ...spark_state.layout import arrow_fields
 from ...spark_state.transform_with_state import LAYOUT, STATE_NAME, TIMER_VARIABLE
 from ...store import VersionedState
-from ..base import WATERMARK_METRICS, FamilyBase, UnsortedInput, gather_rows
+from ..base import (WATERMARK_METRICS, FamilyBase, UnsortedInput, flush_groups, gather_rows,
+                    live_clock_ms)
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
 from .changelog import write_changes
@@ -79,6 +80,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
         self._unsorted = UnsortedInput(operator, self.key_indices, self.input.max_rows)
+        self.real_time, self._operator = bool(operator.get("realTime")), operator
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list = []   # Row API: the processor's Rows
         self._attached = False
@@ -221,10 +223,40 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self._attach(state)
         if self._unsorted.hold(batch):
             return None
+        if self.real_time:
+            return self._flush(batch)
         with self.updating():
             self._seed()
             self._process(batch)
         return self._output()
+
+    def _flush(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """Real-time mode: one flush of rows, answered whole: handleInputRows once per key
+        with rows in it, then the timers due (processing time against the live clock, event
+        time against the batch's fixed watermark), as Spark's real-time transformWithState
+        checks them after each row. State is written at the batch's end (`finish`)."""
+        self._tick()
+        with self.updating():
+            self._seed()
+            for part in flush_groups(self._operator, batch, self.key_indices,
+                                     self.input.max_rows):
+                self._process(part)
+            if self._pending is not None:
+                self._call(*self._pending)
+            self._expire_timers()
+        return self._output()
+
+    def _tick(self) -> None:
+        """Real-time mode, ProcessingTime: the processor's clock, timers' and TTL's, is the
+        live one at each flush."""
+        if not (self.real_time and self.time_mode == "ProcessingTime"):
+            return
+        from pyspark.sql.streaming.stateful_processor import TimerValues
+        now = live_clock_ms()
+        self.timer_values = TimerValues(now, self.timer_values.getCurrentWatermarkInMs())
+        self.expiry_threshold = now
+        for var in self.variables.values():
+            var.now = now
 
     def _groups(self, batch: pa.RecordBatch, key_indices: list[int]) -> list | None:
         """The batch's grouping keys as the dicts hold them on the tier (their stored rows
@@ -414,6 +446,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
 
     def finish(self, state: VersionedState) -> Iterator[pa.RecordBatch]:
         self._attach(state)
+        self._tick()
         outputs = []
         with self.updating():
             self._seed()

@@ -4,12 +4,14 @@ import org.apache.spark.sql.{ExtendedExplainGenerator, SparkSessionExtensions}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperator
 
-import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides, PreInitMark, PreInitStrategy}
+import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides, PreInitMark, PreInitStrategy, RealTimeAllowlist}
 import org.apache.spark.sql.arrowstate.tools.StateReaderRule
 
 /** Entry point named in `spark.sql.extensions`. */
 class ArrowStateExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
+    // Spark's real-time mode allowlist learns arrowstate's real-time operators
+    RealTimeAllowlist.register()
     // preColumnarTransitions runs after IncrementalExecution's `state` rule, so the operators
     // we replace already carry their state info, output mode and watermarks.
     extensions.injectColumnar(session => ArrowStateColumnarRule(session))

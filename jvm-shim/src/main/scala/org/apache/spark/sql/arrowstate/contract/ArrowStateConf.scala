@@ -20,6 +20,7 @@ object ArrowStateConf {
   val LocalDir = "spark.arrowstate.worker.localDir"
   val FileChunkBytes = "spark.arrowstate.worker.fileChunkBytes"
   val FileMemoryBytes = "spark.arrowstate.worker.fileMemoryBytes"
+  val RealTimeFlushMs = "spark.arrowstate.realTime.flushMs"
 
   /** Fails on the first declared setting the session has (its own, or the SparkConf's it
    * started with: startup and worker settings included) that its type does not take. The

@@ -65,16 +65,24 @@ object StateTasks {
   }
 
   /** The output of a family that runs a user's function: the input rows (projected to the
-   * `sent` columns) go to the worker, and only the function's output rows come back. */
+   * `sent` columns) go to the worker, and only the function's output rows come back. In
+   * real-time mode (`realTimeFlushMs` set) they go in flushes as they arrive (RealTimeRows). */
   def functionOutput(task: StateTask, rows: Iterator[InternalRow], sent: Seq[Attribute],
-      childOutput: Seq[Attribute], outputSchema: StructType): Iterator[InternalRow] = {
+      childOutput: Seq[Attribute], outputSchema: StructType,
+      realTimeFlushMs: Option[Long] = None): Iterator[InternalRow] = {
     val project = TaskProjections.unsafe(sent, childOutput)
     val toOutput = TaskProjections.unsafe(outputSchema.fields.toSeq.zipWithIndex.map {
       case (f, i) => BoundReference(i, f.dataType, f.nullable)
     })
     val outputRows = ArrowBatches.rowsInPlace(_: Array[Byte], outputSchema.length).map(toOutput)
-    new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
-      passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows)
-    ) ++ task.exchange.endInput().flatMap(outputRows)
+    val answers = realTimeFlushMs match {
+      case Some(ms) =>
+        new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
+          ms * 1000000L, outputRows)
+      case None =>
+        new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+          passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows))
+    }
+    answers ++ task.exchange.endInput().flatMap(outputRows)
   }
 }

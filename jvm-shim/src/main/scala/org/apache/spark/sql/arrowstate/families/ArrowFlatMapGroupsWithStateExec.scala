@@ -24,7 +24,8 @@ import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
+import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds
@@ -45,13 +46,14 @@ case class ArrowFlatMapGroupsWithStateExec(
     eventTimeWatermarkForEviction: Option[Long],
     skipEmittingInitialStateKeys: Boolean,
     output: Seq[Attribute],
-    child: SparkPlan)
+    child: SparkPlan,
+    realTime: Boolean = false)
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def nodeName: String = "ArrowFlatMapGroupsWithState"
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${groupingAttributes.mkString("[", ", ", "]")}, $timeoutConf, " +
-      s"${stateInfo.getOrElse("no state info")}"
+      (if (realTime) "real-time, " else "") + s"${stateInfo.getOrElse("no state info")}"
   override def keyExpressions: Seq[Attribute] = groupingAttributes
   override def shortName: String =
     StatefulOperatorsUtils.FLAT_MAP_GROUPS_IN_PANDAS_WITH_STATE_EXEC_OP_NAME
@@ -66,9 +68,10 @@ case class ArrowFlatMapGroupsWithStateExec(
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
       groupingAttributes, getStateInfo, conf) :: Nil
-  // the worker sorts the rows by key where it can (WorkerSort)
+  // the worker sorts the rows by key where it can (WorkerSort), and each flush in real-time
+  // mode (where Spark's sort would hold the rows until the batch's end)
   @transient private lazy val inputSorted: Boolean =
-    !WorkerSort.applies(groupingAttributes, session)
+    !realTime && !WorkerSort.applies(groupingAttributes, session)
   override def requiredChildOrdering: Seq[Seq[SortOrder]] =
     Seq(if (inputSorted) groupingAttributes.map(SortOrder(_, Ascending)) else Nil)
 
@@ -119,6 +122,7 @@ case class ArrowFlatMapGroupsWithStateExec(
         ("stateSchema" -> stateType.json) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json) ~
         ("inputSorted" -> inputSorted) ~
+        ("realTime" -> realTime) ~
         ("maxRecordsPerBatch" -> conf.arrowMaxRecordsPerBatch)
     val opener =
       StatePartitionOpener.forSession(session, FlatMapGroupsWithStateFamily.name, info,
@@ -127,13 +131,15 @@ case class ArrowFlatMapGroupsWithStateExec(
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = dropsLateRows
+    val flushMs = if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs))
+      else None
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val input = watermarkPredicateForDataForLateEvents match {
         case Some(late) if dropLate => applyRemovingRowsOlderThanWatermark(rows, late)
         case _ => rows
       }
-      StateTasks.functionOutput(task, input, sent, childOutput, outputSchema)
+      StateTasks.functionOutput(task, input, sent, childOutput, outputSchema, flushMs)
     }
   }
 
@@ -154,6 +160,10 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
 
   override def matches(plan: SparkPlan): Boolean =
     plan.isInstanceOf[FlatMapGroupsInPandasWithStateExec]
+
+  override def realTime: Boolean = true
+  override def realTimeReason(plan: SparkPlan): Option[String] =
+    RealTimeRows.keyReason(plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec].groupingAttributes)
 
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
     val p = plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec]
@@ -182,6 +192,8 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
       p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
       p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
       p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output,
-      WorkerSort.child(p.child, p.groupingAttributes))
+      if (RealTimeRows.planned(p)) WorkerSort.withoutKeySort(p.child, p.groupingAttributes)
+      else WorkerSort.child(p.child, p.groupingAttributes),
+      realTime = RealTimeRows.planned(p))
   }
 }

@@ -27,6 +27,12 @@ trait ArrowStateFamily {
   /** The arrowstate plan for the node; called only when there is no reason against it. */
   def replace(plan: SparkPlan): SparkPlan
 
+  /** Whether its node runs in real-time mode (Trigger.RealTime), emitting as rows arrive. */
+  def realTime: Boolean = false
+
+  /** Why this node cannot run in real-time mode though the family can (None: it can). */
+  def realTimeReason(plan: SparkPlan): Option[String] = None
+
   /** `parent` taken into the family's node below it, where that node can do its work. */
   def absorb(parent: SparkPlan): Option[SparkPlan] = None
 }

@@ -24,7 +24,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.{StructField, StructType}
 
-import org.apache.spark.sql.arrowstate.exec.TaskEnvironment
+import org.apache.spark.sql.arrowstate.exec.{RealTimeRows, TaskEnvironment}
 import org.apache.spark.sql.arrowstate.worker.{FunctionEnvironment, PythonStateWorkers}
 
 /**
@@ -90,10 +90,12 @@ class TransformWithStateInPySparkPlanned(
     val function = functionExpr.asInstanceOf[PythonUDF].func
     if (TransformWithStatePreInit.run(this, function,
         TaskEnvironment.forFunction(function, sparkContext.getConf))) {
-      // what Spark's node does once its runner has filled the handle
+      // what Spark's node does once its runner has filled the handle; in real-time mode as
+      // Spark's JVM transformWithState does (a batch's offsets are logged at its end, so the
+      // metadata of the batch being planned is not looked for in the offset log)
       validateAndWriteStateSchema(hadoopConf, batchId, stateSchemaVersion, getStateInfo,
         stateSchemaDirPath(), session, operatorStateMetadataVersion,
-        conf.stateStoreEncodingFormat)
+        conf.stateStoreEncodingFormat, RealTimeRows.planned(this))
     } else {
       super.validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
     }

@@ -9,6 +9,7 @@ import org.apache.spark.sql.catalyst.plans.physical.Partitioning
 import org.apache.spark.sql.catalyst.rules.Rule
 import org.apache.spark.sql.catalyst.trees.TreeNodeTag
 import org.apache.spark.sql.execution.{ColumnarRule, SparkPlan, UnaryExecNode}
+import org.apache.spark.sql.execution.streaming.StatefulStreamlineAggregateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.{StatefulOperator, StatefulOperatorStateInfo, StreamingGlobalLimitExec}
 import org.apache.spark.sql.execution.streaming.operators.stateful.flatmapgroupswithstate.FlatMapGroupsWithStateExec
 import org.apache.spark.sql.execution.streaming.operators.stateful.join.StreamingSymmetricHashJoinExec
@@ -47,7 +48,9 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     SparkOnly(_.isInstanceOf[StreamingSymmetricHashJoinExec],
       "stream-stream joins keep Spark's own state store operators"),
     SparkOnly(_.isInstanceOf[StreamingGlobalLimitExec],
-      "a streaming limit keeps Spark's own state store operator"))
+      "a streaming limit keeps Spark's own state store operator"),
+    // real-time mode plans an aggregation as this one node, which emits per input row
+    SparkOnly(_.isInstanceOf[StatefulStreamlineAggregateExec], TriggerSupport.SparkOnlyReason))
 
   override def apply(plan: SparkPlan): SparkPlan = {
     // a plan without a stateful operator is none of arrowstate's: it reads no setting
@@ -78,19 +81,20 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     families.find(_.matches(node)).map { family =>
       val reasons =
         (if (ArrowStateConf.flag(conf, family.switch)) Nil else Seq(s"${family.switch}=false")) ++
-          commonUnsupportedReasons(node, conf) ++ family.unsupportedReasons(node)
+          commonUnsupportedReasons(node, family) ++ family.unsupportedReasons(node)
       if (reasons.isEmpty) Right(family.replace(node)) else Left(reasons)
     }.orElse(sparkOnly.find(_.matches(node)).map(s => Left(Seq(s.reason))))
 
-  /** Reasons a stateful operator cannot run in arrowstate, whatever its family. */
-  def commonUnsupportedReasons(node: SparkPlan, conf: SQLConf): Seq[String] = {
+  /** Reasons a stateful operator cannot run in arrowstate beside its family's own: no state
+   * info, or a trigger the family does not run under. */
+  def commonUnsupportedReasons(node: SparkPlan, family: ArrowStateFamily): Seq[String] = {
     val stateInfo = node match {
       case s: StatefulOperator => s.stateInfo
       case _ => None
     }
     Seq(
       if (stateInfo.isEmpty) Some("no state info (not planned by a streaming query)") else None,
-      TriggerSupport.unsupportedReason(node)).flatten
+      TriggerSupport.unsupportedReason(node, family)).flatten
   }
 
   private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {

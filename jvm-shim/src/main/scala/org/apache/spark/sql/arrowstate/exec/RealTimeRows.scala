@@ -1,0 +1,107 @@
+package org.apache.spark.sql.arrowstate.exec
+
+import java.util.concurrent.{LinkedBlockingQueue, TimeUnit}
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.execution.SparkPlan
+import org.apache.spark.sql.execution.datasources.v2.RealTimeStreamScanExec
+
+import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
+import org.apache.spark.sql.arrowstate.worker.StateExchange
+
+/**
+ * A partition's rows in real-time mode, where the input of a batch goes on for the batch's
+ * whole duration and each row's result is wanted as it arrives: rows go to the worker in
+ * small flushes and each flush's answer is yielded before the next row is waited for.
+ *
+ * A flush begins with the first row that arrives and takes the rows that come within
+ * `flushNanos` after it (spark.arrowstate.realTime.flushMs), at most `maxRows`. Waiting on
+ * the input is bounded that way only if it is not blocked in the input iterator, which
+ * blocks until the next row comes: so a thread of the task reads the input (projecting and
+ * copying each row) into a queue, and the task's thread gathers flushes from the queue,
+ * sends them and yields the answers. Only the task's thread talks to the worker.
+ */
+class RealTimeRows(
+    rows: Iterator[InternalRow],
+    exchange: StateExchange,
+    encoder: ArrowBatchEncoder,
+    project: InternalRow => InternalRow,
+    maxRows: Int,
+    flushNanos: Long,
+    answer: Array[Byte] => Iterator[InternalRow])
+  extends Iterator[InternalRow] {
+
+  private case class Failed(cause: Throwable)
+  private val End = new Object
+  private val queue = new LinkedBlockingQueue[AnyRef]()
+
+  private val context = TaskContext.get()
+  private val reader = new Thread(
+      s"arrowstate real-time input of task ${context.taskAttemptId()}") {
+    override def run(): Unit = {
+      TaskContext.setTaskContext(context)
+      try {
+        while (rows.hasNext) queue.put(project(rows.next()).copy())
+        queue.put(End)
+      } catch {
+        case _: InterruptedException =>   // the task ended first
+        case t: Throwable => queue.put(Failed(t))
+      } finally TaskContext.unset()
+    }
+  }
+  reader.setDaemon(true)
+  reader.start()
+  context.addTaskCompletionListener[Unit](_ => reader.interrupt())
+
+  private var current: Iterator[InternalRow] = Iterator.empty
+  private var ended = false
+
+  /** Appends a queued item to the flush; false at the input's end. */
+  private def append(item: AnyRef): Boolean = item match {
+    case End => ended = true; false
+    case Failed(cause) => throw cause
+    case row: InternalRow => encoder.append(row); true
+  }
+
+  override def hasNext: Boolean = {
+    while (!current.hasNext) {
+      if (ended || !append(queue.take())) return false
+      var gathered = 1
+      val deadline = System.nanoTime() + flushNanos
+      var more = true
+      while (more && gathered < maxRows) {
+        val wait = deadline - System.nanoTime()
+        val item = if (wait > 0) queue.poll(wait, TimeUnit.NANOSECONDS) else queue.poll()
+        more = item != null && append(item)
+        if (more) gathered += 1
+      }
+      var out: Option[Array[Byte]] = None
+      exchange.post(encoder.finishBatch())(a => out = a)
+      exchange.settle()
+      current = out.map(answer).getOrElse(Iterator.empty)
+    }
+    true
+  }
+
+  override def next(): InternalRow = {
+    if (!hasNext) throw new NoSuchElementException
+    current.next()
+  }
+}
+
+object RealTimeRows {
+  /** Whether the node runs in real-time mode: its input is read by Spark's real-time scan. */
+  def planned(node: SparkPlan): Boolean = node.exists(_.isInstanceOf[RealTimeStreamScanExec])
+
+  /** Real-time mode: why a function family cannot group these keys itself per flush (the
+   * worker sorts each flush with Arrow; Spark's sort before the node would wait for the
+   * batch's end). None when it can. */
+  def keyReason(grouping: Seq[org.apache.spark.sql.catalyst.expressions.Attribute])
+    : Option[String] =
+    grouping.find(a => !WorkerSort.sortsAlikeInArrow(a.dataType)).map { a =>
+      s"real-time mode (Trigger.RealTime): grouping key ${a.name} of type " +
+        s"${a.dataType.sql} does not sort alike in Arrow and Spark, and the worker groups " +
+        "each flush's rows by key itself"
+    }
+}

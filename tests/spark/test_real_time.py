@@ -1,0 +1,115 @@
+"""Real-time mode (`trigger(realTime=...)`): Python state functions on arrowstate, which no
+engine runs there otherwise. Oracle: the same function in micro-batch mode on Spark, per key
+the same outputs and the same final state (only the timing of emission differs)."""
+import time
+
+import pytest
+from pyspark import cloudpickle
+
+import real_time as rt
+from harness import read_state
+
+cloudpickle.register_pickle_by_value(rt)
+
+FAMILIES = {
+    "applyInPandasWithState": (
+        lambda df: df.groupBy("user").applyInPandasWithState(
+            rt.running_total, rt.OUTPUT, "n long, total long", "update", "NoTimeout"),
+        "ArrowFlatMapGroupsWithState"),
+    "transformWithStateInPandas": (
+        lambda df: df.groupBy("user").transformWithStateInPandas(
+            rt.RunningTotal(), rt.OUTPUT, "Update", "None"), "ArrowTransformWithState"),
+    "transformWithState": (
+        lambda df: df.groupBy("user").transformWithState(
+            rt.RunningTotalRows(), rt.OUTPUT, "Update", "None"), "ArrowTransformWithState"),
+}
+# what Spark's state reader needs to read each family's state
+READ = {"applyInPandasWithState": {}, "transformWithStateInPandas": {"stateVarName": "state"},
+        "transformWithState": {"stateVarName": "state"}}
+
+PARTS = [[("a", 1), ("b", 2), ("a", 3)], [("c", 4), ("a", 5)], [("b", 6), ("b", 7), ("d", 8)]]
+
+
+@pytest.fixture
+def real_time_conf(spark_conf):
+    # one source partition and one shuffle partition: two task slots, the test session's
+    # (and the store real-time mode sets, which the micro-batch oracle's TWS needs)
+    spark_conf(**{"spark.sql.shuffle.partitions": 1,
+                  "spark.sql.streaming.realTimeMode.minBatchDuration": "1000",
+                  "spark.sql.streaming.stateStore.providerClass":
+                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+
+
+def _wait(predicate, timeout=90, what=""):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _real_time_run(spark, tmp_path, build, restart=True):
+    """The query in real-time mode over PARTS, stopped (its batch committed) and restarted
+    after the first: the sink's rows, the plans, and the checkpoint."""
+    source = rt.LowLatencySource(spark)
+    sink = rt.RecordingSink(str(tmp_path / "sink.jsonl"))
+    checkpoint = str(tmp_path / "rt")
+    plans = []
+
+    def start():
+        return (build(source.df).writeStream.foreach(sink).outputMode("update")
+                .trigger(realTime="2 seconds").option("checkpointLocation", checkpoint)
+                .start())
+
+    query, sent, before = start(), 0, 0   # rows sent; rows committed by earlier runs
+
+    def committed():
+        return before + sum(p["numInputRows"] for p in query.recentProgress)
+
+    for i, part in enumerate(PARTS):
+        source.add(part)
+        sent += len(part)
+        _wait(lambda: len(sink.rows()) >= sent or query.exception() is not None,
+              what=f"{sent} rows at the sink")
+        assert query.exception() is None, query.exception()
+        if restart and i == 0:
+            # a batch commits at its end: wait for it, then restart from the checkpoint
+            _wait(lambda: committed() >= sent, what="the batch's commit")
+            plans.append(query._jsq.explainInternal(False))
+            query.stop()
+            before = sent
+            query = start()
+    _wait(lambda: committed() >= sent or query.exception() is not None,
+          what="the last batch's commit")
+    plans.append(query._jsq.explainInternal(False))
+    query.stop()
+    return sink.rows(), plans, checkpoint
+
+
+def _micro_batch_run(spark, tmp_path, build):
+    """Spark's own run of the same function in micro-batch mode, a batch per part."""
+    source = rt.LowLatencySource(spark)
+    rows, checkpoint = [], str(tmp_path / "mb")
+    spark.conf.set("spark.arrowstate.enabled", "false")
+    try:
+        query = (build(source.df).writeStream.foreachBatch(lambda df, _: rows.extend(df.collect()))
+                 .outputMode("update").option("checkpointLocation", checkpoint).start())
+        for part in PARTS:
+            source.add(part)
+            query.processAllAvailable()
+        query.stop()
+    finally:
+        spark.conf.set("spark.arrowstate.enabled", "true")
+    return rows, checkpoint
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_python_state_functions_run_in_real_time_mode(spark, real_time_conf, tmp_path, family):
+    build, node = FAMILIES[family]
+    expected, native_checkpoint = _micro_batch_run(spark, tmp_path, build)
+    rows, plans, checkpoint = _real_time_run(spark, tmp_path, build)
+    assert rt.per_key(rows) == rt.per_key(expected)
+    assert all(node in p and "real-time" in p for p in plans), plans
+    # the final state, as Spark's reader gives it
+    assert (read_state(spark, checkpoint, None, READ[family])
+            == read_state(spark, native_checkpoint, None, READ[family]))
