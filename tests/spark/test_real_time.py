@@ -6,6 +6,7 @@ import time
 import pytest
 from pyspark import cloudpickle
 
+import procinfo
 import real_time as rt
 from harness import read_state
 
@@ -48,9 +49,11 @@ def _wait(predicate, timeout=90, what=""):
         time.sleep(0.05)
 
 
-def _real_time_run(spark, tmp_path, build, restart=True):
+def _real_time_run(spark, tmp_path, build, restart=True, fault=None):
     """The query in real-time mode over PARTS, stopped (its batch committed) and restarted
-    after the first: the sink's rows, the plans, and the checkpoint."""
+    after the first: the sink's rows, the plans, and the checkpoint. `fault(i)`, if given,
+    runs once part i's output reached the sink, in the middle of a long-running batch; a
+    query that fails then is started again from its checkpoint, as an operator would."""
     source = rt.LowLatencySource(spark)
     sink = rt.RecordingSink(str(tmp_path / "sink.jsonl"))
     checkpoint = str(tmp_path / "rt")
@@ -72,6 +75,15 @@ def _real_time_run(spark, tmp_path, build, restart=True):
         _wait(lambda: len(sink.rows()) >= sent or query.exception() is not None,
               what=f"{sent} rows at the sink")
         assert query.exception() is None, query.exception()
+        if fault is not None and fault(i):
+            # the batch fails or its task is retried: either way, what it committed before
+            # stays, and the batch's rows are processed again from the checkpoint
+            time.sleep(3)
+            if query.exception() is not None or not query.isActive:
+                before = committed()
+                query = start()
+            _wait(lambda: committed() >= sent or query.exception() is not None,
+                  what="the recovered batch's commit")
         if restart and i == 0:
             # a batch commits at its end: wait for it, then restart from the checkpoint
             _wait(lambda: committed() >= sent, what="the batch's commit")
@@ -113,3 +125,25 @@ def test_python_state_functions_run_in_real_time_mode(spark, real_time_conf, tmp
     # the final state, as Spark's reader gives it
     assert (read_state(spark, checkpoint, None, READ[family])
             == read_state(spark, native_checkpoint, None, READ[family]))
+
+
+def test_a_worker_lost_in_a_long_running_batch_loses_nothing(spark, real_time_conf, tmp_path):
+    """The state worker is killed while a real-time batch runs, after it emitted some rows:
+    the batch's rows are processed again from the last committed state. The sink may see a
+    row twice (real-time mode's output is at least once); per key, the rows and the final
+    state are those of an uninterrupted run."""
+    build, _ = FAMILIES["transformWithStateInPandas"]
+    expected, native_checkpoint = _micro_batch_run(spark, tmp_path, build)
+    killed = []
+
+    def kill_after_second_part(i):
+        if i == 1:
+            killed.append(procinfo.kill_own_state_workers())
+            return True
+        return False
+
+    rows, _, checkpoint = _real_time_run(spark, tmp_path, build, fault=kill_after_second_part)
+    assert killed and killed[0] > 0
+    assert {k: sorted(set(v)) for k, v in rt.per_key(rows).items()} == rt.per_key(expected)
+    assert (read_state(spark, checkpoint, None, READ["transformWithStateInPandas"])
+            == read_state(spark, native_checkpoint, None, READ["transformWithStateInPandas"]))
