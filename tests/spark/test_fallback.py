@@ -110,9 +110,10 @@ def test_terminating_triggers_run_on_arrowstate(spark, tmp_path, trigger):
 
 
 @pytest.mark.slow
-def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path):
+def test_jvm_functions_and_real_time_aggregation_stay_spark_with_reason(spark, tmp_path):
     """tests/helpers/jvm_queries.scala in spark-shell, with the shim added as spark-submit users
-    add it: a Scala flatMapGroupsWithState, and dropDuplicates under Trigger.RealTime."""
+    add it: a Scala flatMapGroupsWithState and an aggregation under Trigger.RealTime stay
+    Spark's with their reasons; dropDuplicates under Trigger.RealTime runs on arrowstate."""
     source = tmp_path / "in"
     spark.range(3).write.parquet(str(source))
     shell = os.path.join(_find_spark_home(), "bin", "spark-shell")
@@ -133,8 +134,10 @@ def test_jvm_function_and_real_time_mode_stay_spark_with_reason(spark, tmp_path)
     assert "FlatMapGroupsWithState" in out
     assert "REALTIME EXCEPTION None" in out, out + done.stderr
     assert "REALTIME ROWS 4" in out, out
-    assert "real-time mode (Trigger.RealTime)" in out, out
-    assert "StreamingDeduplicate" in out and "ArrowStreamingDeduplicate" not in out, out
+    assert "ArrowStreamingDeduplicate" in out and "real-time" in out, out
+    assert "REALTIME COUNT EXCEPTION None" in out, out + done.stderr
+    assert "StatefulStreamlineAggregate" in out, out
+    assert "real-time mode (Trigger.RealTime): arrowstate runs deduplication" in out, out
 
 
 def test_stream_joins_stay_spark_with_reason(spark, spark_conf, tmp_path):

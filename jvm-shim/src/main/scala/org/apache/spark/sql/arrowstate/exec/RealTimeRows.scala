@@ -18,9 +18,10 @@ import org.apache.spark.sql.arrowstate.worker.StateExchange
  * A flush begins with the first row that arrives and takes the rows that come within
  * `flushNanos` after it (spark.arrowstate.realTime.flushMs), at most `maxRows`. Waiting on
  * the input is bounded that way only if it is not blocked in the input iterator, which
- * blocks until the next row comes: so a thread of the task reads the input (projecting and
- * copying each row) into a queue, and the task's thread gathers flushes from the queue,
- * sends them and yields the answers. Only the task's thread talks to the worker.
+ * blocks until the next row comes: so a thread of the task reads the input (copying each
+ * row) into a queue, and the task's thread gathers flushes from the queue, sends them and
+ * yields what `answer` makes of each flush's rows (given only when `keepInput`) and the
+ * worker's answer to it. Only the task's thread encodes and talks to the worker.
  */
 class RealTimeRows(
     rows: Iterator[InternalRow],
@@ -29,7 +30,8 @@ class RealTimeRows(
     project: InternalRow => InternalRow,
     maxRows: Int,
     flushNanos: Long,
-    answer: Array[Byte] => Iterator[InternalRow])
+    keepInput: Boolean,
+    answer: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
   extends Iterator[InternalRow] {
 
   private case class Failed(cause: Throwable)
@@ -42,7 +44,7 @@ class RealTimeRows(
     override def run(): Unit = {
       TaskContext.setTaskContext(context)
       try {
-        while (rows.hasNext) queue.put(project(rows.next()).copy())
+        while (rows.hasNext) queue.put(rows.next().copy())
         queue.put(End)
       } catch {
         case _: InterruptedException =>   // the task ended first
@@ -56,12 +58,16 @@ class RealTimeRows(
 
   private var current: Iterator[InternalRow] = Iterator.empty
   private var ended = false
+  private var flushed = scala.collection.mutable.ArrayBuffer[InternalRow]()
 
   /** Appends a queued item to the flush; false at the input's end. */
   private def append(item: AnyRef): Boolean = item match {
     case End => ended = true; false
     case Failed(cause) => throw cause
-    case row: InternalRow => encoder.append(row); true
+    case row: InternalRow =>
+      encoder.append(project(row))
+      if (keepInput) flushed += row
+      true
   }
 
   override def hasNext: Boolean = {
@@ -79,7 +85,9 @@ class RealTimeRows(
       var out: Option[Array[Byte]] = None
       exchange.post(encoder.finishBatch())(a => out = a)
       exchange.settle()
-      current = out.map(answer).getOrElse(Iterator.empty)
+      val sent = flushed
+      flushed = scala.collection.mutable.ArrayBuffer[InternalRow]()
+      current = answer(sent.toSeq, out)
     }
     true
   }

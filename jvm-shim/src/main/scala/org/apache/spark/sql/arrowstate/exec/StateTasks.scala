@@ -78,7 +78,7 @@ object StateTasks {
     val answers = realTimeFlushMs match {
       case Some(ms) =>
         new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
-          ms * 1000000L, outputRows)
+          ms * 1000000L, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows))
       case None =>
         new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
           passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows))

@@ -16,8 +16,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, StatePartitionOpener, StateTasks, TaskProjections}
-import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, RealTimeRows, StatePartitionOpener, StateTasks, TaskProjections}
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
@@ -31,7 +31,8 @@ case class ArrowStreamingDeduplicateExec(
     eventTimeWatermarkForLateEvents: Option[Long],
     eventTimeWatermarkForEviction: Option[Long],
     withinWatermark: Boolean,
-    droppedBeforeShuffle: Option[SQLMetric] = None)
+    droppedBeforeShuffle: Option[SQLMetric] = None,
+    realTime: Boolean = false)
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   // duplicates dropped below the shuffle (ArrowFirstRowPerKeyExec) count with the worker's
@@ -87,6 +88,7 @@ case class ArrowStreamingDeduplicateExec(
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${keyExpressions.mkString("[", ", ", "]")}" +
       (if (withinWatermark) " withinWatermark" else "") +
+      (if (realTime) ", real-time" else "") +
       s", ${stateInfo.getOrElse("no state info")}" +
       s", lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
       s", evictionWatermark = $eventTimeWatermarkForEviction"
@@ -112,18 +114,28 @@ case class ArrowStreamingDeduplicateExec(
       StatePartitionOpener.forSession(session, DeduplicateFamily.name, info, operator,
         sentSchema)
     val childOutput = child.output
+    val flushMs = if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs))
+      else None
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val project = TaskProjections.unsafe(sent, childOutput)
-      new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
-        passInput = false, keepInput = true,
+      // the rows the worker's mask keeps, in order
+      val kept: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow] =
         (group, answer) => answer match {
           case Some(mask) =>
             group.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
               case (row, true) => row
             }
           case None => Iterator.empty
-        })
+        }
+      flushMs match {
+        case Some(ms) =>   // real-time mode: each flush's kept rows as soon as it is answered
+          new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
+            ms * 1000000L, keepInput = true, kept)
+        case None =>
+          new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+            passInput = false, keepInput = true, kept)
+      }
     }
   }
 
@@ -140,6 +152,10 @@ object DeduplicateFamily extends ArrowStateFamily {
     case _ => false
   }
 
+  // a flush's rows are answered with the mask of those kept, as Spark's real-time
+  // deduplication emits a row's result when it processes the row
+  override def realTime: Boolean = true
+
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
     val ours = swapped(plan)
     val eventTime = WatermarkSupport.findEventTimeColumn(ours.child.output,
@@ -153,7 +169,9 @@ object DeduplicateFamily extends ArrowStateFamily {
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val ours = swapped(plan)
-    if (ours.withinWatermark) ours else firstRowsBeforeShuffle(ours).getOrElse(ours)
+    // (real-time mode: no pass below the shuffle, which Spark's allowlist would refuse)
+    if (ours.realTime || ours.withinWatermark) ours
+    else firstRowsBeforeShuffle(ours).getOrElse(ours)
   }
 
   /** Our node in place of Spark's, before any pass below the shuffle is added. */
@@ -161,11 +179,11 @@ object DeduplicateFamily extends ArrowStateFamily {
     case d: StreamingDeduplicateExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-        withinWatermark = false)
+        withinWatermark = false, realTime = RealTimeRows.planned(d))
     case d: StreamingDeduplicateWithinWatermarkExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-        withinWatermark = true)
+        withinWatermark = true, realTime = RealTimeRows.planned(d))
   }
 
   /**

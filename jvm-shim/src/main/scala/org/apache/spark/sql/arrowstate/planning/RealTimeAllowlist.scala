@@ -3,7 +3,7 @@ package org.apache.spark.sql.arrowstate.planning
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.streaming.runtime.RealTimeModeAllowlist
 
-import org.apache.spark.sql.arrowstate.families.{ArrowFlatMapGroupsWithStateExec, ArrowTransformWithStateExec}
+import org.apache.spark.sql.arrowstate.families.{ArrowFlatMapGroupsWithStateExec, ArrowStreamingDeduplicateExec, ArrowTransformWithStateExec}
 
 /**
  * Spark checks every node of a real-time query against its allowlist of operators known to
@@ -19,8 +19,8 @@ import org.apache.spark.sql.arrowstate.families.{ArrowFlatMapGroupsWithStateExec
  */
 object RealTimeAllowlist extends Logging {
   val Operators: Seq[String] =
-    Seq(classOf[ArrowFlatMapGroupsWithStateExec], classOf[ArrowTransformWithStateExec])
-      .map(_.getName)
+    Seq(classOf[ArrowFlatMapGroupsWithStateExec], classOf[ArrowTransformWithStateExec],
+      classOf[ArrowStreamingDeduplicateExec]).map(_.getName)
 
   @volatile private var registered = false
 

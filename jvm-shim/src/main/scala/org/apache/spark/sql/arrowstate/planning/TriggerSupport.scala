@@ -28,6 +28,7 @@ object TriggerSupport {
     else family.realTimeReason(node)
 
   val SparkOnlyReason: String =
-    "real-time mode (Trigger.RealTime): arrowstate runs Python state functions there " +
-      "(applyInPandasWithState, transformWithState); this operator answers per micro-batch"
+    "real-time mode (Trigger.RealTime): arrowstate runs deduplication and Python state " +
+      "functions there (applyInPandasWithState, transformWithState); this operator answers " +
+      "per micro-batch"
 }
