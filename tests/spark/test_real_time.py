@@ -36,7 +36,7 @@ def real_time_conf(spark_conf):
     # one source partition and one shuffle partition: two task slots, the test session's
     # (and the store real-time mode sets, which the micro-batch oracle's TWS needs)
     spark_conf(**{"spark.sql.shuffle.partitions": 1,
-                  "spark.sql.streaming.realTimeMode.minBatchDuration": "1000",
+                  "spark.sql.streaming.realTimeMode.minBatchDuration": "500",
                   "spark.sql.streaming.stateStore.providerClass":
                       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
 
@@ -66,7 +66,7 @@ def _real_time_run(spark, tmp_path, build, restart=True, fault=None, arrowstate=
         spark.conf.set("spark.arrowstate.enabled", str(arrowstate).lower())
         try:
             return (build(source.df).writeStream.foreach(sink).outputMode("update")
-                    .trigger(realTime="2 seconds").option("checkpointLocation", checkpoint)
+                    .trigger(realTime="1 second").option("checkpointLocation", checkpoint)
                     .start())
         finally:
             spark.conf.set("spark.arrowstate.enabled", "true")
