@@ -111,3 +111,26 @@ class RunningTotalRows(StatefulProcessor):
             n, total = n + 1, total + row.v
             yield Row(user=key[0], v=row.v, n=n, total=total)
         self.state.update((n, total))
+
+
+class ExpiresAfter(StatefulProcessor):
+    """transformWithState (Row API), ProcessingTime: echoes each row and sets a timer 300 ms
+    after a key's first row (by the processor's clock); when it fires, emits `expired` with
+    the time the timer was set for and clears the key's state."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.due = handle.getValueState("due", "ms long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for row in rows:
+            yield Row(user=key[0], v=row.v, kind="row")
+        if not self.due.exists():
+            due = timerValues.getCurrentProcessingTimeInMs() + 300
+            self.handle.registerTimer(due)
+            self.due.update((due,))
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        due = expiredTimerInfo.getExpiryTimeInMs()
+        self.due.clear()
+        yield Row(user=key[0], v=due, kind="expired")

@@ -175,3 +175,34 @@ def test_deduplication_runs_in_real_time_mode_as_spark_s_own(spark, real_time_co
     # it looks for the version's changelog without the commit log's checkpoint id)
     state = spark.read.format("statestore").load(checkpoint).collect()
     assert sorted(r.key.user for r in state) == sorted({u for p in PARTS for u, _ in p})
+
+
+def test_processing_time_timers_fire_by_the_live_clock(spark, real_time_conf, tmp_path):
+    """Timers are checked against the executor's clock after each flush and at the batch's
+    end: each timer fires once, no sooner than it is due, while the query runs on (it is not
+    restarted), and leaves no state behind."""
+    def build(df):
+        return df.groupBy("user").transformWithState(
+            rt.ExpiresAfter(), "user string, v long, kind string", "Update", "ProcessingTime")
+
+    rows, plans, checkpoint = _real_time_run(
+        spark, tmp_path, build, restart=False,
+        outputs=lambda sent: len(sent) + len({user for user, _ in sent}))
+    assert all("ArrowTransformWithState" in p and "real-time" in p for p in plans), plans
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault(r["user"], []).append(r)
+    assert sorted(by_key) == sorted({u for p in PARTS for u, _ in p})
+    for user, got in by_key.items():
+        expired = [r for r in got if r["kind"] == "expired"]
+        echoed = sorted(r["v"] for r in got if r["kind"] == "row")
+        assert echoed == sorted(v for p in PARTS for u, v in p if u == user)
+        # a timer per run of the key's rows (a later row sets a new one once the last fired)
+        parts = sum(any(u == user for u, _ in p) for p in PARTS)
+        assert 1 <= len(expired) <= parts, got
+        assert len({r["v"] for r in expired}) == len(expired), got
+        # each fired no sooner than due (by the clock the processor read), after a row
+        assert all(r["at"] * 1000 >= r["v"] for r in expired), got
+        assert min(r["at"] for r in got if r["kind"] == "row") < expired[0]["at"], got
+    assert spark.read.format("statestore").option("stateVarName", "due").load(
+        checkpoint).count() == 0
