@@ -68,17 +68,24 @@ def per_key(rows) -> dict:
 
 # -- the state functions: per row, the key's count and total so far -------------------------
 
-def running_total(key, pdfs, state):
-    """applyInPandasWithState: one output row per input row, rows taken in order of v."""
-    n, total = state.get if state.exists else (0, 0)
+def _running(key, pdfs, n: int, total: int):
+    """A key's rows, in order of v, each with the key's count and total after it; the new
+    count and total."""
     frame = pd.concat(list(pdfs)).sort_values("v")
     ns, totals = [], []
     for v in frame["v"]:
         n, total = n + 1, total + v
         ns.append(n)
         totals.append(total)
+    out = pd.DataFrame({"user": key[0], "v": frame["v"].values, "n": ns, "total": totals})
+    return out, n, total
+
+
+def running_total(key, pdfs, state):
+    """applyInPandasWithState: one output row per input row, rows taken in order of v."""
+    out, n, total = _running(key, pdfs, *(state.get if state.exists else (0, 0)))
     state.update((n, total))
-    yield pd.DataFrame({"user": key[0], "v": frame["v"].values, "n": ns, "total": totals})
+    yield out
 
 
 class RunningTotal(StatefulProcessor):
@@ -88,15 +95,10 @@ class RunningTotal(StatefulProcessor):
         self.state = handle.getValueState("state", "n long, total long")
 
     def handleInputRows(self, key, rows, timerValues):
-        n, total = self.state.get() if self.state.exists() else (0, 0)
-        frame = pd.concat(list(rows)).sort_values("v")
-        ns, totals = [], []
-        for v in frame["v"]:
-            n, total = n + 1, total + v
-            ns.append(n)
-            totals.append(total)
+        out, n, total = _running(key, rows,
+                                 *(self.state.get() if self.state.exists() else (0, 0)))
         self.state.update((n, total))
-        yield pd.DataFrame({"user": key[0], "v": frame["v"].values, "n": ns, "total": totals})
+        yield out
 
 
 class RunningTotalRows(StatefulProcessor):
