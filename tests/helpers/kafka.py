@@ -7,13 +7,17 @@ what reaches a topic, with each record's arrival time (latency = arrival - sent)
 from __future__ import annotations
 
 import base64
+import json
+import math
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from storage import (StorageUnavailable, _artifact, _stop, _wait, free_port,
@@ -196,3 +200,213 @@ class KafkaBroker:
         _stop(self.proc, grace=20)
         self.proc = None
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# -- from Python: paced records stamped with their send time, and what reaches a topic -----
+
+PRODUCED_AT = "produced_at_ns"   # the value's field with the record's send time (time_ns)
+
+
+class PacedProducer:
+    """Sends `records_per_s` records a second to `topic` from a thread, for `seconds` (None:
+    until stop()), each at its own time on a fixed schedule (start + i / rate: a late one is
+    sent at once, the next ones keep the schedule). A record's key is `make_key(i)`
+    (default `k<i % 16>`), its value the JSON of {"seq": i, PRODUCED_AT: send time in
+    time.time_ns(), **make_value(i)}. Each record goes out on its own (linger.ms=0)."""
+
+    def __init__(self, bootstrap: str, topic: str, records_per_s: float,
+                 seconds: float | None = None, make_value=None, make_key=None,
+                 config: dict | None = None):
+        from confluent_kafka import Producer
+        self.topic, self.rate, self.seconds = topic, records_per_s, seconds
+        self.make_value = make_value or (lambda i: {})
+        self.make_key = make_key or (lambda i: f"k{i % 16}")
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+                                   "acks": "all", **(config or {})})
+        # connected, with the topic's leaders known, before the schedule starts (the first
+        # records would wait for that otherwise)
+        self._producer.list_topics(topic, timeout=10)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"produce-{topic}",
+                                        daemon=True)
+        self.sent = 0          # records handed to the client
+        self.errors: list[str] = []   # delivery failures, as the client reports them
+
+    def __enter__(self) -> "PacedProducer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "PacedProducer":
+        self._thread.start()
+        return self
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        end = None if self.seconds is None else start + self.seconds
+        i = 0
+        while not self._stopping.is_set():
+            due = start + i / self.rate
+            if end is not None and due >= end:
+                break
+            if self._stopping.wait(max(0.0, due - time.monotonic())):
+                break
+            value = {"seq": i, PRODUCED_AT: time.time_ns(), **self.make_value(i)}
+            self._producer.produce(self.topic, key=self.make_key(i),
+                                   value=json.dumps(value), on_delivery=self._delivered)
+            self._producer.poll(0)
+            i += 1
+            self.sent = i
+        self._producer.flush(30)
+
+    def join(self, timeout: float | None = None) -> int:
+        """Waits for the schedule's end (all sent and acknowledged); the records sent."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"producing to {self.topic!r} still going after {timeout} s")
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} records to {self.topic!r} failed: "
+                               f"{self.errors[:3]}")
+        return self.sent
+
+    def stop(self) -> int:
+        self._stopping.set()
+        return self.join(60) if self._thread.ident else 0
+
+
+def produce_paced(bootstrap: str, topic: str, records_per_s: float, seconds: float,
+                  make_value=None, make_key=None) -> int:
+    """PacedProducer's schedule, run to its end in the caller: the records sent."""
+    return PacedProducer(bootstrap, topic, records_per_s, seconds, make_value,
+                         make_key).start().join()
+
+
+@dataclass(frozen=True)
+class Arrival:
+    arrived_ns: int          # time.time_ns() when the record reached Python
+    key: str | None
+    value: object            # the JSON value parsed (the raw string when not JSON)
+    partition: int
+    offset: int
+    timestamp_ms: int        # the record's Kafka timestamp (CreateTime: the producer's)
+
+    def latency_ms(self, field: str = PRODUCED_AT) -> float:
+        """arrival - the value's send time (PacedProducer's stamp, carried through)."""
+        return (self.arrived_ns - self.value[field]) / 1e6
+
+
+class TopicRecorder:
+    """Reads every partition of `topic` from its beginning in a thread, recording each
+    record with the time it arrived. The topic must exist (its partitions are assigned,
+    no consumer group rebalances)."""
+
+    def __init__(self, bootstrap: str, topic: str, config: dict | None = None):
+        from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING
+        self.topic = topic
+        self._consumer = Consumer({"bootstrap.servers": bootstrap,
+                                   "group.id": f"arrowstate-recorder-{uuid.uuid4().hex[:8]}",
+                                   "enable.auto.commit": False,
+                                   "auto.offset.reset": "earliest",
+                                   # an empty fetch comes back after 10 ms: a record is
+                                   # fetched within that of its write
+                                   "fetch.wait.max.ms": 10, **(config or {})})
+        meta = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            self._consumer.close()
+            raise ValueError(f"topic {topic!r} at {bootstrap} is not there to record "
+                             f"({meta.error if meta is not None else 'no metadata'})")
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                               for p in sorted(meta.partitions)])
+        self._lock = threading.Lock()
+        self._arrivals: list[Arrival] = []
+        self._stopping = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"record-{topic}",
+                                        daemon=True)
+
+    def __enter__(self) -> "TopicRecorder":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "TopicRecorder":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                # poll returns with the first record; consume(timeout=0) then takes those
+                # already fetched (consume with a timeout waits it out for a full batch)
+                first = self._consumer.poll(0.05)
+                if first is None:
+                    continue
+                batch = [first, *self._consumer.consume(num_messages=1000, timeout=0)]
+                now = time.time_ns()
+                got = []
+                for m in batch:
+                    if m.error() is not None:
+                        raise RuntimeError(f"reading {self.topic!r}: {m.error()}")
+                    got.append(Arrival(now, m.key().decode() if m.key() else None,
+                                       _parsed(m.value()), m.partition(), m.offset(),
+                                       m.timestamp()[1]))
+                with self._lock:
+                    self._arrivals.extend(got)
+        except BaseException as e:   # kept for the caller: a thread's error is lost otherwise
+            self.error = e
+        finally:
+            self._consumer.close()
+
+    def arrivals(self) -> list[Arrival]:
+        if self.error is not None:
+            raise RuntimeError(f"recording {self.topic!r} failed") from self.error
+        with self._lock:
+            return list(self._arrivals)
+
+    def wait_for(self, count: int, timeout: float, failed=lambda: None) -> list[Arrival]:
+        """The arrivals once there are `count`; `failed()` (say, a query's exception) is
+        raised when it returns one; TimeoutError after `timeout` s, saying how many came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.arrivals()
+            if len(got) >= count:
+                return got
+            error = failed()
+            if error is not None:
+                raise error
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(got)} of {count} records reached {self.topic!r} "
+                                   f"within {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.ident:
+            self._thread.join(30)
+
+
+def _parsed(raw: bytes | None):
+    if raw is None:
+        return None
+    text = raw.decode()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def latency_summary(latencies_ms: list[float]) -> dict[str, float]:
+    """count, p50, p99 and max of latencies in ms (nearest-rank percentiles)."""
+    ordered = sorted(latencies_ms)
+    if not ordered:
+        return {"count": 0}
+
+    def rank(q):
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+    return {"count": len(ordered), "p50": rank(50), "p99": rank(99), "max": ordered[-1]}
