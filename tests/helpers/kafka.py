@@ -369,12 +369,14 @@ class TopicRecorder:
         with self._lock:
             return list(self._arrivals)
 
-    def wait_for(self, count: int, timeout: float, failed=lambda: None) -> list[Arrival]:
-        """The arrivals once there are `count`; `failed()` (say, a query's exception) is
-        raised when it returns one; TimeoutError after `timeout` s, saying how many came."""
+    def wait_for(self, count: int, timeout: float, failed=lambda: None,
+                 where=None) -> list[Arrival]:
+        """The arrivals (those `where(arrival)` keeps, when given) once there are `count`;
+        `failed()` (say, a query's exception) is raised when it returns one; TimeoutError
+        after `timeout` s, saying how many came."""
         deadline = time.monotonic() + timeout
         while True:
-            got = self.arrivals()
+            got = [a for a in self.arrivals() if where is None or where(a)]
             if len(got) >= count:
                 return got
             error = failed()

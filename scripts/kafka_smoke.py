@@ -1,0 +1,126 @@
+"""Kafka in, Kafka out, in real-time mode: a smoke run of tests/helpers/kafka.py.
+
+Starts a broker, topics `in` (5 partitions) and `out`, and a local Spark session with Spark's
+Kafka connector; runs `in` -> query -> `out` under trigger(realTime=...) while records are
+produced at a steady rate, and prints the end-to-end latencies (produced -> read back from
+`out`). The query is stateless (key, value), or with --stateful a transformWithStateInPandas
+count per key on arrowstate.
+
+    PYTHONPATH=python python scripts/kafka_smoke.py [--stateful] [--records 200 --rate 100]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
+
+import kafka  # noqa: E402  (tests/helpers, put on the path above)
+
+SOURCE_PARTITIONS, SHUFFLE_PARTITIONS = 5, 2
+
+
+def session(stateful: bool):
+    from pyspark.sql import SparkSession
+    builder = (SparkSession.builder.appName("arrowstate-kafka-smoke")
+               # a real-time query holds a task slot per partition of every stage at once:
+               # 5 source partitions, 2 shuffle partitions, one spare
+               .master(f"local[{SOURCE_PARTITIONS + SHUFFLE_PARTITIONS + 1}]")
+               .config("spark.jars", ",".join(kafka.connector_jars()))
+               .config("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if stateful:
+        import arrowstate
+        builder = arrowstate.configure(builder.config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def stateless(df):
+    return df.selectExpr("key", "value")
+
+
+def stateful(df):
+    import pandas as pd
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    # the field's name, captured by value: the Python workers cannot import tests/helpers
+    produced = kafka.PRODUCED_AT
+
+    class CountPerKey(StatefulProcessor):
+        """Per input row, the key's count so far, with the row's send time."""
+
+        def init(self, handle):
+            self.count = handle.getValueState("count", "n long")
+
+        def handleInputRows(self, key, rows, timerValues):
+            n = self.count.get()[0] if self.count.exists() else 0
+            frame = pd.concat(list(rows)).sort_values("seq")
+            ns = list(range(n + 1, n + 1 + len(frame)))
+            self.count.update((ns[-1],))
+            yield pd.DataFrame({"key": key[0], "seq": frame["seq"].values,
+                                produced: frame[produced].values, "n": ns})
+
+    fields = F.from_json(F.col("value").cast("string"),
+                         f"seq long, {kafka.PRODUCED_AT} long")
+    parsed = df.select(F.col("key").cast("string").alias("key"), fields.alias("v")) \
+        .select("key", "v.*")
+    out = parsed.groupBy("key").transformWithStateInPandas(
+        CountPerKey(), f"key string, seq long, {kafka.PRODUCED_AT} long, n long",
+        "Update", "None")
+    return out.select("key", F.to_json(F.struct("seq", kafka.PRODUCED_AT, "n")).alias("value"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stateful", action="store_true")
+    ap.add_argument("--records", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=100, help="records a second")
+    ap.add_argument("--trigger", default="5 seconds")
+    args = ap.parse_args()
+    started = time.monotonic()
+    with kafka.KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        broker.create_topic("in", SOURCE_PARTITIONS)
+        broker.create_topic("out", 1)
+        print(f"broker at {broker.bootstrap} up in {time.monotonic() - started:.1f} s")
+        spark = session(args.stateful)
+        source = (spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", broker.bootstrap)
+                  .option("subscribe", "in").option("startingOffsets", "earliest").load())
+        query = ((stateful if args.stateful else stateless)(source).writeStream
+                 .format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                 .option("topic", "out").option("checkpointLocation", os.path.join(tmp, "ck"))
+                 .outputMode("update").trigger(realTime=args.trigger).start())
+        with kafka.TopicRecorder(broker.bootstrap, "out") as out:
+            # warm-up: records until one comes back, so that the query's tasks are running
+            t0 = time.monotonic()
+            with kafka.PacedProducer(broker.bootstrap, "in", 5):
+                out.wait_for(1, 120, query.exception)
+            print(f"query answering {time.monotonic() - t0:.1f} s after its start")
+            # measured: the records sent after the warm-up's
+            since = time.time_ns()
+            sent = kafka.produce_paced(broker.bootstrap, "in", args.rate,
+                                       args.records / args.rate)
+            measured = out.wait_for(sent, 60, query.exception,
+                                    where=lambda a: a.value[kafka.PRODUCED_AT] >= since)
+        # stopping cancels the running batch's tasks, whose Kafka clients log the interrupt
+        # as errors: not this run's failures
+        spark.sparkContext.setLogLevel("OFF")
+        query.stop()
+        spark.stop()
+    print(f"{sent} records at {args.rate:g}/s, {len(measured)} back from `out` "
+          f"({'stateful' if args.stateful else 'stateless'}): latency ms "
+          f"{kafka.latency_summary([a.latency_ms() for a in measured])}")
+    print(f"total {time.monotonic() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
