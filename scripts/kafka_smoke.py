@@ -7,10 +7,13 @@ produced at a steady rate, and prints the end-to-end latencies (produced -> read
 count per key on arrowstate.
 
     PYTHONPATH=python python scripts/kafka_smoke.py [--stateful] [--records 200 --rate 100]
+        [--trigger "5 seconds"] [--json result.json]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -79,47 +82,63 @@ def stateful(df):
     return out.select("key", F.to_json(F.struct("seq", kafka.PRODUCED_AT, "n")).alias("value"))
 
 
+def run(stateful_query: bool, records: int, rate: float, trigger: str) -> dict:
+    """The query over `records` records sent at `rate` a second (after a warm-up whose
+    records, keyed `warmup<i>`, are left out): what reached `in` and `out` (Arrivals as
+    dicts), the latencies in `out` and the times taken."""
+    started = time.monotonic()
+    times = {}
+    with kafka.KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        broker.create_topic("in", SOURCE_PARTITIONS)
+        broker.create_topic("out", 1)
+        times["broker_s"] = time.monotonic() - started
+        spark = session(stateful_query)
+        source = (spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", broker.bootstrap)
+                  .option("subscribe", "in").option("startingOffsets", "earliest").load())
+        query = ((stateful if stateful_query else stateless)(source).writeStream
+                 .format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                 .option("topic", "out").option("checkpointLocation", os.path.join(tmp, "ck"))
+                 .outputMode("update").trigger(realTime=trigger).start())
+        measured = lambda a: not a.key.startswith("warmup")   # noqa: E731
+        with kafka.TopicRecorder(broker.bootstrap, "in") as sent_in, \
+                kafka.TopicRecorder(broker.bootstrap, "out") as out:
+            # warm-up: records until one comes back, so that the query's tasks are running
+            t0 = time.monotonic()
+            with kafka.PacedProducer(broker.bootstrap, "in", 5,
+                                     make_key=lambda i: f"warmup{i}"):
+                out.wait_for(1, 120, query.exception)
+            times["query_answering_s"] = time.monotonic() - t0
+            sent = kafka.produce_paced(broker.bootstrap, "in", rate, records / rate)
+            back = out.wait_for(sent, 60, query.exception, where=measured)
+            inputs = sent_in.wait_for(sent, 10, where=measured)
+        # stopping cancels the running batch's tasks, whose Kafka clients log the interrupt
+        # as errors: not this run's failures
+        spark.sparkContext.setLogLevel("OFF")
+        query.stop()
+        spark.stop()
+    times["total_s"] = time.monotonic() - started
+    return {"sent": sent, "in": [dataclasses.asdict(a) for a in inputs],
+            "out": [dataclasses.asdict(a) for a in back],
+            "latency_ms": kafka.latency_summary([a.latency_ms() for a in back]),
+            "times": times}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stateful", action="store_true")
     ap.add_argument("--records", type=int, default=200)
     ap.add_argument("--rate", type=float, default=100, help="records a second")
     ap.add_argument("--trigger", default="5 seconds")
+    ap.add_argument("--json", help="also write the result (run()'s) to this file")
     args = ap.parse_args()
-    started = time.monotonic()
-    with kafka.KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        broker.create_topic("in", SOURCE_PARTITIONS)
-        broker.create_topic("out", 1)
-        print(f"broker at {broker.bootstrap} up in {time.monotonic() - started:.1f} s")
-        spark = session(args.stateful)
-        source = (spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", broker.bootstrap)
-                  .option("subscribe", "in").option("startingOffsets", "earliest").load())
-        query = ((stateful if args.stateful else stateless)(source).writeStream
-                 .format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                 .option("topic", "out").option("checkpointLocation", os.path.join(tmp, "ck"))
-                 .outputMode("update").trigger(realTime=args.trigger).start())
-        with kafka.TopicRecorder(broker.bootstrap, "out") as out:
-            # warm-up: records until one comes back, so that the query's tasks are running
-            t0 = time.monotonic()
-            with kafka.PacedProducer(broker.bootstrap, "in", 5):
-                out.wait_for(1, 120, query.exception)
-            print(f"query answering {time.monotonic() - t0:.1f} s after its start")
-            # measured: the records sent after the warm-up's
-            since = time.time_ns()
-            sent = kafka.produce_paced(broker.bootstrap, "in", args.rate,
-                                       args.records / args.rate)
-            measured = out.wait_for(sent, 60, query.exception,
-                                    where=lambda a: a.value[kafka.PRODUCED_AT] >= since)
-        # stopping cancels the running batch's tasks, whose Kafka clients log the interrupt
-        # as errors: not this run's failures
-        spark.sparkContext.setLogLevel("OFF")
-        query.stop()
-        spark.stop()
-    print(f"{sent} records at {args.rate:g}/s, {len(measured)} back from `out` "
-          f"({'stateful' if args.stateful else 'stateless'}): latency ms "
-          f"{kafka.latency_summary([a.latency_ms() for a in measured])}")
-    print(f"total {time.monotonic() - started:.1f} s")
+    result = run(args.stateful, args.records, args.rate, args.trigger)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+    print(f"{result['sent']} records at {args.rate:g}/s, {len(result['out'])} back from "
+          f"`out` ({'stateful' if args.stateful else 'stateless'}, trigger {args.trigger}): "
+          f"latency ms {result['latency_ms']}; "
+          + ", ".join(f"{k} {v:.1f}" for k, v in result["times"].items()))
 
 
 if __name__ == "__main__":
