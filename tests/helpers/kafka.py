@@ -1,12 +1,39 @@
 """Kafka for the real-time benchmark and tests (test/bench time only; users bring their own):
 a one-node KRaft broker on loopback (`KafkaBroker`), Spark's Kafka connector jars for a
 session's `spark.jars` (`connector_jars()`), and, from Python through confluent-kafka (the
-`test` extra), a paced producer stamping each record with its send time and a recorder of
-what reaches a topic, with each record's arrival time (latency = arrival - sent).
+`test` extra), a paced producer stamping each record with its send time (`PacedProducer`,
+`produce_paced`) and a recorder of what reaches a topic with each record's arrival time
+(`TopicRecorder`): latency = arrival - send time. scripts/kafka_smoke.py puts them together.
+
+The jars are test-time downloads with `mvn` (storage.py's `maven_jars`), cached in
+~/.cache/arrowstate/kafka-jars: the broker (kafka_2.13, with log4j's slf4j binding) on a
+class path of its own, and the connector less what pyspark ships. No 4.3.0 connector is
+published; 4.2.0's (kafka-clients 3.9.2) runs on pyspark 4.3.0.
+
+Real-time mode (`trigger(realTime=...)`) with Kafka, as found here (pyspark 4.3.0, the 4.2.0
+connector, a 4.1.1 broker):
+- The source and the sink need no option of their own. `startingOffsets=earliest` has the
+  query read what was sent before its first batch was planned (`latest` by default).
+- A real-time batch runs all its stages at once, a task slot per partition of each: a local
+  master needs local[N] with N >= the source's partitions (+ spark.sql.shuffle.partitions
+  when the query shuffles, as a state function does). Too few is no error: with local[4]
+  and a 5-partition source, 138 of 200 records came back within 60 s.
+- The trigger's interval is the batch's length (when offsets and state are checkpointed),
+  5 s at least unless spark.sql.streaming.realTimeMode.minBatchDuration (5000 ms) is
+  lowered. Between two batches nothing is read: records sent then waited 0.7 s
+  (stateless) to 2 s (a state function on arrowstate) on a 2-core machine. A latency
+  benchmark reports those apart, or runs within one batch (a trigger longer than the run).
+- The first batch's tasks read 4 to 11 s after start(): send until a record comes back
+  before measuring (kafka_smoke.py's warm-up).
+- A state function's code runs in Python workers that cannot import tests/helpers: what it
+  uses from here goes in by value (a constant copied into a local).
+- query.stop() cancels the running batch: its Kafka clients log InterruptExceptions, as
+  errors, on the way out.
 """
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import math
 import os
@@ -132,9 +159,7 @@ class KafkaBroker:
                 "-cp", os.pathsep.join(broker_jars()), main, *args]
 
     def start(self) -> "KafkaBroker":
-        try:
-            import confluent_kafka  # noqa: F401 (readiness is a metadata request through it)
-        except ImportError:
+        if importlib.util.find_spec("confluent_kafka") is None:   # readiness is asked with it
             raise StorageUnavailable("confluent-kafka is not installed (the `test` extra)")
         props = self._properties()
         # a new cluster's storage: its id (22 characters of URL-safe base64, as Kafka's
@@ -207,7 +232,25 @@ class KafkaBroker:
 PRODUCED_AT = "produced_at_ns"   # the value's field with the record's send time (time_ns)
 
 
-class PacedProducer:
+class _InThread:
+    """`_run` in a daemon thread from start() on, until stop() (a context manager too)."""
+
+    def __init__(self, name: str):
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self):
+        self._thread.start()
+        return self
+
+
+class PacedProducer(_InThread):
     """Sends `records_per_s` records a second to `topic` from a thread, for `seconds` (None:
     until stop()), each at its own time on a fixed schedule (start + i / rate: a late one is
     sent at once, the next ones keep the schedule). A record's key is `make_key(i)`
@@ -226,21 +269,9 @@ class PacedProducer:
         # connected, with the topic's leaders known, before the schedule starts (the first
         # records would wait for that otherwise)
         self._producer.list_topics(topic, timeout=10)
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"produce-{topic}",
-                                        daemon=True)
+        _InThread.__init__(self, f"produce-{topic}")
         self.sent = 0          # records handed to the client
         self.errors: list[str] = []   # delivery failures, as the client reports them
-
-    def __enter__(self) -> "PacedProducer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def start(self) -> "PacedProducer":
-        self._thread.start()
-        return self
 
     def _delivered(self, err, msg) -> None:
         if err is not None:
@@ -300,7 +331,7 @@ class Arrival:
         return (self.arrived_ns - self.value[field]) / 1e6
 
 
-class TopicRecorder:
+class TopicRecorder(_InThread):
     """Reads every partition of `topic` from its beginning in a thread, recording each
     record with the time it arrived. The topic must exist (its partitions are assigned,
     no consumer group rebalances)."""
@@ -324,20 +355,8 @@ class TopicRecorder:
                                for p in sorted(meta.partitions)])
         self._lock = threading.Lock()
         self._arrivals: list[Arrival] = []
-        self._stopping = threading.Event()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"record-{topic}",
-                                        daemon=True)
-
-    def __enter__(self) -> "TopicRecorder":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def start(self) -> "TopicRecorder":
-        self._thread.start()
-        return self
+        _InThread.__init__(self, f"record-{topic}")
 
     def _run(self) -> None:
         try:
