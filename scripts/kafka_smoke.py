@@ -7,7 +7,7 @@ produced at a steady rate, and prints the end-to-end latencies (produced -> read
 count per key on arrowstate.
 
     PYTHONPATH=python python scripts/kafka_smoke.py [--stateful] [--records 200 --rate 100]
-        [--trigger "5 seconds"] [--json result.json]
+        [--trigger "5 seconds"] [--conf KEY=VALUE ...] [--json result.json]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import kafka  # noqa: E402  (tests/helpers, put on the path above)
 SOURCE_PARTITIONS, SHUFFLE_PARTITIONS = 5, 2
 
 
-def session(stateful: bool):
+def session(stateful: bool, conf: dict[str, str]):
     from pyspark.sql import SparkSession
     builder = (SparkSession.builder.appName("arrowstate-kafka-smoke")
                # a real-time query holds a task slot per partition of every stage at once:
@@ -42,6 +42,8 @@ def session(stateful: bool):
         builder = arrowstate.configure(builder.config(
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -82,17 +84,18 @@ def stateful(df):
     return out.select("key", F.to_json(F.struct("seq", kafka.PRODUCED_AT, "n")).alias("value"))
 
 
-def run(stateful_query: bool, records: int, rate: float, trigger: str) -> dict:
+def run(stateful_query: bool, records: int, rate: float, trigger: str,
+        conf: dict[str, str] | None = None) -> dict:
     """The query over `records` records sent at `rate` a second (after a warm-up whose
     records, keyed `warmup<i>`, are left out): what reached `in` and `out` (Arrivals as
-    dicts), the latencies in `out` and the times taken."""
+    dicts), the latencies in `out` and the times taken; `conf`: more session settings."""
     started = time.monotonic()
     times = {}
     with kafka.KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         broker.create_topic("in", SOURCE_PARTITIONS)
         broker.create_topic("out", 1)
         times["broker_s"] = time.monotonic() - started
-        spark = session(stateful_query)
+        spark = session(stateful_query, conf or {})
         source = (spark.readStream.format("kafka")
                   .option("kafka.bootstrap.servers", broker.bootstrap)
                   .option("subscribe", "in").option("startingOffsets", "earliest").load())
@@ -130,9 +133,12 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200)
     ap.add_argument("--rate", type=float, default=100, help="records a second")
     ap.add_argument("--trigger", default="5 seconds")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a session setting (repeatable)")
     ap.add_argument("--json", help="also write the result (run()'s) to this file")
     args = ap.parse_args()
-    result = run(args.stateful, args.records, args.rate, args.trigger)
+    result = run(args.stateful, args.records, args.rate, args.trigger,
+                 dict(c.split("=", 1) for c in args.conf))
     if args.json:
         Path(args.json).write_text(json.dumps(result))
     print(f"{result['sent']} records at {args.rate:g}/s, {len(result['out'])} back from "
