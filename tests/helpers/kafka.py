@@ -281,19 +281,23 @@ class PacedProducer(_InThread):
         start = time.monotonic()
         end = None if self.seconds is None else start + self.seconds
         i = 0
-        while not self._stopping.is_set():
-            due = start + i / self.rate
-            if end is not None and due >= end:
-                break
-            if self._stopping.wait(max(0.0, due - time.monotonic())):
-                break
-            value = {"seq": i, PRODUCED_AT: time.time_ns(), **self.make_value(i)}
-            self._producer.produce(self.topic, key=self.make_key(i),
-                                   value=json.dumps(value), on_delivery=self._delivered)
-            self._producer.poll(0)
-            i += 1
-            self.sent = i
-        self._producer.flush(30)
+        try:
+            while not self._stopping.is_set():
+                due = start + i / self.rate
+                if end is not None and due >= end:
+                    break
+                if self._stopping.wait(max(0.0, due - time.monotonic())):
+                    break
+                value = {"seq": i, PRODUCED_AT: time.time_ns(), **self.make_value(i)}
+                self._producer.produce(self.topic, key=self.make_key(i),
+                                       value=json.dumps(value), on_delivery=self._delivered)
+                self._producer.poll(0)
+                i += 1
+                self.sent = i
+        except BaseException as e:   # join() raises it: a thread's error is lost otherwise
+            self.errors.append(f"record {i}: {e!r}")
+        finally:
+            self._producer.flush(30)
 
     def join(self, timeout: float | None = None) -> int:
         """Waits for the schedule's end (all sent and acknowledged); the records sent."""
