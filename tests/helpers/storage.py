@@ -39,7 +39,8 @@ JUNIT_API = "5.11.4"     # MiniDFSCluster's own assertions need JUnit's API on t
 
 
 class StorageUnavailable(RuntimeError):
-    """A storage server or its jars cannot be had here (said as the reason of a skip)."""
+    """A storage server (or the Kafka broker of kafka.py) or its jars cannot be had here
+    (said as the reason of a skip)."""
 
 
 def spark_jars_dir() -> Path:
@@ -59,43 +60,77 @@ def _artifact(jar_name: str) -> str:
     return m.group(1) if m else jar_name[:-4]
 
 
+def maven_dependency(group: str, artifact: str, version: str, exclude_all: bool = False,
+                     exclusions=()) -> str:
+    """A pom's <dependency>, without its transitive ones when `exclude_all`, or without
+    those `exclusions` names as (group, artifact) pairs."""
+    excl = [("*", "*")] if exclude_all else list(exclusions)
+    body = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+                   f"</exclusion>" for g, a in excl)
+    return (f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+            f"<version>{version}</version>"
+            + (f"<exclusions>{body}</exclusions>" if body else "") + "</dependency>")
+
+
+def maven_pom(artifact_id: str, comment: str, deps: list[str]) -> str:
+    """A throwaway pom that only lists `deps`, for `mvn dependency:copy-dependencies`."""
+    return (f"<?xml version='1.0' encoding='UTF-8'?>\n<!-- {comment} -->\n"
+            "<project xmlns='http://maven.apache.org/POM/4.0.0'><modelVersion>4.0.0"
+            f"</modelVersion><groupId>arrowstate.local</groupId><artifactId>{artifact_id}"
+            "</artifactId><version>1</version><packaging>pom</packaging><dependencies>"
+            + "".join(deps) + "</dependencies></project>\n")
+
+
 def _pom(hadoop: str) -> str:
-    def dep(group, artifact, version, exclude_all=False, exclusions=()):
-        excl = [("*", "*")] if exclude_all else list(exclusions)
-        body = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-                       f"</exclusion>" for g, a in excl)
-        return (f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-                f"<version>{version}</version>"
-                + (f"<exclusions>{body}</exclusions>" if body else "") + "</dependency>")
+    dep = maven_dependency
     deps = [dep("org.apache.hadoop", "hadoop-aws", hadoop,
                 exclusions=[("software.amazon.awssdk", "bundle"), ("org.wildfly.openssl", "*")]),
             *(dep("software.amazon.awssdk", m, SDK_VERSION) for m in SDK_MODULES),
             dep("org.apache.hadoop", "hadoop-client-minicluster", hadoop, exclude_all=True),
             dep("org.junit.jupiter", "junit-jupiter-api", JUNIT_API)]
-    return ("<?xml version='1.0' encoding='UTF-8'?>\n<!-- written by arrowstate's "
-            "tests/helpers/storage.py: the test-time jars of HDFS and S3A; not built -->\n"
-            "<project xmlns='http://maven.apache.org/POM/4.0.0'><modelVersion>4.0.0"
-            "</modelVersion><groupId>arrowstate.local</groupId><artifactId>storage-jars"
-            "</artifactId><version>1</version><packaging>pom</packaging><dependencies>"
-            + "".join(deps) + "</dependencies></project>\n")
+    return maven_pom("storage-jars", "written by arrowstate's tests/helpers/storage.py: the "
+                     "test-time jars of HDFS and S3A; not built", deps)
 
 
 def storage_jars(cache: Path | None = None) -> dict[str, list[str]]:
     """{'s3a': [...], 'minicluster': [...]}: the jars to add to Spark for `s3a://`, and
     those a MiniDFSCluster process needs beside Spark's, downloaded once into the cache."""
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
-        / "arrowstate" / "storage-jars"
     hadoop = hadoop_version()
-    pom = _pom(hadoop)
-    home = cache / f"hadoop-{hadoop}-{hashlib.sha256(pom.encode()).hexdigest()[:12]}"
+    minicluster_only = ("hadoop-client-minicluster", "junit-jupiter-api", "opentest4j",
+                        "junit-platform-commons", "apiguardian-api")
+
+    def split(jars: list[Path]) -> dict[str, list[str]]:
+        spark_has = spark_artifacts()
+        return {"s3a": [str(p) for p in jars if _artifact(p.name) not in spark_has
+                        and _artifact(p.name) not in minicluster_only],
+                "minicluster": [str(p) for p in jars
+                                if _artifact(p.name) in minicluster_only]}
+    return maven_jars("storage-jars", f"hadoop-{hadoop}", _pom(hadoop), split,
+                      "hadoop-aws and hadoop-client-minicluster", cache)
+
+
+def spark_artifacts() -> set[str]:
+    """The artifact names of the jars pyspark ships (as `_artifact` gives them)."""
+    return {_artifact(j.name) for j in spark_jars_dir().glob("*.jar")}
+
+
+def maven_jars(cache_name: str, key: str, pom: str, split, what: str,
+               cache: Path | None = None) -> dict[str, list[str]]:
+    """`pom`'s dependencies, downloaded once with `mvn` into
+    ~/.cache/arrowstate/<cache_name>/<key>-<pom's hash>/jars and sorted into named lists
+    by `split` (the jar paths -> {name: [path, ...]}), kept in a jars.json manifest there;
+    `what` names the download in the error when it fails."""
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) \
+        / "arrowstate" / cache_name
+    home = cache / f"{key}-{hashlib.sha256(pom.encode()).hexdigest()[:12]}"
     home.mkdir(parents=True, exist_ok=True)
     # one download at a time: the suite's processes may all ask at once on a new machine
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _resolved(home, pom)
+        return _resolved(home, pom, split, what)
 
 
-def _resolved(home: Path, pom: str) -> dict[str, list[str]]:
+def _resolved(home: Path, pom: str, split, what: str) -> dict[str, list[str]]:
     manifest = home / "jars.json"
     if manifest.is_file():
         found = json.loads(manifest.read_text())
@@ -103,8 +138,7 @@ def _resolved(home: Path, pom: str) -> dict[str, list[str]]:
             return found
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise StorageUnavailable("`mvn` is not on the PATH (needed once, to download "
-                                 "hadoop-aws and hadoop-client-minicluster)")
+        raise StorageUnavailable(f"`mvn` is not on the PATH (needed once, to download {what})")
     (home / "pom.xml").write_text(pom)
     partial = home / "jars.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -112,18 +146,11 @@ def _resolved(home: Path, pom: str) -> dict[str, list[str]]:
                            "dependency:copy-dependencies", f"-DoutputDirectory={partial}"],
                           capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise StorageUnavailable("mvn could not download the storage jars:\n"
+        raise StorageUnavailable(f"mvn could not download {what} ({home / 'pom.xml'}):\n"
                                  + (done.stdout + done.stderr)[-2000:])
     shutil.rmtree(home / "jars", ignore_errors=True)
     partial.rename(home / "jars")
-    spark_has = {_artifact(j.name) for j in spark_jars_dir().glob("*.jar")}
-    jars = sorted(p for p in (home / "jars").glob("*.jar"))
-    minicluster_only = ("hadoop-client-minicluster", "junit-jupiter-api", "opentest4j",
-                        "junit-platform-commons", "apiguardian-api")
-    found = {
-        "s3a": [str(p) for p in jars if _artifact(p.name) not in spark_has
-                and _artifact(p.name) not in minicluster_only],
-        "minicluster": [str(p) for p in jars if _artifact(p.name) in minicluster_only]}
+    found = split(sorted((home / "jars").glob("*.jar")))
     manifest.write_text(json.dumps(found, indent=1))
     return found
 
@@ -138,13 +165,14 @@ def _wait(ready, what: str, proc: subprocess.Popen, log: Path, timeout: float) -
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StorageUnavailable(f"{what} exited with {proc.returncode} while starting:\n"
+            raise StorageUnavailable(f"{what} exited with {proc.returncode} while starting "
+                                     f"(its log: {log}):\n"
                                      + log.read_text(errors="replace")[-3000:])
         if ready():
             return
         time.sleep(0.25)
-    raise StorageUnavailable(f"{what} did not start within {timeout:.0f} s:\n"
-                             + log.read_text(errors="replace")[-3000:])
+    raise StorageUnavailable(f"{what} did not start within {timeout:.0f} s (its log: "
+                             f"{log}):\n" + log.read_text(errors="replace")[-3000:])
 
 
 def _stop(proc: subprocess.Popen | None, grace: float = 20) -> None:
