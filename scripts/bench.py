@@ -20,6 +20,8 @@ CPU seconds a run costs the JVM and its Python workers (median) and their ratio,
     python scripts/bench.py --state-load [--state-rows 1000000] [--runs 3]
     python scripts/bench.py --state-ops [--runs 3]
     python scripts/bench.py --tier-ops [--state-keys 5000000] [--batch-rows 500000] [--batches 3]
+    python scripts/bench.py --real-time [--rates 1000,10000] [--rt-keys 50000] [--rt-seconds 60]
+                            [--rt-partitions 5] [--shuffle-partitions 4] [--cases ...]
 
 The user-function cases (FLOORS) print their floor beside arrowstate and native: the same
 function in plain Python with its state in dicts (bench_lib/floor.py), and --shapes runs them
@@ -44,6 +46,10 @@ bytes each batch wrote under the checkpoint's state/, the object store's request
 (--checkpoint s3), the time to restart at the last version, and whether every batch's
 output was the same (a row count and a sum of row hashes per batch); its code is in
 scripts/bench_lib/scaling.py.
+
+--real-time measures end-to-end latency per record, Kafka to Kafka, of Python
+transformWithState in real-time mode on arrowstate against Spark's JVM transformWithState in
+real-time mode and Python's in micro-batch mode (bench_lib/real_time.py).
 
 --tier-ops drives the aggregate family inside one worker without Spark, batches of
 --batch-rows new keys until the first --state-keys size, with the state in memory and in the
@@ -334,14 +340,27 @@ def main() -> None:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
+    parser.add_argument("--real-time", action="store_true",
+                        help="end-to-end latency per record, Kafka to Kafka, in real-time and "
+                             "micro-batch modes (bench_lib/real_time.py)")
+    parser.add_argument("--rates", default="1000,10000", help="--real-time: records/s")
+    parser.add_argument("--rt-keys", type=int, default=50_000)
+    parser.add_argument("--rt-partitions", type=int, default=5,
+                        help="--real-time: the input topic's partitions")
+    parser.add_argument("--rt-seconds", type=float, default=60,
+                        help="--real-time: the measured window of each case")
+    parser.add_argument("--rt-warmup", type=float, default=15)
+    parser.add_argument("--rt-batch", default="10 minutes",
+                        help="--real-time: a real-time batch's length (longer than a case)")
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
     from bench_lib.economy import ECONOMY_CASES
     from bench_lib.sql import SMALL_BATCH_CASES, is_sql_case, no_state_figures, small_batches
-    args.cases = args.cases or ",".join(FLOORS if args.shapes else SMALL_BATCH_CASES
-                                        if args.small_batches else ECONOMY_CASES
-                                        if args.economy else CASES)
+    if not args.real_time:   # (its own cases: bench_lib/real_time.py CASES)
+        args.cases = args.cases or ",".join(
+            FLOORS if args.shapes else SMALL_BATCH_CASES if args.small_batches
+            else ECONOMY_CASES if args.economy else CASES)
     if args.state_load:
         from bench_lib.state_load import state_load
         state_load(args)
@@ -357,6 +376,10 @@ def main() -> None:
     if args.tier_ops:
         from bench_lib.scaling import tier_ops
         tier_ops(args)
+        return
+    if args.real_time:
+        from bench_lib.real_time import real_time
+        real_time(args)
         return
 
     from pyspark.sql import SparkSession

@@ -114,3 +114,35 @@ class CollectUntilQuiet(StatefulProcessor):
 def as_they_are(batches):
     """A mapInArrow function that returns its input: Spark's own trip to Python and back."""
     yield from batches
+
+
+# -- the real-time benchmark's workload (SPARK-58884): per record, the key's ValueState read
+# and updated, and one output row with the record's production time ---------------------
+
+class RowLatencyCount(StatefulProcessor):
+    """transformWithState (Row API): one row per input row, the key's count after it."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        for row in rows:
+            n = (self.count.get()[0] if self.count.exists() else 0) + 1
+            self.count.update((n,))
+            yield Row(key=key[0], produced_at_ns=row.produced_at_ns, count=n)
+
+
+class PandasLatencyCount(StatefulProcessor):
+    """transformWithStateInPandas: one row per input row, the key's count after it (the
+    state read and written once per call, as a pandas function does its rows at once)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        frame = pd.concat(list(rows))
+        n = self.count.get()[0] if self.count.exists() else 0
+        counts = range(n + 1, n + 1 + len(frame))
+        self.count.update((n + len(frame),))
+        yield pd.DataFrame({"key": key[0], "produced_at_ns": frame["produced_at_ns"].values,
+                            "count": list(counts)})

@@ -32,7 +32,7 @@ class CountPerKeyProcessor extends StatefulProcessor[String, LatencyEvent, Laten
 }
 
 /** The benchmark's query with the JVM processor, Kafka to Kafka: records whose key is the
- * state key and whose value is JSON with `produced_at` (ms), out as JSON with it, the key and
+ * state key and whose value is JSON with `produced_at_ns`, out as JSON with it, the key and
  * the count. Python starts it through py4j. */
 object RealTimeLatencyQuery {
   def start(spark: SparkSession, bootstrap: String, inTopic: String, outTopic: String,
@@ -42,13 +42,13 @@ object RealTimeLatencyQuery {
       .option("kafka.bootstrap.servers", bootstrap).option("subscribe", inTopic)
       .option("startingOffsets", "latest").load()
       .select(col("key").cast("string").as("key"),
-        get_json_object(col("value").cast("string"), "$.produced_at").cast("long")
+        get_json_object(col("value").cast("string"), "$.produced_at_ns").cast("long")
           .as("producedAt"))
       .as[LatencyEvent]
     val counted = events.groupByKey(_.key)
       .transformWithState(new CountPerKeyProcessor, TimeMode.None(), OutputMode.Update())
     val writer = counted
-      .select(col("key"), to_json(struct(col("key"), col("producedAt").as("produced_at"),
+      .select(col("key"), to_json(struct(col("key"), col("producedAt").as("produced_at_ns"),
         col("count"))).as("value"))
       .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
       .option("topic", outTopic).option("checkpointLocation", checkpoint).outputMode("update")

@@ -1,0 +1,199 @@
+"""--real-time: end-to-end latency per record, Kafka to Kafka, of the SPARK-58884 workload (a
+ValueState read and updated per record, one output record per input record, over --rt-keys
+keys), at each of --rates records/s, for each engine and trigger mode (CASES):
+
+- arrowstate's Python transformWithState (Row and pandas APIs) in real-time mode;
+- Spark's JVM transformWithState in real-time mode (a Scala processor from the test sources,
+  tests/jvm/RealTimeLatencyQuery.scala): the baseline;
+- Spark's own real-time aggregation (a count per key: the streamline operator) on the same
+  input;
+- the Python transformWithState (Row API) in micro-batch mode, on Spark and on arrowstate.
+
+A one-node KRaft broker on loopback (tests/helpers/kafka.py: test-time downloads with mvn)
+holds the input topic (--rt-partitions partitions) and each case's output topic. Per case: the
+query starts; records go in at the rate until one comes back and for --rt-warmup seconds more
+(not measured: the first batch's start, the JIT); then for --rt-seconds the latency of each
+record is its arrival in Python minus the time Python sent it (both time.time_ns on this
+machine). A real-time batch lasts --rt-batch (longer than a case: no batch ends within the
+measured window, whose switch would pause the source). One JSON line per case: `case`,
+`engine`, `mode`, `records_per_s`, `p50_ms`, `p95_ms`, `p99_ms`, `max_ms`, the records sent
+and received, and the median latency over each tenth of the window (does it grow?).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pyspark.sql import functions as F
+
+from bench_lib import functions
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTPUT = "key string, produced_at_ns long, count long"
+
+
+def _events(spark, bootstrap: str, topic: str):
+    return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "latest").load()
+            .select(F.col("key").cast("string").alias("key"),
+                    F.get_json_object(F.col("value").cast("string"), "$.produced_at_ns")
+                    .cast("long").alias("produced_at_ns")))
+
+
+def _python_tws(pandas_api: bool):
+    def build(events):
+        grouped = events.groupBy("key")
+        if pandas_api:
+            counted = grouped.transformWithStateInPandas(
+                functions.PandasLatencyCount(), OUTPUT, "Update", "None")
+        else:
+            counted = grouped.transformWithState(
+                functions.RowLatencyCount(), OUTPUT, "Update", "None")
+        return counted.select("key", F.to_json(F.struct("key", "produced_at_ns", "count"))
+                              .alias("value"))
+    return build
+
+
+def _streamline_count(events):
+    # the newest production time of the key's records stands for the record's
+    counted = events.groupBy("key").agg(F.count("*").alias("count"),
+                                        F.max("produced_at_ns").alias("produced_at_ns"))
+    return counted.select("key", F.to_json(F.struct("key", "produced_at_ns", "count"))
+                          .alias("value"))
+
+
+# case -> (engine, mode, the query's DataFrame from the events, or None: the JVM query)
+CASES = {
+    "tws_rows_real_time": ("arrowstate", "real-time", _python_tws(False)),
+    "tws_pandas_real_time": ("arrowstate", "real-time", _python_tws(True)),
+    "tws_jvm_real_time": ("spark", "real-time", None),
+    "count_real_time": ("spark", "real-time", _streamline_count),
+    "tws_rows_micro_batch_spark": ("spark", "micro-batch", _python_tws(False)),
+    "tws_rows_micro_batch": ("arrowstate", "micro-batch", _python_tws(False)),
+}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def _bench_jar(workdir: str) -> str:
+    """The JVM processor's query, compiled against Spark and the shim."""
+    from arrowstate.shim import compile_scala, jar_path, write_jar
+    out = Path(workdir) / "classes"
+    out.mkdir()
+    compile_scala([ROOT / "tests" / "jvm" / "RealTimeLatencyQuery.scala"], out, [jar_path()])
+    return str(write_jar(out, Path(workdir) / "arrowstate-bench.jar"))
+
+
+def real_time(args) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    from kafka import KafkaBroker, PacedProducer, TopicRecorder, connector_jars
+    from pyspark import cloudpickle
+    from pyspark.sql import SparkSession
+
+    import arrowstate
+
+    cloudpickle.register_pickle_by_value(functions)
+    workdir = tempfile.mkdtemp(prefix="bench-rt-")
+    cases = args.cases.split(",") if args.cases else list(CASES)
+    rates = [int(r) for r in args.rates.split(",")]
+    keys = args.rt_keys
+    try:
+        jars = connector_jars() + [_bench_jar(workdir)]
+        with KafkaBroker(partitions=args.rt_partitions) as broker:
+            # a real-time stage group holds a slot per partition of each stage at once
+            slots = args.rt_partitions + args.shuffle_partitions
+            spark = arrowstate.configure(
+                SparkSession.builder.master(f"local[{slots}]").appName("arrowstate-bench-rt")
+                .config("spark.jars", ",".join(jars))
+                .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.memory", "4g")
+                # what real-time mode sets, for the micro-batch cases too (Spark's Python
+                # transformWithState needs RocksDB)
+                .config("spark.sql.streaming.stateStore.providerClass",
+                        "org.apache.spark.sql.execution.streaming.state."
+                        "RocksDBStateStoreProvider")
+                .config(map=dict(c.split("=", 1) for c in args.conf))
+            ).getOrCreate()
+            spark.sparkContext.setLogLevel("OFF")
+            try:
+                for rate in rates:
+                    for name in cases:
+                        print(json.dumps(_run_case(spark, broker, name, rate, keys, args,
+                                                   workdir, PacedProducer, TopicRecorder)),
+                              flush=True)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str,
+              PacedProducer, TopicRecorder) -> dict:
+    engine, mode, build = CASES[name]
+    tag = f"{name}-{rate}"
+    topic_in, topic_out = f"in-{tag}", f"out-{tag}"
+    broker.create_topic(topic_in, args.rt_partitions)
+    broker.create_topic(topic_out, args.rt_partitions)
+    checkpoint = os.path.join(workdir, f"ck-{tag}")
+    real_time = args.rt_batch if mode == "real-time" else ""
+    spark.conf.set("spark.arrowstate.enabled", str(engine == "arrowstate").lower())
+    if build is None:
+        query = spark._jvm.org.apache.spark.sql.arrowstate.bench.RealTimeLatencyQuery.start(
+            spark._jsparkSession, broker.bootstrap, topic_in, topic_out, checkpoint, real_time)
+        def failed():   # a JVM query's failure
+            e = query.exception()
+            return RuntimeError(e.get().toString()) if e.isDefined() else None
+        stop = query.stop
+    else:
+        writer = (build(_events(spark, broker.bootstrap, topic_in)).writeStream
+                  .format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                  .option("topic", topic_out).option("checkpointLocation", checkpoint)
+                  .outputMode("update"))
+        query = (writer.trigger(realTime=real_time) if real_time else writer).start()
+        failed, stop = query.exception, query.stop
+    recorder = TopicRecorder(broker.bootstrap, topic_out).start()
+    # keys in a stride over all of them, each as often as the others
+    producer = PacedProducer(broker.bootstrap, topic_in, rate,
+                             make_key=lambda i: f"k{(i * 7919) % keys}")
+    try:
+        producer.start()
+        # until a record comes back (the first batch's start), then --rt-warmup seconds more
+        recorder.wait_for(1, timeout=180, failed=failed)
+        time.sleep(args.rt_warmup)
+        start, first = time.time_ns(), producer.sent
+        time.sleep(args.rt_seconds)
+        end, last = time.time_ns(), producer.sent
+        time.sleep(3)   # the window's last records, on their way
+    finally:
+        producer.stop()
+        recorder.stop()
+        stop()
+    # the records sent within the window, by their production time
+    window = sorted((a for a in recorder.arrivals() if isinstance(a.value, dict)
+                     and start <= a.value.get("produced_at_ns", 0) < end),
+                    key=lambda a: a.value["produced_at_ns"])
+    ordered = sorted(a.latency_ms() for a in window)
+    tenths = [sorted(a.latency_ms() for a in window[i * len(window) // 10:
+                                                     (i + 1) * len(window) // 10])
+              for i in range(10)] if len(window) >= 10 else []
+    return {"case": name, "engine": engine, "mode": mode, "records_per_s": rate,
+            "keys": keys, "partitions": args.rt_partitions,
+            "shuffle_partitions": args.shuffle_partitions,
+            "sent": last - first, "received": len(window),
+            **({"p50_ms": round(_percentile(ordered, 50), 1),
+                "p95_ms": round(_percentile(ordered, 95), 1),
+                "p99_ms": round(_percentile(ordered, 99), 1),
+                "max_ms": round(ordered[-1], 1),
+                "p50_ms_by_tenth": [round(_percentile(t, 50), 1) for t in tenths if t]}
+               if ordered else {})}
+
