@@ -95,3 +95,23 @@ def test_a_delta_the_commit_log_does_not_name_fails_the_load(spark, spark_conf, 
     lineage = errors.get("CANNOT_LOAD_STATE_STORE.INVALID_CHECKPOINT_LINEAGE")
     assert lineage is not None, errors
     assert "2.arrowstate.delta" in lineage["parameters"]["message"], lineage
+
+
+def test_leaving_arrowstate_on_format_v2_fails_saying_why(spark, spark_conf, tmp_path):
+    """Spark's commit log names arrowstate's checkpoint ids: Spark's store could load no
+    version converted for it, so the query says so rather than fail in Spark's store."""
+    spark_conf(**V2)
+    build, _, mode = QUERIES["aggregate"]
+
+    def leave(i, checkpoint):
+        spark.conf.set("spark.arrowstate.enabled", "false")
+
+    with pytest.raises(StreamingQueryException) as failed:
+        try:
+            run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=True,
+                      output_mode=mode, restart_after=[1], on_restart=leave)
+        finally:
+            spark.conf.set("spark.arrowstate.enabled", "true")
+    errors = spark_errors(failed.value)
+    assert "ARROWSTATE_STATE_NEEDS_EXPORT" in errors, errors
+    assert "format v2" in str(failed.value)

@@ -91,6 +91,14 @@ object LeaveArrowState extends Logging {
         (if (local) "." else " with the filesystem's settings as `--conf KEY=VALUE` " +
           "(docs/state-tools.md)."))
 
+    // Spark's commit log names arrowstate's checkpoint ids for every version: Spark's store
+    // could load no version of the conversion by them
+    if (StatefulOperatorStateInfo.enableStateStoreCheckpointIds(session.sessionState.conf)) {
+      fail("the query uses state checkpoint format v2 " +
+        "(spark.sql.streaming.stateStore.checkpointFormatVersion=2, which real-time mode " +
+        "sets), whose commit log names arrowstate's checkpoint ids: Spark's store cannot " +
+        "load state converted for it, nor can the export")
+    }
     logWarning(s"arrowstate: operator ${info.operatorId} ($nodeName) leaves arrowstate " +
       s"(${reasons.mkString("; ")}): converting its state at batch ${info.storeVersion} to " +
       s"Spark's state store: ${command.mkString(" ")}")
