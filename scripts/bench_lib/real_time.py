@@ -173,15 +173,16 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
         start, first = time.time_ns(), producer.sent
         time.sleep(args.rt_seconds)
         end, last = time.time_ns(), producer.sent
-        time.sleep(3)   # the window's last records, on their way
+        # the window's last records, on their way (seconds in micro-batch mode)
+        deadline = time.monotonic() + 60
+        while (time.monotonic() < deadline and failed() is None
+               and len(_window(recorder, start, end)) < last - first):
+            time.sleep(0.2)
     finally:
         producer.stop()
         recorder.stop()
         stop()
-    # the records sent within the window, by their production time
-    window = sorted((a for a in recorder.arrivals() if isinstance(a.value, dict)
-                     and start <= a.value.get("produced_at_ns", 0) < end),
-                    key=lambda a: a.value["produced_at_ns"])
+    window = _window(recorder, start, end)
     ordered = sorted(a.latency_ms() for a in window)
     tenths = [sorted(a.latency_ms() for a in window[i * len(window) // 10:
                                                      (i + 1) * len(window) // 10])
@@ -197,3 +198,9 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
                 "p50_ms_by_tenth": [round(_percentile(t, 50), 1) for t in tenths if t]}
                if ordered else {})}
 
+
+def _window(recorder, start: int, end: int) -> list:
+    """The outputs of the records sent within the window, by their production time."""
+    return sorted((a for a in recorder.arrivals() if isinstance(a.value, dict)
+                   and start <= a.value.get("produced_at_ns", 0) < end),
+                  key=lambda a: a.value["produced_at_ns"])

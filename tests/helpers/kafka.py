@@ -289,8 +289,14 @@ class PacedProducer(_InThread):
                 if self._stopping.wait(max(0.0, due - time.monotonic())):
                     break
                 value = {"seq": i, PRODUCED_AT: time.time_ns(), **self.make_value(i)}
-                self._producer.produce(self.topic, key=self.make_key(i),
-                                       value=json.dumps(value), on_delivery=self._delivered)
+                while True:
+                    try:
+                        self._producer.produce(self.topic, key=self.make_key(i),
+                                               value=json.dumps(value),
+                                               on_delivery=self._delivered)
+                        break
+                    except BufferError:   # the client's queue is full: the broker lags
+                        self._producer.poll(0.05)
                 self._producer.poll(0)
                 i += 1
                 self.sent = i
