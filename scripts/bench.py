@@ -340,18 +340,8 @@ def main() -> None:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
-    parser.add_argument("--real-time", action="store_true",
-                        help="end-to-end latency per record, Kafka to Kafka, in real-time and "
-                             "micro-batch modes (bench_lib/real_time.py)")
-    parser.add_argument("--rates", default="1000,10000", help="--real-time: records/s")
-    parser.add_argument("--rt-keys", type=int, default=50_000)
-    parser.add_argument("--rt-partitions", type=int, default=5,
-                        help="--real-time: the input topic's partitions")
-    parser.add_argument("--rt-seconds", type=float, default=60,
-                        help="--real-time: the measured window of each case")
-    parser.add_argument("--rt-warmup", type=float, default=15)
-    parser.add_argument("--rt-batch", default="10 minutes",
-                        help="--real-time: a real-time batch's length (longer than a case)")
+    from bench_lib import real_time
+    real_time.add_arguments(parser)
     parser.add_argument("--scaling-case", default="agg", choices=sorted(SCALING_CASES),
                         help="--scaling: the query (default: a count and sum per long key)")
     args = parser.parse_args()
@@ -378,8 +368,7 @@ def main() -> None:
         tier_ops(args)
         return
     if args.real_time:
-        from bench_lib.real_time import real_time
-        real_time(args)
+        real_time.real_time(args)
         return
 
     from pyspark.sql import SparkSession

@@ -166,7 +166,7 @@ class Worker:
         state.run_id = run_id
         if version > 0:
             state.load(files, version)
-            check_lineage(state, files, base_id, files.context)
+            check_lineage(state, files, base_id)
             metrics["stateSnapshotsSkipped"] = state.files_skipped
         family.rebuild_index(state)
         metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)

@@ -79,6 +79,22 @@ CASES = {
 }
 
 
+def add_arguments(parser) -> None:
+    """bench.py's options of --real-time."""
+    parser.add_argument("--real-time", action="store_true",
+                        help="end-to-end latency per record, Kafka to Kafka, in real-time and "
+                             "micro-batch modes (bench_lib/real_time.py)")
+    parser.add_argument("--rates", default="1000,10000", help="--real-time: records/s")
+    parser.add_argument("--rt-keys", type=int, default=50_000)
+    parser.add_argument("--rt-partitions", type=int, default=5,
+                        help="--real-time: the input topic's partitions")
+    parser.add_argument("--rt-seconds", type=float, default=60,
+                        help="--real-time: the measured window of each case")
+    parser.add_argument("--rt-warmup", type=float, default=15)
+    parser.add_argument("--rt-batch", default="10 minutes",
+                        help="--real-time: a real-time batch's length (longer than a case)")
+
+
 def _percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
@@ -94,7 +110,7 @@ def _bench_jar(workdir: str) -> str:
 
 def real_time(args) -> None:
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
-    from kafka import KafkaBroker, PacedProducer, TopicRecorder, connector_jars
+    from kafka import KafkaBroker, connector_jars
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
@@ -129,16 +145,16 @@ def real_time(args) -> None:
                 for rate in rates:
                     for name in cases:
                         print(json.dumps(_run_case(spark, broker, name, rate, keys, args,
-                                                   workdir, PacedProducer, TopicRecorder)),
-                              flush=True)
+                                                   workdir)), flush=True)
             finally:
                 spark.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str,
-              PacedProducer, TopicRecorder) -> dict:
+def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str) -> dict:
+    from kafka import PacedProducer, TopicRecorder   # (tests/helpers, on the path here)
+
     engine, mode, build = CASES[name]
     tag = f"{name}-{rate}"
     topic_in, topic_out = f"in-{tag}", f"out-{tag}"

@@ -76,7 +76,7 @@ def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
 class UnsortedInput:
     """A function family's input rows when the JVM did not sort them by key (the operator's
     `inputSorted` false): held until the task's last batch, then sorted once. Not in
-    real-time mode, where each flush is sorted on its own (`flush_groups`)."""
+    real-time mode, where each flush is sorted on its own."""
 
     def __init__(self, operator: dict[str, Any], key_indices: list[int],
                  max_rows: int) -> None:
@@ -104,15 +104,6 @@ def live_clock_ms() -> int:
     for its whole duration and timers and timeouts are checked against the live clock after
     each flush (as Spark's real-time transformWithState checks them after each row)."""
     return time.time_ns() // 1_000_000
-
-
-def flush_groups(operator: dict[str, Any], batch: pa.RecordBatch, key_indices: list[int],
-                 max_rows: int) -> list[pa.RecordBatch]:
-    """Real-time mode (`operator.realTime`): one flush's rows, which are all the function gets
-    of them, sorted by key so each key is one call; else the batch as it is."""
-    if not operator.get("realTime"):
-        return [batch]
-    return sorted_by_key([batch], key_indices, max_rows)
 
 
 def micros(ms: int | None) -> int | None:

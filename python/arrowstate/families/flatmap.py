@@ -26,8 +26,8 @@ import pyarrow as pa
 from ..spark_state.flatmap import LAYOUT
 from ..spark_state.layout import arrow_fields
 from ..store import VersionedState
-from .base import (STORE_METRICS, FamilyBase, UnsortedInput, flush_groups, gather_rows,
-                   live_clock_ms)
+from .base import (STORE_METRICS, FamilyBase, UnsortedInput, gather_rows, live_clock_ms,
+                   sorted_by_key)
 from .group_state_values import StateValueWriter, python_values
 from .pandas_io import PandasIO
 
@@ -136,7 +136,6 @@ class FlatMapGroupsWithState(FamilyBase):
         self.defined_column = self.timeout_column - 1
         self._pending: _Group | None = None
         self.real_time = bool(operator.get("realTime"))
-        self._operator = operator
         records = operator.get("maxRecordsPerBatch", 0)
         self._unsorted = UnsortedInput(operator, self.key_indices,
                                        records if records > 0 else 2**31 - 1)
@@ -249,8 +248,8 @@ class FlatMapGroupsWithState(FamilyBase):
         if self.timeout_conf == "ProcessingTimeTimeout":
             self.batch_ts = live_clock_ms()
         with self.updating():
-            for part in flush_groups(self._operator, batch, self.key_indices,
-                                     self._unsorted.max_rows):
+            # the flush's rows are all the function gets of them: sorted, each key is one call
+            for part in sorted_by_key([batch], self.key_indices, self._unsorted.max_rows):
                 self._process(state, part)
             if self._pending is not None:
                 self._call(self._pending, timed_out=False)

@@ -40,10 +40,13 @@ def committed_here(state: VersionedState, files: FileSource) -> bool:
     have rewritten it since. One small read of that file's trailer."""
     if state.version == 0:
         return True
-    name = store_files.file_name(store_files.DELTA, state.version)
-    return (state.last_uid is not None
-            and store_files.unique_id(files.tail(name, store_files.TRAILER.size))
-            == state.last_uid)
+    return state.last_uid is not None and _delta_uid(state.version, files) == state.last_uid
+
+
+def _delta_uid(version: int, files: FileSource) -> bytes | None:
+    """The unique id in the trailer of the version's delta (one small ranged read)."""
+    name = store_files.file_name(store_files.DELTA, version)
+    return store_files.unique_id(files.tail(name, store_files.TRAILER.size))
 
 
 def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
@@ -51,23 +54,14 @@ def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
     return None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
 
 
-def committed_uid(state: VersionedState, files: FileSource) -> bytes | None:
-    """The unique id of the delta of the state's version: the state's own when it committed
-    or loaded that delta, else (a load that ended on a snapshot) read from its trailer."""
-    if state.last_uid is not None:
-        return state.last_uid
-    name = store_files.file_name(store_files.DELTA, state.version)
-    return store_files.unique_id(files.tail(name, store_files.TRAILER.size))
-
-
-def check_lineage(state: VersionedState, files: FileSource, base_id: str | None,
-                  where: str) -> None:
+def check_lineage(state: VersionedState, files: FileSource, base_id: str | None) -> None:
     """Under checkpoint format v2, fails the load when the state's version is not the one
     Spark's commit log recorded (`base_id`): its delta was rewritten by an attempt whose
     batch did not commit, and loading it would be silently wrong."""
     if base_id is None or state.version == 0:
         return
-    found = committed_uid(state, files)
+    # the state's own id when its load ended on the delta, else (on a snapshot) the delta's
+    found = state.last_uid or _delta_uid(state.version, files)
     if found == checkpoint_uid(base_id):
         return
     name = store_files.file_name(store_files.DELTA, state.version)
@@ -75,7 +69,7 @@ def check_lineage(state: VersionedState, files: FileSource, base_id: str | None,
     raise ArrowStateError(
         "CANNOT_LOAD_STATE_STORE.INVALID_CHECKPOINT_LINEAGE",
         f"An error occurred during loading state. Invalid checkpoint lineage: version "
-        f"{state.version} id {base_id}. {files.where}/{name} ({where}) has checkpoint id "
+        f"{state.version} id {base_id}. {files.where}/{name} ({files.context}) has checkpoint id "
         f"{found_id}, not the id {base_id} that the commit log recorded for version "
         f"{state.version}: the file was written by a task attempt whose batch did not commit. "
         "Restart the query from a checkpoint copy taken before that batch, or from a new "

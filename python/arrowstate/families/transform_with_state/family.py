@@ -31,8 +31,8 @@ from ... import keys as keycodec
 from ...spark_state.layout import arrow_fields
 from ...spark_state.transform_with_state import LAYOUT, STATE_NAME, TIMER_VARIABLE
 from ...store import VersionedState
-from ..base import (WATERMARK_METRICS, FamilyBase, UnsortedInput, flush_groups, gather_rows,
-                    live_clock_ms)
+from ..base import (WATERMARK_METRICS, FamilyBase, UnsortedInput, gather_rows, live_clock_ms,
+                    sorted_by_key)
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
 from .changelog import write_changes
@@ -40,7 +40,7 @@ from .codec import state_error, struct_schema
 from .kinds import COUNTED_METRICS, LIST, MAP, VALUE
 from .processor_input import ProcessorInput, rows_to_arrow
 from .timers import Timers
-from .variables import NO_KEY, Variable, column_values, variable_column
+from .variables import NO_KEY, Variable, column_values, plain_key_column, variable_column
 from .working_set import WorkingSet
 
 
@@ -80,7 +80,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self.initial_key_count = operator.get("initialKeyCount")
         self.input = ProcessorInput(operator, self.io, Row)
         self._unsorted = UnsortedInput(operator, self.key_indices, self.input.max_rows)
-        self.real_time, self._operator = bool(operator.get("realTime")), operator
+        self.real_time = bool(operator.get("realTime"))
         self._output_schema = None   # Row API: the Arrow schema pyspark's worker writes
         self._output_rows: list = []   # Row API: the processor's Rows
         self._attached = False
@@ -91,7 +91,7 @@ class TransformWithState(AcrossRuns, FamilyBase):
         # Spark's Avro state encoding lets a variable's fields evolve by name
         self.fields_by_name = operator.get("stateEncoding") == "avro"
         self.total = 0
-        self._plain_key = _plain_key_column(self.key_fields[:-1])
+        self._plain_key = plain_key_column(self.key_fields[:-1])
         # the grouping key being processed, NO_KEY between keys (state clients read it)
         self.current_group = NO_KEY
         self._key_rows: dict = {}              # grouping key -> (key batch, row) this batch
@@ -238,8 +238,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self._tick()
         with self.updating():
             self._seed()
-            for part in flush_groups(self._operator, batch, self.key_indices,
-                                     self.input.max_rows):
+            # the flush's rows are all the processor gets of them: sorted, each key is one call
+            for part in sorted_by_key([batch], self.key_indices, self.input.max_rows):
                 self._process(part)
             if self._pending is not None:
                 self._call(*self._pending)
@@ -487,18 +487,3 @@ class TransformWithState(AcrossRuns, FamilyBase):
         rows, self._output_rows = self._output_rows, []
         return rows_to_arrow(rows, self._output_schema)
 
-
-def _plain_key_column(key_fields: list[pa.Field]):
-    """For one grouping column of integers or strings, whose grouping keys in memory are
-    its values as they are (keys.column_values: ints; a string's bytes), the column of
-    some keys made from them directly (no gather from the batches they came in); else
-    None."""
-    if len(key_fields) != 1:
-        return None
-    t = key_fields[0].type
-    if pa.types.is_integer(t):
-        return lambda groups: pa.array(groups, t)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        raw = pa.binary() if pa.types.is_string(t) else pa.large_binary()
-        return lambda groups: pa.array(groups, raw).view(t)
-    return None

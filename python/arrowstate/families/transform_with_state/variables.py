@@ -271,3 +271,19 @@ def remove_entry(var: Variable, group, entries: dict, user_key) -> None:
         del entries[user_key]
         var.family.total -= 1
         var.changes(group)
+
+
+def plain_key_column(key_fields: list[pa.Field]):
+    """For one grouping column of integers or strings, whose grouping keys in memory are
+    its values as they are (keys.column_values: ints; a string's bytes), the column of
+    some keys made from them directly (no gather from the batches they came in); else
+    None."""
+    if len(key_fields) != 1:
+        return None
+    t = key_fields[0].type
+    if pa.types.is_integer(t):
+        return lambda groups: pa.array(groups, t)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        raw = pa.binary() if pa.types.is_string(t) else pa.large_binary()
+        return lambda groups: pa.array(groups, raw).view(t)
+    return None

@@ -7,7 +7,10 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.datasources.v2.RealTimeStreamScanExec
 
+import org.apache.spark.sql.internal.SQLConf
+
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
+import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.worker.StateExchange
 
 /**
@@ -101,6 +104,10 @@ class RealTimeRows(
 object RealTimeRows {
   /** Whether the node runs in real-time mode: its input is read by Spark's real-time scan. */
   def planned(node: SparkPlan): Boolean = node.exists(_.isInstanceOf[RealTimeStreamScanExec])
+
+  /** A node's flush wait (spark.arrowstate.realTime.flushMs) in real-time mode; None else. */
+  def flushMs(realTime: Boolean, conf: SQLConf): Option[Long] =
+    if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs)) else None
 
   /** Real-time mode: why a function family cannot group these keys itself per flush (the
    * worker sorts each flush with Arrow; Spark's sort before the node would wait for the

@@ -75,14 +75,24 @@ object StateTasks {
       case (f, i) => BoundReference(i, f.dataType, f.nullable)
     })
     val outputRows = ArrowBatches.rowsInPlace(_: Array[Byte], outputSchema.length).map(toOutput)
-    val answers = realTimeFlushMs match {
-      case Some(ms) =>
-        new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
-          ms * 1000000L, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows))
-      case None =>
-        new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
-          passInput = false, keepInput = false, (_, answer) => answer.iterator.flatMap(outputRows))
-    }
-    answers ++ task.exchange.endInput().flatMap(outputRows)
+    posted(task, rows, project, keepInput = false, realTimeFlushMs) { (_, answer) =>
+      answer.iterator.flatMap(outputRows)
+    } ++ task.exchange.endInput().flatMap(outputRows)
+  }
+
+  /** The task's rows (projected to what is sent) posted to the worker, and what `answer`
+   * makes of each batch's rows (kept only when `keepInput`) and the worker's answer: per
+   * micro-batch (PostedRows), or in real-time mode (`realTimeFlushMs` set) in flushes as
+   * they arrive (RealTimeRows). */
+  def posted(task: StateTask, rows: Iterator[InternalRow], project: InternalRow => InternalRow,
+      keepInput: Boolean, realTimeFlushMs: Option[Long])(
+      answer: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
+    : Iterator[InternalRow] = realTimeFlushMs match {
+    case Some(ms) =>
+      new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
+        ms * 1000000L, keepInput, answer)
+    case None =>
+      new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
+        passInput = false, keepInput, answer)
   }
 }

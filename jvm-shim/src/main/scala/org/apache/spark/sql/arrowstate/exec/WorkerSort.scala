@@ -41,7 +41,11 @@ object WorkerSort {
     case other => other
   }
 
-  /** The child of a node replacing Spark's `plan` with these keys. */
+  /** The child of a node replacing Spark's `plan` with these keys: without the sort in
+   * real-time mode always (a sort holds the rows until the batch's end; the worker sorts each
+   * flush), else where the worker sorts. */
   def child(plan: SparkPlan, grouping: Seq[Attribute]): SparkPlan =
-    if (applies(grouping, SparkSession.active)) withoutKeySort(plan, grouping) else plan
+    if (RealTimeRows.planned(plan) || applies(grouping, SparkSession.active)) {
+      withoutKeySort(plan, grouping)
+    } else plan
 }

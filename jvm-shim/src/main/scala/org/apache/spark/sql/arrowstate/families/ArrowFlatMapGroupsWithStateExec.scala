@@ -24,7 +24,6 @@ import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 
 /**
@@ -131,8 +130,7 @@ case class ArrowFlatMapGroupsWithStateExec(
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = dropsLateRows
-    val flushMs = if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs))
-      else None
+    val flushMs = RealTimeRows.flushMs(realTime, conf)
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val input = watermarkPredicateForDataForLateEvents match {
@@ -192,8 +190,6 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
       p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
       p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
       p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output,
-      if (RealTimeRows.planned(p)) WorkerSort.withoutKeySort(p.child, p.groupingAttributes)
-      else WorkerSort.child(p.child, p.groupingAttributes),
-      realTime = RealTimeRows.planned(p))
+      WorkerSort.child(p.child, p.groupingAttributes), realTime = RealTimeRows.planned(p))
   }
 }

@@ -16,8 +16,8 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, PostedRows, RealTimeRows, StatePartitionOpener, StateTasks, TaskProjections}
-import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskProjections}
+import org.apache.spark.sql.arrowstate.contract.Contract
 
 /**
  * Streaming deduplication (and `dropDuplicatesWithinWatermark`) with its state in a Python
@@ -114,27 +114,20 @@ case class ArrowStreamingDeduplicateExec(
       StatePartitionOpener.forSession(session, DeduplicateFamily.name, info, operator,
         sentSchema)
     val childOutput = child.output
-    val flushMs = if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs))
-      else None
+    val flushMs = RealTimeRows.flushMs(realTime, conf)
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val project = TaskProjections.unsafe(sent, childOutput)
-      // the rows the worker's mask keeps, in order
-      val kept: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow] =
-        (group, answer) => answer match {
+      // the rows the worker's mask keeps, in order (in real-time mode, each flush's as
+      // soon as it is answered)
+      StateTasks.posted(task, rows, project, keepInput = true, flushMs) { (group, answer) =>
+        answer match {
           case Some(mask) =>
             group.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
               case (row, true) => row
             }
           case None => Iterator.empty
         }
-      flushMs match {
-        case Some(ms) =>   // real-time mode: each flush's kept rows as soon as it is answered
-          new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
-            ms * 1000000L, keepInput = true, kept)
-        case None =>
-          new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
-            passInput = false, keepInput = true, kept)
       }
     }
   }

@@ -27,7 +27,6 @@ import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
-import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
@@ -145,8 +144,7 @@ case class ArrowTransformWithStateExec(
         ("initialKeyCount" -> initialState.map(_ => spark.initialStateGroupingAttrs.size)) ~
         ("inputSorted" -> inputSorted) ~
         ("realTime" -> realTime)
-    val flushMs = if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs))
-      else None
+    val flushMs = RealTimeRows.flushMs(realTime, conf)
     val opener =
       StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
         sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
@@ -288,10 +286,7 @@ object TransformWithStateFamily extends ArrowStateFamily {
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
-    val realTime = RealTimeRows.planned(p)
-    ArrowTransformWithStateExec(p,
-      if (realTime) WorkerSort.withoutKeySort(p.child, p.groupingAttributes)
-      else WorkerSort.child(p.child, p.groupingAttributes),
-      if (p.hasInitialState) Some(p.initialState) else None, realTime)
+    ArrowTransformWithStateExec(p, WorkerSort.child(p.child, p.groupingAttributes),
+      if (p.hasInitialState) Some(p.initialState) else None, RealTimeRows.planned(p))
   }
 }

@@ -18,6 +18,7 @@ import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
+import org.apache.spark.sql.arrowstate.exec.RealTimeRows
 import org.apache.spark.sql.arrowstate.families.{AggregateFamily, ArrowStateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
 import org.apache.spark.sql.arrowstate.tools.StateEngineCheck
 
@@ -108,7 +109,7 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     }
     node.setTagValue(KeptReasons, reasons)
     // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
-    if (TriggerSupport.isRealTime(node)) node else ArrowStateFallbackExec(reasons, node)
+    if (RealTimeRows.planned(node)) node else ArrowStateFallbackExec(reasons, node)
   }
 }
 

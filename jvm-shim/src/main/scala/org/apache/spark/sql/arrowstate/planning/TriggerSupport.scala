@@ -18,12 +18,9 @@ import org.apache.spark.sql.arrowstate.families.ArrowStateFamily
  * stateful operator.)
  */
 object TriggerSupport {
-  /** Spark's own rule for real-time mode (MarkPipelinedShuffleForRealTimeMode) tells it so. */
-  def isRealTime(node: SparkPlan): Boolean = RealTimeRows.planned(node)
-
   /** Why `family` cannot run `node` under the query's trigger (None: it can). */
   def unsupportedReason(node: SparkPlan, family: ArrowStateFamily): Option[String] =
-    if (!isRealTime(node)) None
+    if (!RealTimeRows.planned(node)) None
     else if (!family.realTime) Some(SparkOnlyReason)
     else family.realTimeReason(node)
 
