@@ -76,6 +76,7 @@ object Contract {
   private val files = (spec \ "files").extract[Map[String, String]]
   val DeltaSuffix: String = files("deltaSuffix")
   val SnapshotSuffix: String = files("snapshotSuffix")
+  val RunSuffix: String = files("runSuffix")
 
   case class Family(name: String, node: String, switch: String, userCode: Boolean)
   val Families: Map[String, Family] = (spec \ "families") match {

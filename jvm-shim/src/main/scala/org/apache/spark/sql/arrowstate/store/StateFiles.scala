@@ -113,8 +113,11 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
   }
 
   /** Atomic write of `content` read to its end, streamed (a file of any size, never whole
-   * in memory): readers see the old file or the whole new one; the last complete one wins;
-   * a write that fails midway leaves nothing. */
+   * in memory): readers see the old file or the whole new one; a write that fails midway
+   * leaves nothing. A name that is one attempt's alone (`neverReplaced`) is never written
+   * over: a second write of it fails (on an object store, where a check would cost a
+   * request per file, its uniqueness rests on the name); another name's last complete
+   * write wins (format v1's names, as Spark's HDFS-backed store writes them). */
   def write(name: String, content: InputStream): Unit = {
     // a failure to read `content` (the worker's stream) is not the store's: it is carried
     // past onStore's wrapping and thrown as it was
@@ -182,9 +185,15 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     try {
       val out = Files.newOutputStream(temp)
       try body(out) finally out.close()
-      // a checksum Hadoop wrote beside an earlier file of this name would not match this one
-      Files.deleteIfExists(local.resolve(s".$name.crc"))
-      Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE)
+      if (neverReplaced(name)) {
+        // a hard link fails if the name exists, atomically; the temporary name then goes
+        Files.createLink(target, temp)
+        Files.delete(temp)
+      } else {
+        // a checksum Hadoop wrote beside an earlier file of this name would not match
+        Files.deleteIfExists(local.resolve(s".$name.crc"))
+        Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE)
+      }
     } catch {
       case e: Throwable =>
         Files.deleteIfExists(temp)
@@ -194,23 +203,55 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
 
   private def writeThroughHadoop(name: String)(body: OutputStream => Unit): Unit = {
     val path = new Path(dir, name)
-    val out = try fm.createAtomic(path, true) catch {
+    val overwrite = !neverReplaced(name)
+    val out = try fm.createAtomic(path, overwrite) catch {
       case _: FileNotFoundException =>   // the directory's first file, or it was deleted
         fm.mkdirs(dir)
-        fm.createAtomic(path, true)
+        fm.createAtomic(path, overwrite)
     }
     wholeOrUndone(out, out.cancel())(body)
   }
 
-  /** Deletes our files of versions below `version`, once that version's snapshot exists;
-   * whether it did. */
-  def pruneBelow(version: Long): Boolean = {
-    if (!fm.exists(new Path(dir, s"$version$SnapshotSuffix"))) return false
+  /** Deletes our files of versions below `version` (of any attempt), once the snapshot
+   * file `snapshot` exists; whether it did. A file whose delete failed goes at the next
+   * prune: each lists the directory anew. */
+  def pruneBelow(version: Long, snapshot: String): Boolean = {
+    if (!fm.exists(new Path(dir, snapshot))) return false
     ourNames().foreach { name =>
-      versionOf(name).filter(_ < version).foreach(_ => fm.delete(new Path(dir, name)))
+      versionOf(name).filter(_ < version).foreach(_ => deleteLogged(name))
     }
     true
   }
+
+  /**
+   * Deletes the orphan run files: those not in `keep` (what retained versions and snapshots
+   * in progress name) and last modified before the snapshot file `anchor`, the oldest
+   * snapshot retention keeps. The rule is Spark's RocksDB file manager's for its orphan
+   * files (an untracked file older than what retained versions need), anchored on that
+   * snapshot: a run file written since, by this attempt or a live one elsewhere (another
+   * attempt of a later version, a snapshot shipping over commits), is newer and stays.
+   * What is left is a snapshot's run files whose manifest never came (a worker lost, a
+   * query stopped while it shipped) or a delete that failed before.
+   */
+  def deleteOrphanRuns(keep: Set[String], anchor: String): Unit = {
+    val statuses = onStore("list", dir) {
+      if (!fm.exists(dir)) Nil else fm.list(dir).toSeq.filter(_.isFile)
+    }
+    statuses.find(_.getPath.getName == anchor).foreach { anchorStatus =>
+      statuses.filter { s =>
+        val name = s.getPath.getName
+        isRunFile(name) && !keep.contains(name) &&
+          s.getModificationTime < anchorStatus.getModificationTime
+      }.foreach(s => deleteLogged(s.getPath.getName))
+    }
+  }
+
+  private def deleteLogged(name: String): Unit =
+    try fm.delete(new Path(dir, name)) catch {
+      case e: IOException =>
+        logWarning(s"arrowstate: could not delete ${new Path(dir, name)} (the next prune " +
+          s"tries again): ${e.getMessage}")
+    }
 
   /** Deletes these files of the directory (a missing one is no error). */
   def delete(names: Seq[String]): Unit = names.foreach(n => fm.delete(new Path(dir, n)))
@@ -333,10 +374,31 @@ object StateFiles {
     }
   }
 
-  def versionOf(name: String): Option[Long] =
-    Seq(DeltaSuffix, SnapshotSuffix).collectFirst {
-      case s if name.endsWith(s) => name.stripSuffix(s).toLongOption
-    }.flatten
+  /** The version of one of our delta or snapshot names: `<version>` then, under
+   * checkpoint format v2, `_<checkpoint id>` of the attempt that wrote it. */
+  def versionOf(name: String): Option[Long] = name match {
+    case VersionedName(version, _, _) => version.toLongOption
+    case _ => None
+  }
+
+  /** Whether a file of this name is never written over: it carries an attempt's checkpoint
+   * id (checkpoint format v2) or is a run file (a random name). */
+  def neverReplaced(name: String): Boolean = hasCheckpointId(name) || isRunFile(name)
+
+  /** Whether the name carries an attempt's checkpoint id (checkpoint format v2). */
+  def hasCheckpointId(name: String): Boolean = name match {
+    case VersionedName(_, id, _) => id != null
+    case _ => false
+  }
+
+  private val VersionedName = ("^(\\d+)(?:_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-" +
+    "[0-9a-f]{12}))?(" + java.util.regex.Pattern.quote(Contract.DeltaSuffix) + "|" +
+    java.util.regex.Pattern.quote(Contract.SnapshotSuffix) + ")$").r
+
+  private val RunName = ("^[0-9a-f]{32}" + java.util.regex.Pattern.quote(Contract.RunSuffix) +
+    "$").r
+
+  def isRunFile(name: String): Boolean = RunName.matches(name)
 
   def partitionDir(checkpointLocation: String, operatorId: Long, partitionId: Int): Path =
     new Path(new Path(checkpointLocation, operatorId.toString), partitionId.toString)

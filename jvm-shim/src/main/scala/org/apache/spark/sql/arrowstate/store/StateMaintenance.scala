@@ -19,19 +19,26 @@ object StateMaintenance extends Logging {
   })
 
   /** A commit's maintenance: the snapshots' files (name, local file the worker wrote) in
-   * the order to write them, the version below which files may go, and the run files to
-   * delete once pruned. */
-  case class Job(snapshots: Seq[(String, String)], pruneBelow: Long, deletes: Seq[String])
+   * the order to write them; the version below which files may go, once the snapshot file
+   * `pruneSnapshot` exists; the run files to delete then; and the run files that retained
+   * versions or snapshots in progress name (`keepRuns`: any other run file older than
+   * `pruneSnapshot` is an orphan). */
+  case class Job(snapshots: Seq[(String, String)], pruneBelow: Long, pruneSnapshot: String,
+      deletes: Seq[String], keepRuns: Set[String])
 
   /** Copies the snapshots' files (deleted once copied or failed) into the checkpoint in
    * order, stopping at the first that fails (a manifest is written after its run files, or
-   * not at all), then prunes, then deletes the run files no snapshot kept names. */
+   * not at all), then prunes, then deletes the run files no snapshot kept names and the
+   * orphans (`StateFiles.deleteOrphanRuns`). */
   def submit(files: StateFiles, job: Job): Unit =
     if (job.snapshots.nonEmpty || job.pruneBelow > 0) {
       executor.execute(() => {
         try {
           job.snapshots.foreach { case (name, local) => files.copyLocal(name, local) }
-          if (job.pruneBelow > 0 && files.pruneBelow(job.pruneBelow)) files.delete(job.deletes)
+          if (job.pruneBelow > 0 && files.pruneBelow(job.pruneBelow, job.pruneSnapshot)) {
+            files.delete(job.deletes)
+            files.deleteOrphanRuns(job.keepRuns, job.pruneSnapshot)
+          }
         } catch {
           case e: Exception =>
             logWarning(s"arrowstate: state maintenance of ${files.dir} failed; its deltas " +

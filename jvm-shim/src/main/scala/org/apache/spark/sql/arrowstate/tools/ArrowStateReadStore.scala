@@ -37,7 +37,8 @@ class ArrowStateReadStore(
     settings: WorkerSettings,
     families: mutable.Map[String, ColumnFamily] = mutable.Map.empty,
     snapshot: Option[Long] = None,
-    encoding: String = "unsaferow") extends ReadStateStore with Logging {
+    encoding: String = "unsaferow",
+    checkpointId: Option[String] = None) extends ReadStateStore with Logging {
 
   private lazy val byKey: mutable.HashMap[UnsafeRow, UnsafeRow] = {
     val m = mutable.HashMap[UnsafeRow, UnsafeRow]()
@@ -121,7 +122,7 @@ class ArrowStateReadStore(
   private def pairs(keys: StructType, values: StructType, more: (String, JValue)*)
     : StateStoreIterator[UnsafeRowPair] = {
     val request = (("version" -> version) ~ ("snapshot" -> snapshot) ~
-      ("stateEncoding" -> encoding.toLowerCase)).obj ++ more
+      ("stateEncoding" -> encoding.toLowerCase) ~ ("checkpointId" -> checkpointId)).obj ++ more
     val rows = new WorkerReadStream(id, files, settings, keys, values, request: _*)(
       (_, key, value) => new UnsafeRowPair(key, value))
     new StateStoreIterator[UnsafeRowPair](rows, () => rows.close())

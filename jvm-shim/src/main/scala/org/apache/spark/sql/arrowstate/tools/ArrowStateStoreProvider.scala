@@ -103,7 +103,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       case Some(p) => p.getReadStore(version, uniqueId)
       case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
         ArrowStateStoreProvider.workerSettings(storeConf), families,
-        encoding = storeConf.stateStoreEncodingFormat)
+        encoding = storeConf.stateStoreEncodingFormat, checkpointId = uniqueId)
     }
 
   override def upgradeReadStoreToWriteStore(
@@ -147,7 +147,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
       ArrowStateStoreProvider.workerSettings(storeConf), families, Some(snapshotVersion),
-      storeConf.stateStoreEncodingFormat)
+      storeConf.stateStoreEncodingFormat, endVersionStateStoreCkptId)
   }
 
   override def getStateStoreChangeDataReader(
@@ -166,7 +166,8 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       val request = Seq[(String, JValue)]("version" -> endVersion,
         "changesFrom" -> startVersion,
         "stateEncoding" -> JString(storeConf.stateStoreEncodingFormat.toLowerCase)) ++
-        family.map(name => "columnFamily" -> JString(name))
+        family.map(name => "columnFamily" -> JString(name)) ++
+        endVersionStateStoreCkptId.map(id => "checkpointId" -> JString(id))
       val changes = new WorkerReadStream(id, files,
         ArrowStateStoreProvider.workerSettings(storeConf), keys, values, request: _*)({
           (row, key, value) =>

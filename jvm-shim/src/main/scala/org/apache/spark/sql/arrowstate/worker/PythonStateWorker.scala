@@ -147,23 +147,23 @@ class PythonStateWorker(
   /** COMMIT: the files of snapshots the worker finished meanwhile (name, the local file it
    * wrote), the version below which files may be pruned and the run files to delete after;
    * the schema file the delta needs, if the partition lacks it, goes to `writeFile` (name,
-   * bytes) first; then the new version's delta, as it comes, to `writeDelta` (which reads
-   * it to its end). Before it, the worker may list the partition's files (a snapshot that
+   * bytes) first; then the new version's delta, named by the worker, as it comes, to
+   * `writeDelta` (which reads it to its end). Before it, the worker may list the partition's files (a snapshot that
    * names earlier run files checks they are there). */
   def readCommit(files: StateFiles)(writeFile: (String, Array[Byte]) => Unit)(
-      writeDelta: InputStream => Unit): StateMaintenance.Job = {
+      writeDelta: (String, InputStream) => Unit): StateMaintenance.Job = {
     import Contract.Frame._
     var frame = read(Commit, ListFiles)
     while (frame._1 != Commit) {
       serveFileRequest(frame._1, frame._2, files)
       frame = read(Commit, ListFiles)
     }
-    val Seq(snapshots: Seq[(String, String)] @unchecked, pruneBelow: Long,
-      deletes: Seq[String] @unchecked, schemaFile: String, schemaBytes: Array[Byte],
-      delta: InputStream) = frame._2
+    val Seq(snapshots: Seq[(String, String)] @unchecked, pruneBelow: Long, pruneSnapshot: String,
+      deletes: Seq[String] @unchecked, keepRuns: Seq[String] @unchecked, schemaFile: String,
+      schemaBytes: Array[Byte], deltaName: String, delta: InputStream) = frame._2
     if (schemaFile.nonEmpty) writeFile(schemaFile, schemaBytes)
-    streamed(writeDelta(delta))
-    StateMaintenance.Job(snapshots, pruneBelow, deletes)
+    streamed(writeDelta(deltaName, delta))
+    StateMaintenance.Job(snapshots, pruneBelow, pruneSnapshot, deletes, keepRuns.toSet)
   }
 
   /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics. */

@@ -151,8 +151,12 @@ class StateExchange(
     }
     val maintenance = timed(worker.readCommit(files) { (name, content) =>
       writing(files.write(name, new java.io.ByteArrayInputStream(content)))
-    } { delta =>
-      writing(files.write(s"$newVersion${StateFiles.DeltaSuffix}", delta))
+    } { (name, delta) =>
+      if (!StateFiles.versionOf(name).contains(newVersion)) {
+        throw ArrowStateException.contract("COMMIT", "deltaName",
+          s"$name is not a delta of version $newVersion")
+      }
+      writing(files.write(name, delta))
     })
     pythonNanos -= writeNanos
     val commitMs = writeNanos / 1000000
