@@ -19,8 +19,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCh
  * chosen calls, in the spirit of Spark's FailureInjectionFileSystem. Rules are armed from
  * the test through py4j (driver and executors share the JVM in local mode):
  * `FailureInjection.arm(op, pathRegex, times)`, op one of createAtomic, write, close (the
- * rename that publishes the file), afterClose (published, then the call fails), open, list,
- * delete. On a cluster, whose executors are other JVMs, the Hadoop configuration carries
+ * rename that publishes the file), afterClose (published, then the call fails), delayClose
+ * (the close fails and the file is published later, by `releaseDelayed`: a late attempt's
+ * file), open, list, delete. On a cluster, whose executors are other JVMs, the Hadoop configuration carries
  * the one rule used there: `arrowstate.test.slowFirstAttempt` = `<path regex>=<ms>` makes
  * the first attempt of a task wait (uninterruptibly) before it creates a matching file, and
  * `arrowstate.test.attemptLog` names a local file where each such creation is logged.
@@ -79,13 +80,24 @@ class InjectingStream(underlying: CancellableFSDataOutputStream, path: Path)
     super.write(b, off, len)
   }
 
-  override def close(): Unit = {
+  @volatile private var delayed = false
+
+  override def close(): Unit = if (!delayed) {
     FailureInjection.check("close", path)
+    if (FailureInjection.delays(this, path)) {
+      delayed = true
+      throw new IOException(s"injected failure: close of $path delayed (the file is " +
+        "published later, by FailureInjection.releaseDelayed)")
+    }
     underlying.close()
     FailureInjection.check("afterClose", path)
   }
 
-  override def cancel(): Unit = underlying.cancel()
+  // a delayed stream is a late attempt's: nothing its writer does stops it from landing
+  override def cancel(): Unit = if (!delayed) underlying.cancel()
+
+  /** Publishes the file of a delayed close, as the late attempt would. */
+  private[testing] def release(): Unit = underlying.close()
 }
 
 object FailureInjection {
@@ -104,7 +116,7 @@ object FailureInjection {
     if (op == "*") hits.values.sum else hits(op)
   }
 
-  def reset(): Unit = synchronized { rules.clear(); hits.clear() }
+  def reset(): Unit = synchronized { rules.clear(); hits.clear(); delayedStreams.clear() }
 
   /** Sleeps `ms` even if the task is killed meanwhile (so a killed attempt still writes). */
   def sleepThroughInterrupts(ms: Long): Unit = {
@@ -116,6 +128,29 @@ object FailureInjection {
       }
     }
     if (interrupted) Thread.currentThread().interrupt()
+  }
+
+  private val delayedStreams = mutable.ArrayBuffer[InjectingStream]()
+
+  /** Whether a `delayClose` rule holds this stream's close back (Spark's failure-injection
+   * suite's createAtomicDelayCloseRegex): the writer sees its close fail, and the file
+   * appears only when the test releases it, as a late attempt's file does. */
+  private[testing] def delays(stream: InjectingStream, path: Path): Boolean = synchronized {
+    val rule = rules.find(r => r.op == "delayClose" && r.remaining > 0 &&
+      path.toString.matches(r.pattern))
+    rule.foreach { r =>
+      r.remaining -= 1
+      hits("delayClose") += 1
+      delayedStreams += stream
+    }
+    rule.isDefined
+  }
+
+  /** Publishes every file whose close was delayed, in the order they were held; how many. */
+  def releaseDelayed(): Int = {
+    val streams = synchronized { val s = delayedStreams.toList; delayedStreams.clear(); s }
+    streams.foreach(_.release())
+    streams.size
   }
 
   def check(op: String, path: Path): Unit = {
