@@ -22,8 +22,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from arrowstate.store import VersionedState
-from arrowstate.store.budget import TierPlace
+from arrowstate.store.tier.tiered import TierPlace
+from arrowstate.store.versions.versioned import VersionedState
 
 
 def main() -> None:
@@ -59,8 +59,8 @@ def main() -> None:
                 os.remove(content)
             state.mark_committed(version, args.min_deltas, directory + "/snapshots", "lz4")
             t4 = time.perf_counter()
-            if state.rows._stepper is not None:
-                state.rows._stepper.join()
+            if state.rows.merges.stepper is not None:
+                state.rows.merges.stepper.join()
             state.lifecycle.wait_for_snapshot()
             t5 = time.perf_counter()
             print(json.dumps({
@@ -68,7 +68,7 @@ def main() -> None:
                 "store_s": round(t2 - t1, 3), "commit_s": round(t3 - t2 + t4 - t3, 3),
                 "beside_next_task_s": round(t5 - t4, 3),
                 "cpu_s": round(time.process_time() - cpu, 3), "runs": len(state.rows.runs),
-                "paced_merges": len(state.rows._merges),
+                "paced_merges": len(state.rows.merges.paced),
                 "snapshot_mb": round(shipped / 1e6, 1),
                 "delta_mb": round(len(done.delta) / 1e6, 1)}), flush=True)
     finally:

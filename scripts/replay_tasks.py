@@ -76,8 +76,8 @@ def load(directory: str) -> list:
 def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -> None:
     from arrowstate import protocol
     from arrowstate.families import REGISTRY
-    from arrowstate.store.budget import MemoryBudget
-    from arrowstate.store.held import new_state
+    from arrowstate.store.held.budget import MemoryBudget
+    from arrowstate.store.held.states import new_state
 
     budget = MemoryBudget()
     states: dict = {}
@@ -134,7 +134,7 @@ def main() -> None:
         record(args)
         return
     if args.hash_table_min_keys is None:
-        from arrowstate.store.held import HASH_TABLE_MIN_KEYS
+        from arrowstate.store.held.states import HASH_TABLE_MIN_KEYS
         args.hash_table_min_keys = HASH_TABLE_MIN_KEYS
     tasks = load(args.dir)
     print(json.dumps({"tasks": len(tasks), "calls": sum(len(t[3]) for t in tasks)}))

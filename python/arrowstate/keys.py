@@ -328,3 +328,24 @@ def unique(keys: np.ndarray) -> np.ndarray:
         return once.to_numpy(zero_copy_only=False)
     return np.frombuffer(once.buffers()[1], keys.dtype, len(once),
                          once.offset * keys.dtype.itemsize).copy()
+
+
+def newest_of_each(keys: np.ndarray, first: bool = False) -> np.ndarray:
+    """Positions that keep, for each distinct key, its last occurrence (its first, with
+    `first`); in key order."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    keep = np.ones(len(order), dtype=bool)
+    if first:
+        keep[1:] = ordered[1:] != ordered[:-1]
+    else:
+        keep[:-1] = ordered[1:] != ordered[:-1]
+    return order[keep]
+
+
+def prefixes(keys: np.ndarray, width: int) -> np.ndarray:
+    """The first `width` bytes of fixed-width byte keys, as keys of that width."""
+    if keys.dtype.itemsize == width:
+        return keys
+    raw = np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), keys.dtype.itemsize)
+    return np.ascontiguousarray(raw[:, :width]).view(f"S{width}").ravel()

@@ -43,19 +43,21 @@ from .families import REGISTRY
 from .families.transform_with_state.pre_init import run_pre_init
 from .spark_state import importing, readers
 from .spark_state.filesystems import mapped
-from .store import VersionedState
-from .store import files as store_files
-from .store.budget import give_back_memory, resident_bytes
-from .store.held import HeldStates, check_lineage, checkpoint_uid
-from .store.runs import LocalStateWriteFailed
+from .store.versions.versioned import VersionedState
+from .store.formats import container, encoding
+from .store.held.budget import give_back_memory, resident_bytes
+from .store.held.states import HeldStates
+from .store.lineage import check_lineage, checkpoint_uid
+from .store.tier.runs import LocalStateWriteFailed
 
 
 def received_file(reader: p.ChunkReader, memory_bytes: int, directory: str
                   ) -> bytes | memoryview:
     """A streamed file's bytes: in memory when it is at most `memory_bytes`, else written to
     a temporary file in `directory` as its chunks come and memory-mapped, so that verifying
-    and decoding it (store.files) read the map, not the heap. The file's name goes at once
-    (the mapping keeps its pages until nothing uses them; a worker that dies leaves nothing)."""
+    and decoding it (store.formats.decoding) read the map, not the heap. The file's name goes
+    at once (the mapping keeps its pages until nothing uses them; a worker that dies leaves
+    nothing)."""
     parts, size = [], 0
     chunks = reader.chunks()
     for chunk in chunks:
@@ -126,7 +128,7 @@ class Worker:
     def serve_task(self, f: BinaryIO, header: dict[str, Any], input_schema: pa.Schema) -> None:
         """TASK: the partition's state made ready, the task's batches answered, its delta
         committed through the JVM, its metrics sent. What the store keeps, where, and within
-        what memory is the held states' to decide (store.held)."""
+        what memory is the held states' to decide (store.held.states)."""
         self.held.forget(header["drop"])
         family = task_family(header, input_schema)
         self.held.configure(header)
@@ -160,7 +162,7 @@ class Worker:
         if family.named_columns and version > 0:
             try:
                 family.keep_columns(readers.stored_schema(files, version))
-            except store_files.CorruptStateFile:
+            except container.CorruptStateFile:
                 pass   # damage is the load's to handle (it may load older files)
         state = self.held.new_state(family, key)
         state.run_id = run_id
@@ -194,17 +196,17 @@ class Worker:
         the JVM to write, then the state marked committed and held for the next task. The
         time the delta took to encode (ms)."""
         version, conf = header["version"], header["conf"]
-        codec = store_files.ipc_codec(conf["compressionCodec"])
+        codec = encoding.ipc_codec(conf["compressionCodec"])
         self.held.check_cap(state, header)
         # rows as Spark counts them: stored rows, unless the family counts otherwise
         family.metrics.setdefault("numTotalStateRows", len(state))
         start = time.perf_counter()
         done = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
-            {k: family.metrics.get(k, 0) for k in store_files.STATE_FIGURES}, codec,
+            {k: family.metrics.get(k, 0) for k in container.STATE_FIGURES}, codec,
             lambda: p.request(f, "LIST_FILES")[0], checkpoint_uid(header.get("checkpointId")))
         commit_ms = int((time.perf_counter() - start) * 1000)
-        name, content = done.schema_file or ("", b"")
+        name, content = done.columns_file or ("", b"")
         p.send(f, "COMMIT", done.snapshots, done.prune_below, done.delete, name, content,
                p.Chunks(done.delta, conf["fileChunkBytes"]))
         f.flush()
@@ -237,7 +239,7 @@ class Worker:
         Loaded apart from (and never kept beside) the state tasks use."""
         files = JvmFiles(f, request["where"], request["context"],
                          received_dir(request["localDir"]), request["fileMemoryBytes"])
-        by_name = request.get("stateEncoding") == "avro"   # store.evolution
+        by_name = request.get("stateEncoding") == "avro"   # store.formats.evolution
         if "changesFrom" in request and "columnFamily" in request:
             batches = readers.read_column_family_changes(
                 files, request["changesFrom"], request["version"], request["columnFamily"],

@@ -216,8 +216,8 @@ def tier_ops(args) -> None:
     the median seconds of the last --batches batches of each and their ratio: the tier's
     distance to the in-memory store on the same path."""
     from arrowstate.families import Aggregate
-    from arrowstate.store import VersionedState
-    from arrowstate.store.budget import TierPlace
+    from arrowstate.store.versions.versioned import VersionedState
+    from arrowstate.store.tier.tiered import TierPlace
 
     schema = pa.schema([("key", pa.int64()), ("n", pa.int64()), ("s", pa.float64())])
     operator = {"keyCount": 1, "outputMode": "update", "eventTimeIndex": -1,

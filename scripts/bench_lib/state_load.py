@@ -15,8 +15,10 @@ def state_load(args) -> None:
     5% updates; the median load time and the part of it spent decoding the files, which is
     verifying them (CRC-32, Arrow's full validation, the checks of columns, rows and ops)."""
     from arrowstate import keys as keycodec
-    from arrowstate.store import VersionedState, files
-    from arrowstate.store.lifecycle import load_plans, schema_reader
+    from arrowstate.store.versions.versioned import VersionedState
+    from arrowstate.store.formats import decoding, names as file_names
+    from arrowstate.store.lifecycle.chains import load_plans
+    from arrowstate.store.lifecycle.sources import columns_reader
 
     rng = np.random.default_rng(3)
     n = args.state_rows
@@ -38,7 +40,7 @@ def state_load(args) -> None:
         state.lifecycle.wait_for_snapshot()
         done = state.commit_files(version, 1000)
         written.update(done.written())
-        written.update((files.file_name(files.SNAPSHOT, v), b) for v, b in done.snapshots)
+        written.update((file_names.file_name(file_names.SNAPSHOT, v), b) for v, b in done.snapshots)
         state.mark_committed(version, 1 if version == 1 else 1000)
         if version == 1:
             state.lifecycle.wait_for_snapshot()
@@ -57,8 +59,8 @@ def state_load(args) -> None:
         loads.append(time.perf_counter() - t0)
         t0 = time.perf_counter()   # decoding is verifying: the Arrow read is zero-copy
         for name in chain:
-            files.decode(f"bench/{name}", "bench", written[name], state.schema,
-                         read_schema=schema_reader(Source, list(written)))
+            decoding.decode(f"bench/{name}", "bench", written[name], state.schema,
+                            read_columns=columns_reader(Source, list(written)))
         verifies.append(time.perf_counter() - t0)
     load_ms, verify_ms = statistics.median(loads) * 1000, statistics.median(verifies) * 1000
     print(json.dumps({"case": "state_load", "state_rows": n, "files": chain,

@@ -75,7 +75,7 @@ def state_ops(args) -> None:
         TransformWithStateInPandasUdfUtils)
 
     from arrowstate.families import TransformWithState
-    from arrowstate.store import VersionedState
+    from arrowstate.store.versions.versioned import VersionedState
 
     schema = pa.schema([("k", pa.string()), ("k_", pa.string())])
     udf = TransformWithStateInPandasUdfUtils(_timed_state_operations(),

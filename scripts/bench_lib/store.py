@@ -40,7 +40,7 @@ def measure(kind: str, hashed: bool, n: int) -> dict:
     """One store's figures (run in a process of its own)."""
     import gc
 
-    from arrowstate.store import VersionedState
+    from arrowstate.store.versions.versioned import VersionedState
 
     fields = KINDS[kind]
     state = VersionedState(fields, [pa.field("n", pa.int64())], hashed=hashed)

@@ -1,5 +1,5 @@
 """A partition's state directory held in a dict (name -> bytes), as the store reads one
-(`store.lifecycle.FileSource`): for tests of the store without Spark."""
+(`store.lifecycle.sources.FileSource`): for tests of the store without Spark."""
 
 
 class DictFiles:

@@ -9,7 +9,7 @@ from pyspark.serializers import CloudPickleSerializer
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from arrowstate.families import SessionWindow, TransformWithState
-from arrowstate.store import VersionedState
+from arrowstate.store.versions.versioned import VersionedState
 
 
 def task(family_class, operator, schema):

@@ -105,7 +105,7 @@ def looks_for_other_queries_state(key, pdfs, state):
     its own process through the garbage collector."""
     import gc
 
-    from arrowstate.store import VersionedState
+    from arrowstate.store.versions.versioned import VersionedState
 
     foreign = 0
     for obj in gc.get_objects():
@@ -162,7 +162,7 @@ def counts_reachable_state(key, pdfs, state):
     session's (prefix of its key) and others' (any other prefix)."""
     import gc
 
-    from arrowstate.store import VersionedState
+    from arrowstate.store.versions.versioned import VersionedState
 
     mine = key[0].split("-")[0]
     own = foreign = 0

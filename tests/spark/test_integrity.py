@@ -14,7 +14,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from arrowstate.store import files, manifest
+from arrowstate.store.formats import container, manifest
 from harness import assert_runs_same, assert_same, native_run, run_query, spark_errors
 from procinfo import kill_own_state_workers
 
@@ -50,7 +50,7 @@ def assert_every_file_verifies(run_dir_glob):
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
-        assert files.unique_id(data) is not None, path   # a complete format-2 file
+        assert container.unique_id(data) is not None, path   # a complete format-2 file
         assert not os.path.basename(path).startswith("."), path
 
 

@@ -1,4 +1,4 @@
-"""The worker's memory budget for state (store.budget): what it refuses, what it spills, and
+"""The worker's memory budget for state (store.held.budget): what it refuses, what it spills, and
 where the tier's files go, without Spark."""
 import os
 
@@ -7,9 +7,11 @@ import pyarrow as pa
 import pytest
 
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, budget
-from arrowstate.store.budget import MemoryBudget, TierPlace
-from arrowstate.store.tier import TieredRows
+from arrowstate.store.versions.versioned import VersionedState
+from arrowstate.store.held import budget
+from arrowstate.store.held.budget import MemoryBudget
+from arrowstate.store.tier.tiered import TierPlace
+from arrowstate.store.tier.tiered import TieredRows
 
 
 def _header(memory, percent=50, local_dir="/tmp"):

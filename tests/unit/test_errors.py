@@ -14,7 +14,7 @@ import arrowstate
 from arrowstate import contract, errors
 from arrowstate.contract import ERRORS
 from arrowstate.families.group_state_values import StateValueError
-from arrowstate.store.files import CorruptStateFile
+from arrowstate.store.formats.container import CorruptStateFile
 
 PACKAGE = os.path.dirname(arrowstate.__file__)
 SHIM = os.path.join(os.path.dirname(__file__), "..", "..", "jvm-shim", "src", "main", "scala")

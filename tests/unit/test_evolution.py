@@ -1,9 +1,9 @@
-"""store.evolution: stored state read in a newer schema, as Spark's encodings read it (the
+"""store.formats.evolution: stored state read in a newer schema, as Spark's encodings read it (the
 Spark runs are in tests/spark/test_tws_schema_evolution.py)."""
 import pyarrow as pa
 import pytest
 
-from arrowstate.store import evolution
+from arrowstate.store.formats import evolution
 
 OLD = pa.struct([("id", pa.int32()), ("name", pa.string()), ("score", pa.float32())])
 

@@ -393,7 +393,6 @@ def test_transform_with_state_change_feed_has_a_record_per_state_operation():
     import json
 
     from arrowstate.spark_state import readers
-    from arrowstate.store import files
 
     (family, state), schema = tws_task()
     written = {}

@@ -10,7 +10,8 @@ import pytest
 
 from arrowstate import contract, protocol
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import files
+from arrowstate.store.formats import container, decoding, encoding, names as file_names
+from arrowstate.store.formats import files
 from arrowstate.worker import JvmFiles, received_file
 
 
@@ -112,21 +113,22 @@ def _file(version=3, rows=500):
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
     batch = pa.RecordBatch.from_pylist([{"k": i, "v": f"value {i}"} for i in range(rows)],
                                        schema=schema)
-    data, uid = files.encode(schema, files.DELTA, version, [files.with_op(batch, files.OP_PUT)])
+    data, uid = encoding.encode(schema, file_names.DELTA, version,
+                                [files.with_op(batch, files.OP_PUT)])
     return schema, batch, data, uid
 
 
 def test_a_mapped_file_is_verified_and_decoded_as_bytes_are(tmp_path):
     schema, batch, data, uid = _file()
     mapped = received_file(_reader(data, 100), 0, str(tmp_path))
-    batches, got_uid = files.decode("/ck/3.arrowstate.delta", "test", mapped, schema)
-    assert got_uid == uid and files.unique_id(mapped) == uid
+    batches, got_uid = decoding.decode("/ck/3.arrowstate.delta", "test", mapped, schema)
+    assert got_uid == uid and container.unique_id(mapped) == uid
     assert pa.Table.from_batches(batches).column("v").to_pylist() == batch.column(1).to_pylist()
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0x40
-    with pytest.raises(files.CorruptStateFile, match="checksum mismatch"):
-        files.decode("/ck/3.arrowstate.delta", "test",
-                     received_file(_reader(bytes(damaged), 100), 0, str(tmp_path)), schema)
+    with pytest.raises(container.CorruptStateFile, match="checksum mismatch"):
+        decoding.decode("/ck/3.arrowstate.delta", "test",
+                        received_file(_reader(bytes(damaged), 100), 0, str(tmp_path)), schema)
     assert os.listdir(tmp_path) == []
 
 

@@ -4,10 +4,11 @@ import pyarrow as pa
 import pytest
 
 from arrowstate import keys
-from arrowstate.store import VersionedState, hashed
-from arrowstate.store.hashed import HashedRows
+from arrowstate.store.versions.versioned import VersionedState
+from arrowstate.store.rows import hashed
+from arrowstate.store.rows.hashed import HashedRows
 from arrowstate.families import Deduplicate
-from arrowstate.store.rows import KeyedRows
+from arrowstate.store.rows.keyed import KeyedRows
 from family_tasks import TS, commit, seconds
 from test_tier import KINDS, _schema, assert_answers_alike, both_keys
 
@@ -23,7 +24,7 @@ def test_hashed_rows_answer_as_the_dict_store(monkeypatch, kind, colliding):
     lookup, row, removal, first absent key and count as KeyedRows gives them. With
     `colliding`, keys wider than a word get one of 8 words, so nearly every key shares its
     word with others and lives in the overflow dict or beside one there."""
-    monkeypatch.setattr(hashed, "_MIN_DEAD_FOR_COMPACTION", 100)
+    monkeypatch.setattr(hashed, "MIN_DEAD_FOR_COMPACTION", 100)
     if colliding:
         words = HashedRows._words
         monkeypatch.setattr(HashedRows, "_words",

@@ -1,12 +1,14 @@
-"""The states a worker holds between tasks (store.held): reuse, the cap, and the store's
+"""The states a worker holds between tasks (store.held.states): reuse, the cap, and the store's
 upkeep after a commit, without Spark."""
 import pyarrow as pa
 import pytest
 
 from arrowstate.errors import ArrowStateError
-from arrowstate.store import VersionedState, files, held
-from arrowstate.store.hashed import HashedRows, available as hash_table_available
-from arrowstate.store.rows import KeyedRows
+from arrowstate.store.formats import encoding
+from arrowstate.store.held import states as held
+from arrowstate.store.rows.hashed import HashedRows, available as hash_table_available
+from arrowstate.store.rows.keyed import KeyedRows
+from arrowstate.store.versions.versioned import VersionedState
 
 
 def _header(key="/ck/state/0/1", max_state_bytes=0):
@@ -66,7 +68,7 @@ def test_a_held_state_is_checked_against_its_delta_only_when_asked():
     then (verify) the delta's trailer must still carry the held state's unique id."""
     class Rewritten:   # the checkpoint's delta of version 3 is another attempt's
         def tail(self, name, size):
-            data, _ = files.encode(pa.schema([("k", pa.int64())]), "delta", 3, [])
+            data, _ = encoding.encode(pa.schema([("k", pa.int64())]), "delta", 3, [])
             return data[-size:]
     states = held.HeldStates()
     state = _committed(3)

@@ -15,7 +15,8 @@ import pytest
 from arrowstate.__main__ import main
 from arrowstate.spark_state import CheckpointError, format_history, history
 from arrowstate.spark_state.transform_with_state import describe_variables
-from arrowstate.store import files as store_files
+from arrowstate.store.formats import container, encoding, names as file_names
+from arrowstate.store.formats import files as store_files
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 START = 1_700_000_000_000   # batch 0's batchTimestampMs; each batch starts 10 s later
@@ -24,9 +25,9 @@ START = 1_700_000_000_000   # batch 0's batchTimestampMs; each batch starts 10 s
 def _delta(version: int, figures: dict | None, rows: int = 1) -> bytes:
     batch = pa.RecordBatch.from_pydict({"k": list(range(rows)), "v": [version] * rows},
                                        schema=SCHEMA)
-    data, _ = store_files.encode(SCHEMA, store_files.DELTA, version,
-                                 [store_files.with_op(batch, store_files.OP_PUT)],
-                                 figures=figures)
+    data, _ = encoding.encode(SCHEMA, file_names.DELTA, version,
+                              [store_files.with_op(batch, store_files.OP_PUT)],
+                              figures=figures)
     return data
 
 
@@ -142,7 +143,7 @@ def test_a_damaged_delta_is_named(tmp_path):
     data = bytearray(_delta(1, _figures(1, 1, 0)))
     data[10] ^= 0xFF
     _write(str(tmp_path / "state" / "0" / "0" / "1.arrowstate.delta"), bytes(data))
-    with pytest.raises(store_files.CorruptStateFile, match="1.arrowstate.delta.*checksum"):
+    with pytest.raises(container.CorruptStateFile, match="1.arrowstate.delta.*checksum"):
         history(str(tmp_path))
 
 

@@ -1,4 +1,4 @@
-"""Snapshots of tiered state as manifests naming run files (store.manifest), without Spark:
+"""Snapshots of tiered state as manifests naming run files (store.formats.manifest), without Spark:
 what they write, what loads from them, what retention deletes, and damage."""
 import gc
 import os
@@ -8,9 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from arrowstate.store import (CorruptStateFile, VersionedState, files, lifecycle, manifest,
-                              runs, tier)
-from arrowstate.store.budget import TierPlace
+from arrowstate.store.formats import decoding, manifest, names as file_names
+from arrowstate.store.formats.container import CorruptStateFile
+from arrowstate.store.lifecycle import maintenance as lifecycle
+from arrowstate.store.tier import runs, schedule
+from arrowstate.store.tier.tiered import TierPlace
+from arrowstate.store.versions.versioned import VersionedState
 from dict_files import DictFiles
 
 
@@ -18,7 +21,7 @@ from dict_files import DictFiles
 def small_runs(monkeypatch):
     """Small blocks, merges and run files, so a few thousand keys make many of each."""
     monkeypatch.setattr(runs, "BLOCK", 64)
-    monkeypatch.setattr(tier, "PACED_ROWS", 1500)
+    monkeypatch.setattr(schedule, "PACED_ROWS", 1500)
     monkeypatch.setattr(manifest, "PIECE_ROWS", 700)
 
 
@@ -30,7 +33,7 @@ class Checkpoint(DictFiles):
         self.log = []   # per commit: its delta's size and the snapshot files it wrote
 
     def commit(self, done):
-        """What the JVM does with a commit: the schema file and delta, then (maintenance)
+        """What the JVM does with a commit: the columns file and delta, then (maintenance)
         the snapshots' files in order, pruning, and the run files to delete."""
         self.files.update(done.written())
         for name, content in done.snapshots:
@@ -42,10 +45,10 @@ class Checkpoint(DictFiles):
                 self.files[name] = content
         self.log.append((len(done.delta),
                          [(n, len(self.files[n])) for n, _ in done.snapshots]))
-        base = files.file_name(files.SNAPSHOT, done.prune_below)
+        base = file_names.file_name(file_names.SNAPSHOT, done.prune_below)
         if done.prune_below > 0 and base in self.files:
             for name in list(self.files):
-                parsed = files.parse_name(name)
+                parsed = file_names.parse_name(name)
                 if parsed is not None and parsed[0] < done.prune_below:
                     del self.files[name]
             for name in done.delete:
@@ -113,16 +116,16 @@ def test_snapshots_name_runs_and_write_only_the_new_ones(tmp_path, string_keys):
     wrote instead of writing them again; every version retention keeps loads, on the tier
     (runs taken in as they are) and in memory (offline tools), equal to the rows it had."""
     state, checkpoint, expected = _run_versions(tmp_path, 14, string_keys)
-    snapshots = sorted(files.parse_name(n)[0] for n in checkpoint.files
-                       if n.endswith(files.SUFFIX[files.SNAPSHOT]))
+    snapshots = sorted(file_names.parse_name(n)[0] for n in checkpoint.files
+                       if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT]))
     assert snapshots, "retention keeps a snapshot"
-    made = {v: manifest.read(f"x/{files.file_name(files.SNAPSHOT, v)}", "",
-                             checkpoint.files[files.file_name(files.SNAPSHOT, v)])
+    made = {v: manifest.read(f"x/{file_names.file_name(file_names.SNAPSHOT, v)}", "",
+                             checkpoint.files[file_names.file_name(file_names.SNAPSHOT, v)])
             for v in snapshots}
     assert all(m is not None for m in made.values())
     shared = set.intersection(*(m.names() for m in made.values()))
     assert len(made) < 2 or shared, "later snapshots name an earlier one's run files"
-    run_files = {n for n in checkpoint.files if files.is_run_file(n)}
+    run_files = {n for n in checkpoint.files if file_names.is_run_file(n)}
     assert run_files == set().union(*(m.names() for m in made.values())), \
         "retention left no run file that no snapshot names"
     loadable = [v for v in expected if v >= min(snapshots)]
@@ -156,12 +159,12 @@ def test_a_snapshot_writes_about_what_changed_since_the_last(tmp_path):
         state.lifecycle.wait_for_snapshot()
         done = state.commit_files(version, 100, list_names=checkpoint.names)
         new_runs = [checkpoint_bytes for name, checkpoint_bytes in done.snapshots
-                    if files.is_run_file(name)]
+                    if file_names.is_run_file(name)]
         if done.snapshots:
             sizes.append(sum(len(b) for b in new_runs))
         checkpoint.commit(done)
         state.mark_committed(version, 3)
-    whole = sum(len(b) for n, b in checkpoint.files.items() if files.is_run_file(n))
+    whole = sum(len(b) for n, b in checkpoint.files.items() if file_names.is_run_file(n))
     assert len(sizes) >= 6
     assert max(sizes[3:]) < whole / 2
     state.close()
@@ -169,8 +172,8 @@ def test_a_snapshot_writes_about_what_changed_since_the_last(tmp_path):
 
 def test_retention_keeps_every_run_file_a_kept_snapshot_names(tmp_path):
     state, checkpoint, expected = _run_versions(tmp_path, 25, retain=3)
-    snapshots = [files.parse_name(n)[0] for n in checkpoint.files
-                 if n.endswith(files.SUFFIX[files.SNAPSHOT])]
+    snapshots = [file_names.parse_name(n)[0] for n in checkpoint.files
+                 if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT])]
     oldest = min(snapshots)
     for version in range(oldest, 26):
         loaded = _loaded(tmp_path, checkpoint, version, name=f"r{version}")
@@ -192,12 +195,12 @@ def _damage(checkpoint, name, how):
 def test_a_run_file_missing_or_damaged_loads_an_older_snapshot_with_a_warning(
         tmp_path, capfd, how):
     state, checkpoint, expected = _run_versions(tmp_path, 12, retain=12)
-    newest = max(files.parse_name(n)[0] for n in checkpoint.files
-                 if n.endswith(files.SUFFIX[files.SNAPSHOT]))
-    name = files.file_name(files.SNAPSHOT, newest)
+    newest = max(file_names.parse_name(n)[0] for n in checkpoint.files
+                 if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT]))
+    name = file_names.file_name(file_names.SNAPSHOT, newest)
     made = manifest.read(name, "", checkpoint.files[name])
     older = set().union(*(manifest.read(n, "", b).names() for n, b in checkpoint.files.items()
-                          if n.endswith(files.SUFFIX[files.SNAPSHOT]) and n != name))
+                          if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT]) and n != name))
     victim = sorted(made.names() - older)[0]
     _damage(checkpoint, victim, how)
     loaded = _loaded(tmp_path, checkpoint, 12)
@@ -207,7 +210,7 @@ def test_a_run_file_missing_or_damaged_loads_an_older_snapshot_with_a_warning(
     loaded.close()
     # with no older snapshot nor deltas to rebuild it, the load fails naming the run file
     for n in list(checkpoint.files):
-        parsed = files.parse_name(n)
+        parsed = file_names.parse_name(n)
         if parsed is not None and parsed[0] < newest:
             del checkpoint.files[n]
     with pytest.raises(CorruptStateFile) as failure:
@@ -233,7 +236,8 @@ def test_a_snapshot_whose_earlier_run_files_are_gone_is_not_shipped(tmp_path, ca
                        pa.RecordBatch.from_arrays(cols + [pa.array(raw)], ["k", "v"]))
         state.lifecycle.wait_for_snapshot()
         done = state.commit_files(version, 50, list_names=checkpoint.names)
-        shipped += [n for n, _ in done.snapshots if n.endswith(files.SUFFIX[files.SNAPSHOT])]
+        shipped += [n for n, _ in done.snapshots
+                    if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT])]
         checkpoint.commit(done)
         state.mark_committed(version, 3)
     assert "run files it names from earlier snapshots are missing" in capfd.readouterr().err
@@ -247,7 +251,7 @@ def test_a_snapshot_whose_earlier_run_files_are_gone_is_not_shipped(tmp_path, ca
 
 
 def test_a_manifest_is_self_verifying():
-    made = manifest.Manifest([[manifest.Piece("0" * 32 + files.RUN_SUFFIX, 10, 2, "ab")]],
+    made = manifest.Manifest([[manifest.Piece("0" * 32 + file_names.RUN_SUFFIX, 10, 2, "ab")]],
                              (1, 2), 2)
     data = manifest.encode(made, 7)
     assert manifest.read("d/7.arrowstate.snapshot", "", data) == made
@@ -258,7 +262,7 @@ def test_a_manifest_is_self_verifying():
     with pytest.raises(CorruptStateFile, match="version 7"):
         manifest.read("d/8.arrowstate.snapshot", "", data)
     with pytest.raises(CorruptStateFile, match="read through"):
-        files.decode("d/7.arrowstate.snapshot", "", data, pa.schema([("k0", pa.int64())]))
+        decoding.decode("d/7.arrowstate.snapshot", "", data, pa.schema([("k0", pa.int64())]))
 
 
 def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, monkeypatch):
@@ -276,16 +280,17 @@ def test_a_snapshot_ships_over_commits_each_writing_about_its_delta(tmp_path, mo
     for _, shipped in spread:
         for name, size in shipped:
             total += size
-            if name.endswith(files.SUFFIX[files.SNAPSHOT]):
+            if name.endswith(file_names.SUFFIX[file_names.SNAPSHOT]):
                 totals.append(total)
                 total = 0
     for delta, shipped in spread:   # a share: a snapshot's bytes over the 3 commits
         wrote = sum(size for _, size in shipped)
         assert wrote <= max(delta, max(totals) / 3) + biggest, shipped
     order = [n for _, shipped in checkpoint.log for n, _ in shipped]
-    manifests = [i for i, n in enumerate(order) if n.endswith(files.SUFFIX[files.SNAPSHOT])]
+    manifests = [i for i, n in enumerate(order)
+                 if n.endswith(file_names.SUFFIX[file_names.SNAPSHOT])]
     assert len(manifests) >= 2
-    assert all(files.is_run_file(n) for n in order[manifests[0] + 1:manifests[1]]), \
+    assert all(file_names.is_run_file(n) for n in order[manifests[0] + 1:manifests[1]]), \
         "the next snapshot's run files come after the last manifest"
     for version in range(1, 31):
         loaded = _loaded(tmp_path, checkpoint, version, name=f"s{version}")

@@ -6,12 +6,14 @@ import pyarrow as pa
 import pytest
 
 from arrowstate.families import session_window
-from arrowstate.store import VersionedState, hashed
-from arrowstate.store.budget import MemoryBudget, TierPlace
-from arrowstate.store.hashed import HashedRows
-from arrowstate.store.prefixed import PrefixedHashedRows
-from arrowstate.store.rows import KeyedRows
-from arrowstate.store.tier import TieredRows
+from arrowstate.store.versions.versioned import VersionedState
+from arrowstate.store.rows import hashed
+from arrowstate.store.held.budget import MemoryBudget
+from arrowstate.store.tier.tiered import TierPlace
+from arrowstate.store.rows.hashed import HashedRows
+from arrowstate.store.rows.prefixed import PrefixedHashedRows
+from arrowstate.store.rows.keyed import KeyedRows
+from arrowstate.store.tier.tiered import TieredRows
 from family_tasks import SESSION, SESSION_SCHEMA, commit, seconds
 from test_hashed import _text
 from test_budget import _header
@@ -39,7 +41,7 @@ def test_prefixed_rows_answer_as_the_dict_store_and_scan_each_groups_live_rows(
     exactly the live sessions of the groups asked for. A long group is a prefix of 9
     bytes (hashed to its word), an int one of 5 (its own word). With `colliding` hashed
     keys' and prefixes' words are one of 8, so nearly every one shares its word."""
-    monkeypatch.setattr(hashed, "_MIN_DEAD_FOR_COMPACTION", 100)
+    monkeypatch.setattr(hashed, "MIN_DEAD_FOR_COMPACTION", 100)
     if colliding:
         words, prefix_words = HashedRows._words, PrefixedHashedRows._prefix_words
         monkeypatch.setattr(HashedRows, "_words", lambda self, k: words(self, k) if

@@ -16,8 +16,11 @@ import pyarrow as pa
 import pytest
 
 from arrowstate import keys as keycodec
-from arrowstate.store import CorruptStateFile, MissingStateFiles, VersionedState
-from arrowstate.store import files
+from arrowstate.store.formats.container import CorruptStateFile
+from arrowstate.store.lifecycle.chains import MissingStateFiles
+from arrowstate.store.versions.versioned import VersionedState
+from arrowstate.store.formats import compact, container, decoding, encoding, names as file_names
+from arrowstate.store.formats import files
 import dict_files
 
 KEYS = [pa.field("user", pa.string()), pa.field("window", pa.struct(
@@ -93,15 +96,15 @@ SWEEP = textwrap.dedent('''
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../helpers"]
     import pyarrow as pa
     from test_state_files import KEYS, VALUES, WHERE
-    from arrowstate.store import files
+    from arrowstate.store.formats import container, decoding, names as file_names
     schema = pa.schema([pa.field(f"k{i}", f.type) for i, f in enumerate(KEYS)]
                        + [pa.field(f"v{i}", f.type) for i, f in enumerate(VALUES)])
     result = {}
     sample = {n: bytes.fromhex(d) for n, d in json.load(sys.stdin).items()}
-    schemas = {n: d for n, d in sample.items() if files.is_schema_file(n)}
+    schemas = {n: d for n, d in sample.items() if file_names.is_columns_file(n)}
     for name, data in sample.items():
         path = f"{WHERE}/{name}"
-        # a damaged schema file is found by loading a compact delta that names it
+        # a damaged columns file is found by loading a compact delta that names it
         target = "6.arrowstate.delta" if name in schemas else name
         silent, unnamed, cases = 0, [], 0
         variants = [data[:cut] for cut in range(len(data))]
@@ -114,10 +117,10 @@ SWEEP = textwrap.dedent('''
             cases += 1
             found = dict(sample, **{name: damaged})
             try:
-                files.decode(f"{WHERE}/{target}", "test", found[target], schema,
-                             read_schema=found.get)
+                decoding.decode(f"{WHERE}/{target}", "test", found[target], schema,
+                             read_columns=found.get)
                 silent += 1
-            except files.CorruptStateFile as e:
+            except container.CorruptStateFile as e:
                 if path not in str(e):
                     unnamed.append(str(e))
         result[name] = {"cases": cases, "silent": silent, "unnamed": unnamed[:3]}
@@ -128,10 +131,10 @@ SWEEP = textwrap.dedent('''
 def test_every_byte_flip_and_truncation_is_detected_without_a_crash(tmp_path):
     written, _ = _history()
     full, _ = _history(compact=False)
-    (schema_file,) = [n for n in written if files.is_schema_file(n)]
-    # a compact delta and the schema file it names, a format 2 delta, a snapshot
+    (columns_file,) = [n for n in written if file_names.is_columns_file(n)]
+    # a compact delta and the columns file it names, a format 2 delta, a snapshot
     files_swept = {n: written[n] for n in ("6.arrowstate.delta", "4.arrowstate.snapshot",
-                                           schema_file)}
+                                           columns_file)}
     files_swept["7.arrowstate.delta"] = full["7.arrowstate.delta"]
     sample = {n: data.hex() for n, data in files_swept.items()}
     (tmp_path / "sweep.py").write_text(SWEEP)
@@ -151,21 +154,21 @@ def _schema():
     return _state().schema
 
 
-def _reframe(payload, kind="delta", version=3, rows=None, fmt=files.FORMAT_VERSION):
+def _reframe(payload, kind="delta", version=3, rows=None, fmt=container.FORMAT_VERSION):
     """A file around `payload` with a valid trailer and checksum (as a forger would)."""
     if rows is None:
         rows = sum(b.num_rows for b in pa.ipc.open_stream(payload))
-    head = files.TRAILER.pack(files.MAGIC, fmt, files.KIND_CODE[kind], 0, 0, version, rows,
-                              len(payload), b"0123456789abcdef", 0)[:-4]
+    head = container.TRAILER.pack(container.MAGIC, fmt, files.KIND_CODE[kind], 0, 0, version, rows,
+                                  len(payload), b"0123456789abcdef", 0)[:-4]
     return payload + head + struct.pack("<I", zlib.crc32(head, zlib.crc32(payload)))
 
 
 def _payload(file_bytes):
-    return file_bytes[:-files.TRAILER.size]
+    return file_bytes[:-container.TRAILER.size]
 
 
 def _decode(data, name="3.arrowstate.delta"):
-    return files.decode(f"{WHERE}/{name}", CONTEXT, data, _schema())
+    return decoding.decode(f"{WHERE}/{name}", CONTEXT, data, _schema())
 
 
 def test_crafted_string_offsets_are_an_error_not_a_crash():
@@ -174,9 +177,9 @@ def test_crafted_string_offsets_are_an_error_not_a_crash():
     offsets = pa.py_buffer(np.array([0, 1, 1 << 30, 6], dtype=np.int32).tobytes())
     bad = pa.Array.from_buffers(pa.string(), 3, [None, offsets, good.buffers()[2]])
     batch = files.with_op(pa.RecordBatch.from_arrays([bad], names=["k0"]), files.OP_PUT)
-    data, _ = files.encode(state.schema, "delta", 3, [batch])
+    data, _ = encoding.encode(state.schema, "delta", 3, [batch])
     with pytest.raises(CorruptStateFile, match="Arrow data is invalid") as e:
-        files.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, data, state.schema)
+        decoding.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, data, state.schema)
     assert WHERE in str(e.value) and "operator 0, partition 3" in str(e.value)
 
 
@@ -187,8 +190,8 @@ def test_wrong_schema_huge_lengths_and_lying_trailers_are_errors():
     other.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
     foreign = other.commit_files(3, 100).written()
     with pytest.raises(CorruptStateFile, match="columns"):
-        files.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, foreign["3.arrowstate.delta"],
-                     _schema(), read_schema=foreign.get)
+        decoding.decode(f"{WHERE}/3.arrowstate.delta", CONTEXT, foreign["3.arrowstate.delta"],
+                        _schema(), read_columns=foreign.get)
     # a message length of 2 GiB - 1, checksum made valid: an error, no allocation
     huge = bytearray(payload)
     huge[4:8] = struct.pack("<i", 0x7FFFFFFF)
@@ -243,8 +246,8 @@ def test_no_chain_is_an_error_naming_what_is_missing_or_damaged():
     with pytest.raises(MissingStateFiles, match="ck/state/0/3/9.arrowstate.delta") as e:
         _load(gone, 10)
     assert "operator 0, partition 3" in str(e.value)
-    pruned = {n: b for n, b in written.items() if files.is_schema_file(n)
-              or files.parse_name(n)[0] >= 4 or n.endswith("snapshot")}
+    pruned = {n: b for n, b in written.items() if file_names.is_columns_file(n)
+              or file_names.parse_name(n)[0] >= 4 or n.endswith("snapshot")}
     pruned["4.arrowstate.snapshot"] = pruned["8.arrowstate.snapshot"] = b"junk"
     with pytest.raises(CorruptStateFile, match="every snapshot that could load version 10"):
         _load(pruned, 10)
@@ -256,20 +259,20 @@ def test_no_chain_is_an_error_naming_what_is_missing_or_damaged():
 
 def test_each_file_has_its_own_unique_id():
     written, _ = _history(versions=3, every=100)
-    ids = {files.unique_id(b) for n, b in written.items() if files.parse_name(n)}
+    ids = {container.unique_id(b) for n, b in written.items() if file_names.parse_name(n)}
     assert len(ids) == 3 and None not in ids
     state = _load(written, 3)
-    assert state.last_uid == files.unique_id(written["3.arrowstate.delta"])
+    assert state.last_uid == container.unique_id(written["3.arrowstate.delta"])
 
 
 def test_state_in_memory_is_reused_only_while_the_checkpoint_holds_its_delta():
-    from arrowstate.store.held import committed_here
+    from arrowstate.store.lineage import committed_here
 
     written, _ = _history(versions=3, every=100)
     state = _load(written, 3)
     assert committed_here(state, DictFiles(written))
     rewritten = dict(written)   # another attempt or executor wrote version 3 again
-    rewritten["3.arrowstate.delta"], _ = files.encode(state.schema, "delta", 3, [])
+    rewritten["3.arrowstate.delta"], _ = encoding.encode(state.schema, "delta", 3, [])
     assert not committed_here(state, DictFiles(rewritten))
     del rewritten["3.arrowstate.delta"]
     assert not committed_here(state, DictFiles(rewritten))
@@ -281,8 +284,8 @@ def test_strings_that_are_not_utf8_load_as_spark_keeps_them():
     state = VersionedState([pa.field("k", pa.string())], [])
     raw = pa.array([b"\xff\xfe", b"ok"], pa.binary()).view(pa.string())
     batch = files.with_op(pa.RecordBatch.from_arrays([raw], names=["k0"]), files.OP_PUT)
-    data, _ = files.encode(state.schema, "delta", 1, [batch])
-    batches, _ = files.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, data, state.schema)
+    data, _ = encoding.encode(state.schema, "delta", 1, [batch])
+    batches, _ = decoding.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, data, state.schema)
     assert batches[0].column(0).view(pa.binary()).to_pylist() == [b"\xff\xfe", b"ok"]
 
 
@@ -291,13 +294,13 @@ def test_empty_batches_and_an_empty_snapshot_load():
     `state import`): they load as nothing, around the rows of the other batches."""
     schema = _state().schema
     empty = files.with_op(pa.RecordBatch.from_pylist([], schema=schema), files.OP_PUT)
-    snapshot, _ = files.encode(schema, files.SNAPSHOT, 2, [empty])
-    assert len(_load({files.file_name(files.SNAPSHOT, 2): snapshot}, 2)) == 0
+    snapshot, _ = encoding.encode(schema, file_names.SNAPSHOT, 2, [empty])
+    assert len(_load({file_names.file_name(file_names.SNAPSHOT, 2): snapshot}, 2)) == 0
     written, expected = _history(versions=3, compact=False)
-    full = written[files.file_name(files.DELTA, 3)]
-    batches, _ = files.decode("3.arrowstate.delta", "test", full, schema)
-    padded, _ = files.encode(schema, files.DELTA, 3, [empty, *batches, empty])
-    written[files.file_name(files.DELTA, 3)] = padded
+    full = written[file_names.file_name(file_names.DELTA, 3)]
+    batches, _ = decoding.decode("3.arrowstate.delta", "test", full, schema)
+    padded, _ = encoding.encode(schema, file_names.DELTA, 3, [empty, *batches, empty])
+    written[file_names.file_name(file_names.DELTA, 3)] = padded
     assert _rows(_load(written, 3)) == expected[3]
 
 
@@ -307,74 +310,74 @@ def test_change_records_are_no_state_and_only_format_3_deltas_hold_them():
     a format 2 delta or any snapshot holding one is refused."""
     written, expected = _history(versions=3, compact=False)
     schema = _state().schema
-    name = files.file_name(files.DELTA, 3)
-    batches, _ = files.decode(name, "test", written[name], schema)
+    name = file_names.file_name(file_names.DELTA, 3)
+    batches, _ = decoding.decode(name, "test", written[name], schema)
     rows = pa.RecordBatch.from_arrays(batches[0].columns[:-1], schema=schema)
     ops = pa.array([files.CHANGE_UPDATE, files.CHANGE_APPEND, files.CHANGE_DELETE]
                    * rows.num_rows, pa.int8()).slice(0, rows.num_rows)
     state = _state()
     state.record_changes(rows, ops)
     record_batch = state._changes[0]
-    with_records, _ = files.encode(schema, files.DELTA, 3, [*batches, record_batch],
-                                   changes=True)
-    assert files.TRAILER.unpack(with_records[-files.TRAILER.size:])[1] == 3
+    with_records, _ = encoding.encode(schema, file_names.DELTA, 3, [*batches, record_batch],
+                                      changes=True)
+    assert container.TRAILER.unpack(with_records[-container.TRAILER.size:])[1] == 3
     assert _rows(_load(dict(written, **{name: with_records}), 3)) == expected[3]
-    as_format_2, _ = files.encode(schema, files.DELTA, 3, [*batches, record_batch])
+    as_format_2, _ = encoding.encode(schema, file_names.DELTA, 3, [*batches, record_batch])
     with pytest.raises(CorruptStateFile, match="values other than 0 to 1"):
         _decode(as_format_2)
-    snapshot, _ = files.encode(schema, files.SNAPSHOT, 3, [record_batch], changes=True)
+    snapshot, _ = encoding.encode(schema, file_names.SNAPSHOT, 3, [record_batch], changes=True)
     with pytest.raises(CorruptStateFile, match="values other than 0 to 1"):
-        _decode(snapshot, files.file_name(files.SNAPSHOT, 3))
+        _decode(snapshot, file_names.file_name(file_names.SNAPSHOT, 3))
 
 
-def test_small_deltas_name_their_schema_file_and_large_ones_carry_their_schema():
-    """A delta of a few rows (format 4) holds its rows only and names the schema file its
+def test_small_deltas_name_their_columns_file_and_large_ones_carry_their_schema():
+    """A delta of a few rows (format 4) holds its rows only and names the columns file its
     partition keeps once; a delta over COMPACT_MAX_BYTES holds its schema (format 2). Both
-    load; the schema file is written with the first delta that needs it only."""
+    load; the columns file is written with the first delta that needs it only."""
     state, written = _state(), {}
-    schema_files = []
+    columns_files = []
     for v, n in ((1, 6), (2, 6), (3, 200), (4, 6)):
         _put(state, v, n)
         with mock.patch.object(files, "COMPACT_MAX_BYTES", 4096):   # 6 rows: about 900 B
             done = state.commit_files(v, 100)
-        schema_files.append(done.schema_file and done.schema_file[0])
+        columns_files.append(done.columns_file and done.columns_file[0])
         written.update(done.written())
         state.mark_committed(v, 100)
     expected = _rows(state)
-    formats = [files.TRAILER.unpack(written[files.file_name(files.DELTA, v)][-60:])[1]
+    formats = [container.TRAILER.unpack(written[file_names.file_name(file_names.DELTA, v)][-60:])[1]
                for v in (1, 2, 3, 4)]
-    assert formats == [files.FORMAT_COMPACT, files.FORMAT_COMPACT, files.FORMAT_VERSION,
-                       files.FORMAT_COMPACT]
-    assert schema_files[0] and schema_files[1:] == [None, None, None]
-    assert len(written["1.arrowstate.delta"]) < 600 < len(written[schema_files[0]])
+    assert formats == [container.FORMAT_COMPACT, container.FORMAT_COMPACT, container.FORMAT_VERSION,
+                       container.FORMAT_COMPACT]
+    assert columns_files[0] and columns_files[1:] == [None, None, None]
+    assert len(written["1.arrowstate.delta"]) < 600 < len(written[columns_files[0]])
     assert _rows(_load(written, 4)) == expected
-    # a state loaded from the files knows the schema file is there
+    # a state loaded from the files knows the columns file is there
     loaded = _load(written, 4)
     _put(loaded, 5)
-    assert loaded.commit_files(5, 100).schema_file is None
+    assert loaded.commit_files(5, 100).columns_file is None
 
 
-def test_a_compact_deltas_schema_file_missing_or_damaged_is_an_error_naming_it():
+def test_a_compact_deltas_columns_file_missing_or_damaged_is_an_error_naming_it():
     written, expected = _history(versions=3, every=100)
-    (schema_file,) = [n for n in written if files.is_schema_file(n)]
+    (columns_file,) = [n for n in written if file_names.is_columns_file(n)]
     assert _rows(_load(written, 3)) == expected[3]
-    gone = {n: b for n, b in written.items() if n != schema_file}
-    with pytest.raises(CorruptStateFile, match=f"1.arrowstate.delta .*the schema file it "
-                                               f"names, {schema_file}, is missing"):
+    gone = {n: b for n, b in written.items() if n != columns_file}
+    with pytest.raises(CorruptStateFile, match=f"1.arrowstate.delta .*the columns file it "
+                                               f"names, {columns_file}, is missing"):
         _load(gone, 3)
     other = VersionedState([pa.field("k", pa.int64())], [])
     other.put_rows([1], pa.RecordBatch.from_arrays([pa.array([1])], ["k"]))
     (other_name, other_bytes), = [
         (n, b) for n, b in other.commit_files(1, 100).written().items()
-        if files.is_schema_file(n)]
-    renamed = dict(gone, **{schema_file: other_bytes})   # another schema under its name
-    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{schema_file} .*not the one its "
+        if file_names.is_columns_file(n)]
+    renamed = dict(gone, **{columns_file: other_bytes})   # another schema under its name
+    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{columns_file} .*not the one its "
                                                "name says"):
         _load(renamed, 3)
-    flipped = bytearray(written[schema_file])
+    flipped = bytearray(written[columns_file])
     flipped[10] ^= 1
-    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{schema_file} .*checksum"):
-        _load(dict(written, **{schema_file: bytes(flipped)}), 3)
+    with pytest.raises(CorruptStateFile, match=f"{WHERE}/{columns_file} .*checksum"):
+        _load(dict(written, **{columns_file: bytes(flipped)}), 3)
 
 
 def test_compact_deltas_keep_change_records_and_figures():
@@ -386,21 +389,21 @@ def test_compact_deltas_keep_change_records_and_figures():
     figures = {"numTotalStateRows": 6, "numUpdatedStateRows": 300, "numRemovedStateRows": 0}
     written = state.commit_files(1, 100, figures).written()
     delta = written["1.arrowstate.delta"]
-    assert files.TRAILER.unpack(delta[-60:])[1:4] == (files.FORMAT_COMPACT, 0,
-                                                      files.FLAG_CHANGES)
-    assert files.recorded_figures("1.arrowstate.delta", delta) == figures
-    batches, _ = files.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, delta, schema,
-                              read_schema=written.get)
+    assert container.TRAILER.unpack(delta[-60:])[1:4] == (container.FORMAT_COMPACT, 0,
+                                                          compact.FLAG_CHANGES)
+    assert decoding.recorded_figures("1.arrowstate.delta", delta) == figures
+    batches, _ = decoding.decode(f"{WHERE}/1.arrowstate.delta", CONTEXT, delta, schema,
+                                 read_columns=written.get)
     ops = pa.concat_arrays([b.column(b.num_columns - 1) for b in batches]).to_pylist()
     assert ops == [files.OP_PUT] * 6 + [files.CHANGE_UPDATE] * 6
 
 
-def test_schemas_that_differ_only_in_column_names_have_their_own_schema_files():
+def test_schemas_that_differ_only_in_column_names_have_their_own_columns_files():
     """pyarrow's schema equality ignores field metadata, where a family names its columns:
-    each schema still gets its own schema file."""
+    each schema still gets its own columns file."""
     a = pa.schema([pa.field("k0", pa.int64()), pa.field("v0", pa.int64(),
                                                         metadata={files.COLUMN_NAME: b"a"})])
     b = pa.schema([pa.field("k0", pa.int64()), pa.field("v0", pa.int64(),
                                                         metadata={files.COLUMN_NAME: b"b"})])
-    assert a == b and files.schema_file(a)[0] != files.schema_file(b)[0]
-    assert files.schema_file(a)[0] == files.schema_file(pa.schema(list(a)))[0]
+    assert a == b and compact.columns_file(a)[0] != compact.columns_file(b)[0]
+    assert compact.columns_file(a)[0] == compact.columns_file(pa.schema(list(a)))[0]

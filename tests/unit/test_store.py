@@ -7,9 +7,12 @@ import pyarrow as pa
 import pytest
 
 from arrowstate import keys
-from arrowstate.store import CorruptStateFile, MissingStateFiles, TimeIndex, VersionedState
-from arrowstate.store.lifecycle import load_plans
-from arrowstate.store.rows import KeyedRows
+from arrowstate.store.formats.container import CorruptStateFile
+from arrowstate.store.lifecycle.chains import MissingStateFiles
+from arrowstate.store.versions.time_index import TimeIndex
+from arrowstate.store.versions.versioned import VersionedState
+from arrowstate.store.lifecycle.chains import load_plans
+from arrowstate.store.rows.keyed import KeyedRows
 from dict_files import DictFiles
 
 KEY_FIELDS = [pa.field("k0", pa.string()), pa.field("k1", pa.timestamp("us", tz="UTC"))]
@@ -150,7 +153,7 @@ def test_corrupt_or_foreign_file_is_refused_with_its_name():
 
 
 def test_named_columns_load_into_a_layout_with_more_columns_and_refuse_other_changes():
-    from arrowstate.store.files import StateColumnsChanged
+    from arrowstate.store.formats.decoding import StateColumnsChanged
 
     def named(*fields):
         return VersionedState([pa.field("k", pa.int64())], list(fields), named_columns=True)

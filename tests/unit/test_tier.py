@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 
 from arrowstate import keys
-from arrowstate.store import VersionedState, bloom, pacing, runs, tier
-from arrowstate.store.budget import TierPlace
-from arrowstate.store.rows import KeyedRows
-from arrowstate.store.runs import LocalStateWriteFailed
-from arrowstate.store.tier import TieredRows
+from arrowstate.store.rows.keyed import KeyedRows
+from arrowstate.store.tier import bloom, merging, runs, schedule
+from arrowstate.store.tier.runs import LocalStateWriteFailed
+from arrowstate.store.tier.tiered import TieredRows, TierPlace
+from arrowstate.store.versions.versioned import VersionedState
 from small_disk import small_disk
 
 
@@ -89,7 +89,7 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, paced)
     """Random puts and removals, with runs merged in memory and on disk (and, with
     `paced`, the larger merges a step at a time in a thread while the tier goes on):
     every lookup, row, removal and count as KeyedRows gives them."""
-    monkeypatch.setattr(tier, "PACED_ROWS", 600 if paced else 1 << 30)
+    monkeypatch.setattr(schedule, "PACED_ROWS", 600 if paced else 1 << 30)
     schema = _schema(kind)
     dtype = keys.key_dtype(list(schema)[:-1])
     assert dtype is not None and (dtype == np.int64) == (kind == "long not null")
@@ -120,7 +120,7 @@ def test_tier_answers_as_the_in_memory_store(tmp_path, monkeypatch, kind, paced)
         assert_answers_alike(ours, theirs, probes, step)
     assert any(run.on_disk for run in ours.runs)
     assert ours.disk_bytes() > 0
-    assert (ours.paced_merges > 0) == paced
+    assert (ours.merges.started > 0) == paced
     rows = sorted(map(str, pa.Table.from_batches(list(ours.all_rows(100)), schema).to_pylist()))
     assert rows == sorted(map(str, pa.Table.from_batches(list(theirs.all_rows(100)),
                                                          schema).to_pylist()))
@@ -255,8 +255,8 @@ def test_paced_merges_spread_their_writes_over_the_commits(tmp_path, monkeypatch
     """The largest merges write their result a step per commit, each step about PACE
     times the rows added since the one before, so no commit writes a whole large merge;
     every merge still ends, the runs stay few, and the answers are a dict's."""
-    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
-    monkeypatch.setattr(pacing, "MERGE_ROWS", 64)
+    monkeypatch.setattr(schedule, "PACED_ROWS", 2000)
+    monkeypatch.setattr(merging, "MERGE_ROWS", 64)
     schema = _schema("long not null")
     rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=4096)
     rng = np.random.default_rng(5)
@@ -266,41 +266,41 @@ def test_paced_merges_spread_their_writes_over_the_commits(tmp_path, monkeypatch
         k = rng.integers(0, 1 << 40, per_commit)
         rows.insert(k, _long_rows(schema, k))
         live.update(zip(k.tolist(), (k * 2).tolist()))
-        before = {id(m): m.written for m in rows._merges}
+        before = {id(m): m.written for m in rows.merges.paced}
         rows.compact_if_sparse()
-        if rows._stepper is not None:
-            rows._stepper.join()
-        for merge in rows._merges:
+        if rows.merges.stepper is not None:
+            rows.merges.stepper.join()
+        for merge in rows.merges.paced:
             wrote = merge.written - before.get(id(merge), 0)
-            bound = max(tier.PACE * per_commit, merge.total / tier.PACE_STEPS)
+            bound = max(schedule.PACE * per_commit, merge.total / schedule.PACE_STEPS)
             # a step ends at the first piece of the merge past its quota
-            assert wrote <= bound + tier.FANOUT * pacing.MERGE_ROWS, (commit, merge.total)
+            assert wrote <= bound + schedule.FANOUT * merging.MERGE_ROWS, (commit, merge.total)
             step_writes.append(wrote)
             largest = max(largest, merge.total)
         most_runs = max(most_runs, len(rows.runs))
     assert largest >= 16 * per_commit, "merges large enough to be spread"
     assert max(step_writes) < largest / 4
-    assert most_runs <= 4 * tier.FANOUT
-    assert rows.paced_merges > 0
+    assert most_runs <= 4 * schedule.FANOUT
+    assert rows.merges.started > 0
     probes = np.array(list(live)[::7] + [-1, -2], dtype=np.int64)
     ids = rows.lookup(probes)
     assert (ids[:-2] >= 0).all() and (ids[-2:] < 0).all()
     assert rows.take(ids[:-2]).column("v1").to_pylist() == [live[p] for p in probes[:-2]]
-    rows.settle()
-    assert not rows._merges and len(rows) == len(live)
+    rows.merges.settle()
+    assert not rows.merges.paced and len(rows) == len(live)
     rows.close()
 
 
 def test_a_tier_loaded_whole_merges_unpaced(tmp_path, monkeypatch):
     """Rows added without commits between (a load) merge whole as they come, so a loaded
     tier holds few runs and is not left with a backlog of merges."""
-    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
+    monkeypatch.setattr(schedule, "PACED_ROWS", 2000)
     schema = _schema("long not null")
     rows = TieredRows(schema, np.dtype(np.int64), str(tmp_path / "t"), memory_cap=4096)
-    with rows.unpaced():
+    with rows.merges.unpaced():
         for lo in range(0, 60_000, 500):
             rows.insert(np.arange(lo, lo + 500), _long_rows(schema, np.arange(lo, lo + 500)))
-    assert len(rows.runs) <= 3 * tier.FANOUT and len(rows._merges) <= 1
+    assert len(rows.runs) <= 3 * schedule.FANOUT and len(rows.merges.paced) <= 1
     assert len(rows) == 60_000
     assert rows.take(rows.lookup(np.array([0, 59_999]))).column("v1").to_pylist() == [
         0, 119_998]
@@ -310,7 +310,7 @@ def test_a_tier_loaded_whole_merges_unpaced(tmp_path, monkeypatch):
 def test_a_paced_merge_on_a_full_disk_fails_at_the_next_change(tmp_path, monkeypatch):
     """A step that cannot write (a full local disk) fails the next change of the tier with
     the error naming the directory, and leaves no file of its own behind."""
-    monkeypatch.setattr(tier, "PACED_ROWS", 2000)
+    monkeypatch.setattr(schedule, "PACED_ROWS", 2000)
     with small_disk(tmp_path / "small", "256k") as mount:
         schema = _schema("long not null")
         rows = TieredRows(schema, np.dtype(np.int64), str(mount / "t"), memory_cap=1 << 20)
@@ -320,7 +320,7 @@ def test_a_paced_merge_on_a_full_disk_fails_at_the_next_change(tmp_path, monkeyp
                             _long_rows(schema, np.arange(lo, lo + 1000)))
                 rows.compact_if_sparse()
         assert failure.value.parameters["path"].startswith(str(mount))
-        assert rows.paced_merges > 0 and not rows._merges
+        assert rows.merges.started > 0 and not rows.merges.paced
         rows.close()
         assert not os.path.exists(mount / "t")
 
@@ -443,7 +443,7 @@ def test_searching_and_merging_sorted_keys_agree_with_a_dict(dtype):
                                                       "i": np.arange(len(piece))})))
         newest.update({k: (a, age, i) for i, (k, a) in enumerate(zip(piece.tolist(),
                                                                       alive.tolist()))})
-    merged_keys, alive, rows = runs.merge_sorted(pieces)
+    merged_keys, alive, rows = merging.merge_sorted(pieces)
     assert merged_keys.tolist() == sorted(newest)
     assert list(zip(alive.tolist(), rows.column("age").to_pylist(),
                     rows.column("i").to_pylist())) == [newest[k] for k in sorted(newest)]

@@ -19,7 +19,7 @@ import pyarrow as pa
 from .. import keys as keycodec
 from .. import protocol
 from ..spark_state.aggregate import LAYOUT
-from ..store import VersionedState
+from ..store.versions.versioned import VersionedState
 from .base import WATERMARK_METRICS, FamilyBase
 
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..spark_state.layout import SparkLayout
-from ..store import VersionedState, evolution
+from ..store.formats import evolution
+from ..store.versions.versioned import VersionedState
 
 
 class StateFamily(Protocol):
@@ -132,10 +133,10 @@ class FamilyBase:
     # costs less there than a dict's Python work per key
     runs_without_budget: ClassVar[bool] = False
     # whether its state without a budget moves fixed-width keys from the dict to a hash
-    # table in compiled code (store.hashed) once large: for a tiered family whose batches
+    # table in compiled code (store.rows.hashed) once large: for a tiered family whose batches
     # look up, store and remove many keys and that does no Python work per key. With
     # runs_without_budget and a prefix, the state starts in such a table that also finds
-    # a prefix's rows (store.prefixed) rather than in runs, where pandas has the table
+    # a prefix's rows (store.rows.prefixed) rather than in runs, where pandas has the table
     hashed_keys: ClassVar[bool] = False
     # the key fields, first of the key, whose rows the family finds together on the tier
     # (VersionedState's prefix_count)

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ..spark_state.flatmap import LAYOUT
 from ..spark_state.layout import arrow_fields
-from ..store import VersionedState
+from ..store.versions.versioned import VersionedState
 from .base import (STORE_METRICS, FamilyBase, UnsortedInput, gather_rows, live_clock_ms,
                    sorted_by_key)
 from .group_state_values import StateValueWriter, python_values

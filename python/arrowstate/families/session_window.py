@@ -24,7 +24,7 @@ whole row (keys, session window, buffer), so Spark's state readers see Spark's l
 
 The sessions of each key are found together by a prefix scan on the grouping keys, as
 Spark's RocksDB store finds them: in the tier's sorted runs (a worker with a memory budget)
-or, without one, in the compiled hash table with a prefix index (store.prefixed); with keys
+or, without one, in the compiled hash table with a prefix index (store.rows.prefixed); with keys
 of no fixed width, in memory by an index (`state.objects["sessions"]`: key -> the state
 keys of its sessions by start, gathered and replaced a batch at a time in C-level maps
 rather than a Python loop per row). In append mode a time index holds each session at or
@@ -42,10 +42,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import keys as keycodec
+from ..keys import prefixes
 from ..spark_state.session_window import LAYOUT
-from ..store import VersionedState
-from ..store.bloom import prefixes
-from ..store.rows import KeyedRows
+from ..store.rows.keyed import KeyedRows
+from ..store.versions.versioned import VersionedState
 from .base import WATERMARK_METRICS, FamilyBase
 
 _NONE = object()   # no key looked up yet in this task
@@ -63,7 +63,7 @@ class SessionWindow(FamilyBase):
     layout = LAYOUT
     # every batch saves its keys' sessions again and evicts many: sorted runs (Arrow's hash
     # table for membership) cost about 40% less Python time than the dict per session, and
-    # the compiled hash table with a prefix index (store.prefixed) about a third less than runs
+    # the compiled hash table with a prefix index (store.rows.prefixed) about a third less than runs
     runs_without_budget = True
     hashed_keys = True
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .checkpoint_files import (ARROWSTATE, HDFS, ROCKSDB, CheckpointError, PartitionFiles,
                                last_committed_batch, offset_conf, partition_engine,
-                               read_schema_file)
+                               read_state_schema_file)
 from .conversion import conversion_session, export_to_spark, import_from_spark
 from .filesystems import is_remote
 from .history import format_history, history, plot_history, require_plotting
@@ -28,7 +28,7 @@ from .repartitioning import repartition
 __all__ = ["ARROWSTATE", "HDFS", "ROCKSDB", "FAMILIES", "CheckpointError", "PartitionFiles",
            "Operator", "describe", "export_to_spark", "format_history", "format_text", "history",
            "import_from_spark", "plot_history", "require_plotting",
-           "last_committed_batch", "offset_conf", "partition_engine", "read_schema_file",
+           "last_committed_batch", "offset_conf", "partition_engine", "read_state_schema_file",
            "repartition", "state_command"]
 
 

@@ -15,14 +15,14 @@ import json
 import os
 import struct
 
-from ..store import files as store_files
+from ..store.formats import names as file_names
 from .filesystems import CheckpointError, files_for
 
 ARROWSTATE, HDFS, ROCKSDB = "arrowstate", "spark-hdfs", "spark-rocksdb"
 # where `state export` and `import` move the old engine's files: `<prefix><version>/state/`
 EXPORTED, IMPORTED = "arrowstate-exported-", "spark-state-imported-"
 MOVED_ASIDE = (EXPORTED, IMPORTED)
-_ENGINE = dict(zip(store_files.SPARK_STORES, (HDFS, ROCKSDB)))
+_ENGINE = dict(zip(file_names.SPARK_STORES, (HDFS, ROCKSDB)))
 
 
 class PartitionFiles:
@@ -47,7 +47,7 @@ def _read_utf(b: bytes, i: int) -> tuple[str, int]:
     return b[i + 2:i + 2 + n].decode(), i + 2 + n
 
 
-def read_schema_file(path: str) -> tuple[dict, dict]:
+def read_state_schema_file(path: str) -> tuple[dict, dict]:
     """Key and value schemas (Spark's JSON) of a state schema file, format v1 or v2."""
     b = files_for(path).read_bytes(path)
     version, i = _read_utf(b, 0)
@@ -141,9 +141,9 @@ def operator_metadata(op_dir: str) -> dict | None:
 
 def partition_engine(names: list[str]) -> tuple[str | None, int]:
     """Whose files a partition directory holds, and the newest version among them."""
-    ours = [p for p in map(store_files.parse_name, names) if p is not None]
+    ours = [p for p in map(file_names.parse_name, names) if p is not None]
     native = {_ENGINE[store]: versions
-              for store, versions in store_files.spark_store_files(names).items()}
+              for store, versions in file_names.spark_store_files(names).items()}
     engines = [e for e, found in ((ARROWSTATE, ours), *native.items()) if found]
     if "SSTs" in names and ROCKSDB not in engines:
         engines.append(ROCKSDB)

@@ -9,11 +9,12 @@ import contextlib
 import os
 
 from ..session import EXTENSION_CLASS, configure
-from ..store import files as store_files
+from ..store.formats import files as store_files
+from ..store.formats import names as file_names
 from . import filesystems
 from .checkpoint_files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, PartitionFiles,
-                               offset_conf, offsets_with_conf, planned_batch, read_schema_file,
-                               write_log_entry)
+                               offset_conf, offsets_with_conf, planned_batch,
+                               read_state_schema_file, write_log_entry)
 from .filesystems import files_for
 from .inventory import describe
 from .layout import HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER, OperatorJob, SparkLayout
@@ -24,11 +25,11 @@ from .transform_with_state import TIMER_VARIABLE, operator_properties
 
 def operator_layout(checkpoint: str, o: dict) -> SparkLayout:
     """The layout of the operator's family; for an operator Spark's metadata does not name
-    (older checkpoints have none), the one its schema file's value is."""
+    (older checkpoints have none), the one its state schema file's value is."""
     if o["family"] is not None:
         return LAYOUTS[o["family"]]
-    _, value = read_schema_file(os.path.join(checkpoint, "state", str(o["operator_id"]), "0",
-                                             "_metadata", "schema"))
+    _, value = read_state_schema_file(os.path.join(
+        checkpoint, "state", str(o["operator_id"]), "0", "_metadata", "schema"))
     return layout_of_schema(value)
 
 
@@ -81,7 +82,7 @@ def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
     for p in range(o["partitions"]):
         where = os.path.join(op_dir, str(p))
         source = PartitionFiles(where, f"operator {o['operator_id']}, partition {p}")
-        if files_for(where).isdir(where) and any(store_files.parse_name(n) for n in source.names()):
+        if files_for(where).isdir(where) and any(file_names.parse_name(n) for n in source.names()):
             held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
                         for f in stored_schema(source, last + 1))
     return sorted(held - declared - {"", TIMER_VARIABLE})
@@ -319,7 +320,7 @@ def export_to_spark(checkpoint: str, operator: int | None = None,
 
     return _convert(checkpoint, "exported", choose, check,
                     lambda layout, job: layout.export_operator(job), EXPORTED,
-                    store_files.is_ours, planning=planning,
+                    file_names.is_ours, planning=planning,
                     spark_conf=spark_conf)
 
 
@@ -344,5 +345,5 @@ def import_from_spark(checkpoint: str, time_zone: str | None = None,
     return _convert(checkpoint, "imported", choose, lambda conf, last, chosen, ops: {},
                     lambda layout, job: layout.import_operator(job), IMPORTED,
                     # RocksDB's SST files too: left behind, they read as Spark's state
-                    lambda name: name == "SSTs" or bool(store_files.spark_store_files([name])),
+                    lambda name: name == "SSTs" or bool(file_names.spark_store_files([name])),
                     time_zone, spark_conf=spark_conf)

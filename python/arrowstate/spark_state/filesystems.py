@@ -49,7 +49,7 @@ class CheckpointFiles(Protocol):
 
     def read_mapped(self, path: str) -> bytes | memoryview:
         """A state file's bytes, memory-mapped (a file of any size, never whole in the
-        heap; store.files decodes either)."""
+        heap; store.formats.decoding decodes either)."""
 
     def tail(self, path: str, size: int) -> bytes:
         """The file's last `size` bytes (all of a shorter one)."""

@@ -33,16 +33,15 @@ import json
 import os
 import re
 
-from ..store import files as store_files
-from ..store import manifest
+from ..store.formats import container, decoding, manifest, names as file_names
 from .checkpoint_files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
                                last_committed_batch, log_ids, operator_metadata,
                                planned_batch)
 from .filesystems import files_for
 from .inventory import FAMILIES, require_checkpoint
 
-# Spark's progress names of the figures a delta records (store_files.STATE_FIGURES)
-PROGRESS_NAMES = dict(zip(store_files.STATE_FIGURES,
+# Spark's progress names of the figures a delta records (container.STATE_FIGURES)
+PROGRESS_NAMES = dict(zip(container.STATE_FIGURES,
                           ("numRowsTotal", "numRowsUpdated", "numRowsRemoved")))
 _HDFS_NAME = re.compile(r"^(\d+)\.(delta|snapshot)$")
 _ROCKSDB_NAME = re.compile(r"^(\d+)(?:_[0-9a-f-]+)?\.(zip|changelog)$")
@@ -68,15 +67,15 @@ class _Partition:
         self.ours: dict[int, dict[str, tuple[str, int]]] = {}
         self.hdfs: dict[int, dict[str, tuple[str, int]]] = {}
         self.rocksdb: set[int] = set()
-        self.schema_bytes = 0   # the schema files small deltas name (store.files)
-        self.run_bytes: dict[str, int] = {}   # the run files snapshots name (store.manifest)
+        self.columns_bytes = 0   # the columns files small deltas name (formats.compact)
+        self.run_bytes: dict[str, int] = {}   # the run files snapshots name (formats.manifest)
         self._snapshot_bytes: dict[int, int] = {}
         for name, size in files_for(where).file_sizes(where).items():
-            if store_files.is_schema_file(name):
-                self.schema_bytes += size
-            if store_files.is_run_file(name):
+            if file_names.is_columns_file(name):
+                self.columns_bytes += size
+            if file_names.is_run_file(name):
                 self.run_bytes[name] = size
-            parsed = store_files.parse_name(name)
+            parsed = file_names.parse_name(name)
             hdfs = _HDFS_NAME.match(name)
             rocks = _ROCKSDB_NAME.match(name)
             if parsed is not None:
@@ -96,22 +95,22 @@ class _Partition:
     def figures(self, version: int) -> dict | None:
         """The figures arrowstate's delta of `version` records (None: no delta, or one
         that records none)."""
-        found = self.ours.get(version, {}).get(store_files.DELTA)
+        found = self.ours.get(version, {}).get(file_names.DELTA)
         if found is None:
             return None
         path = os.path.join(self.where, found[0])
-        return store_files.recorded_figures(path, files_for(path).read_mapped(path))
+        return decoding.recorded_figures(path, files_for(path).read_mapped(path))
 
     def _arrowstate_snapshot_bytes(self, version: int) -> int:
         """A snapshot's bytes: with the run files it names, for a manifest."""
         if version not in self._snapshot_bytes:
-            name, size = self.ours[version][store_files.SNAPSHOT]
+            name, size = self.ours[version][file_names.SNAPSHOT]
             if self.run_bytes:
                 path = os.path.join(self.where, name)
                 try:
                     made = manifest.read(path, "state history",
                                          files_for(path).read_mapped(path))
-                except store_files.CorruptStateFile:
+                except container.CorruptStateFile:
                     made = None   # a damaged snapshot: its own bytes
                 if made is not None:
                     size += sum(self.run_bytes.get(n, 0) for n in made.names())
@@ -120,7 +119,7 @@ class _Partition:
 
     def chain_bytes(self, version: int, engine: str) -> int | None:
         """Bytes of the files that load `version`: the newest snapshot at or below it and
-        the deltas after it, with the partition's schema files when a delta is among them;
+        the deltas after it, with the partition's columns files when a delta is among them;
         0 for a partition with no file at or below it; None when a file of the chain is
         gone."""
         files = {ARROWSTATE: self.ours, HDFS: self.hdfs}.get(engine)
@@ -129,16 +128,16 @@ class _Partition:
         if not any(v <= version for v in files):
             return 0
         total = 0
-        schemas = self.schema_bytes if engine == ARROWSTATE else 0
+        schemas = self.columns_bytes if engine == ARROWSTATE else 0
         for v in range(version, 0, -1):
             kinds = files.get(v, {})
-            if store_files.SNAPSHOT in kinds:
+            if file_names.SNAPSHOT in kinds:
                 snapshot = (self._arrowstate_snapshot_bytes(v) if engine == ARROWSTATE
-                            else kinds[store_files.SNAPSHOT][1])
+                            else kinds[file_names.SNAPSHOT][1])
                 return total + snapshot + (schemas if total else 0)
-            if store_files.DELTA not in kinds:
+            if file_names.DELTA not in kinds:
                 return None
-            total += kinds[store_files.DELTA][1]
+            total += kinds[file_names.DELTA][1]
         return total + schemas
 
 

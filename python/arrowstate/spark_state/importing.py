@@ -10,7 +10,8 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from ..store import files as store_files
+from ..store.formats import encoding, names as file_names
+from ..store.formats import files as store_files
 from .layouts import layout_of_schema
 
 
@@ -29,7 +30,7 @@ def snapshot(version: int, value_schema_json: str, batches: Iterable[pa.RecordBa
         empty = pa.RecordBatch.from_pylist([], schema=empty_schema)
         rows = [our_rows(empty, value_schema)]
     schema = rows[0].schema
-    data, _ = store_files.encode(schema, store_files.SNAPSHOT, version,
-                                 (store_files.with_op(r, store_files.OP_PUT) for r in rows))
+    data, _ = encoding.encode(schema, file_names.SNAPSHOT, version,
+                              (store_files.with_op(r, store_files.OP_PUT) for r in rows))
     return data
 

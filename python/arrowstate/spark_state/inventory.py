@@ -11,10 +11,10 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .. import contract
-from ..store import files as store_files
+from ..store.formats import names as file_names
 from .checkpoint_files import (ARROWSTATE, CheckpointError, PartitionFiles,
                                last_committed_batch, offset_conf, operator_metadata,
-                               partition_engine, read_schema_file)
+                               partition_engine, read_state_schema_file)
 from .filesystems import files_for
 from .layouts import LAYOUTS
 from .readers import stored_state
@@ -107,9 +107,9 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
         newest = max(newest, version)
     engine = "+".join(sorted(engines)) or "none"
     key_schema = value_schema = None
-    schema_file = os.path.join(op_dir, "0", "_metadata", "schema")
-    if files.exists(schema_file):
-        key, value = read_schema_file(schema_file)
+    schema_path = os.path.join(op_dir, "0", "_metadata", "schema")
+    if files.exists(schema_path):
+        key, value = read_state_schema_file(schema_path)
         key_schema, value_schema = _simple(key), _simple(value)
     elif info is not None and "operatorPropertiesJson" in info:   # column families
         variables = [v for v in json.loads(info["operatorPropertiesJson"]).get(
@@ -136,7 +136,7 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
 
 def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
     source = PartitionFiles(where, f"operator {op}, partition {partition}, version {version}")
-    if not any(store_files.parse_name(n) for n in source.names()):
+    if not any(file_names.parse_name(n) for n in source.names()):
         return 0
     state = stored_state(source, version)
     state.load(source, version)

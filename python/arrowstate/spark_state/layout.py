@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from .checkpoint_files import read_schema_file
+from .checkpoint_files import read_state_schema_file
 
 
 @dataclass
@@ -121,8 +121,8 @@ class KeyValueLayout(SparkLayout):
 
     @staticmethod
     def schemas(job: OperatorJob) -> tuple[str, str]:
-        """The operator's key and value schemas (Spark's JSON) from its schema file."""
-        return tuple(map(json.dumps, read_schema_file(os.path.join(
+        """The operator's key and value schemas (Spark's JSON) from its state schema file."""
+        return tuple(map(json.dumps, read_state_schema_file(os.path.join(
             job.state_root, str(job.operator_id), "0", "_metadata", "schema"))))
 
     def export_operator(self, job: OperatorJob) -> list[int]:

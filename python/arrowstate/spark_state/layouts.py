@@ -47,8 +47,8 @@ def missing(registry: dict, layouts: dict[str, SparkLayout], declared: dict) -> 
 def layout_of_schema(value_schema: dict, column_family: str | None = None) -> SparkLayout:
     """The one place a layout is chosen without the family's name: a READ_STATE or
     IMPORT_STATE request of the shim carries Spark's schemas only (Spark's state readers
-    open the store provider with the schemas, and the conversions pass what the schema file
-    records). A column family is transformWithState's; Spark's value of plain
+    open the store provider with the schemas, and the conversions pass what the state schema
+    file records). A column family is transformWithState's; Spark's value of plain
     deduplication is one `__dummy__` field; applyInPandasWithState's, a `groupState`
     struct. Any other value is the stored value columns field for field, as aggregation's,
     session windows' and deduplication within the watermark's alike: the aggregation

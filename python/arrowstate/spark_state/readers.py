@@ -13,9 +13,11 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import VersionedState, evolution, manifest
-from ..store import files as store_files
-from ..store.lifecycle import FileSource, load_plans, schema_reader
+from ..store.formats import container, decoding, evolution, manifest, names as file_names
+from ..store.formats import files as store_files
+from ..store.lifecycle.chains import load_plans
+from ..store.lifecycle.sources import FileSource, columns_reader
+from ..store.versions.versioned import VersionedState
 from .layouts import layout_of_schema
 from .transform_with_state import (FEED_DELETE, FEED_MERGE, FEED_PUT,  # noqa: F401
                                    TIMER_FAMILIES, TIMER_VARIABLE, change_records)
@@ -41,14 +43,14 @@ def stored_schema(source: FileSource, version: int, names: list[str] | None = No
     newest = plans[0][0][-1]
     payload = source.read(newest)
     made = (manifest.read(f"{source.where}/{newest}", source.context, payload)
-            if newest.endswith(store_files.SUFFIX[store_files.SNAPSHOT]) else None)
+            if newest.endswith(file_names.SUFFIX[file_names.SNAPSHOT]) else None)
     if made is not None:   # a snapshot naming run files: their columns (empty: none)
         pieces = [p for run in made.runs for p in run]
         if not pieces:
             return None
         newest, payload = pieces[-1].name, source.read(pieces[-1].name)
-    return store_files.stored_columns(f"{source.where}/{newest}", source.context,
-                                      payload, schema_reader(source, names))
+    return decoding.stored_columns(f"{source.where}/{newest}", source.context,
+                                   payload, columns_reader(source, names))
 
 
 def stored_state(source: FileSource, version: int, fields_by_name: bool = False
@@ -65,11 +67,11 @@ def stored_state(source: FileSource, version: int, fields_by_name: bool = False
     if any(names):
         key_count = names.index(next(n for n in names if n))
         values = [pa.field(n.decode(), f.type) for n, f in zip(names[key_count:],
-                                                                fields[key_count:])]
+                                                               fields[key_count:])]
         return VersionedState(
             fields[:key_count], values, named_columns=True,
             evolve=lambda _name, column, to: evolution.variable_evolved(column, to,
-                                                                       fields_by_name))
+                                                                        fields_by_name))
     key_count = sum(1 for f in fields if f.name.startswith("k"))
     return VersionedState(fields[:key_count], fields[key_count:])
 
@@ -97,13 +99,13 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
     schema = stored_schema(source, end, names)
     if schema is None:
         return
-    read_schema = schema_reader(source, names)
+    read_columns = columns_reader(source, names)
     for version in range(start, end + 1):
-        name = store_files.file_name(store_files.DELTA, version)
+        name = file_names.file_name(file_names.DELTA, version)
         if name not in names:
             raise _missing_delta(source, name, start)
-        batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
-                                        source.read(name), schema, read_schema=read_schema)
+        batches, _ = decoding.decode(f"{source.where}/{name}", source.context,
+                                     source.read(name), schema, read_columns=read_columns)
         for batch in batches:
             for op, run in store_files.op_runs(batch):
                 if op not in (store_files.OP_PUT, store_files.OP_REMOVE):
@@ -121,7 +123,7 @@ def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
 
 
 def _missing_delta(source: FileSource, name: str, start: int) -> Exception:
-    return store_files.CorruptStateFile(
+    return container.CorruptStateFile(
         f"{source.where}/{name}", source.context,
         f"the change feed from version {start} needs it, and it does not exist (retention "
         f"removed it, or the state never reached that version)",
@@ -177,7 +179,7 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
                                value_schema_json: str, fields_by_name: bool = False
                                ) -> Iterator[pa.RecordBatch]:
     """Spark's change feed of a transformWithState variable over versions start..end: a
-    record per state operation, from the change records of each delta (store.files); a key
+    record per state operation, from the change records of each delta (store.formats.files); a key
     whose put or remove row has none changed by that one write (a value or list put, a
     remove a delete; deltas before change records: a map's put row its entries' updates).
     Columns `key`, `value` (null for a delete) in the family's schemas, `op` (FEED_*) and
@@ -192,15 +194,15 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
         return
     key_count, column, variable = _variable_column(source, state, column_family)
     names = source.names()
-    read_schema = schema_reader(source, names)
+    read_columns = columns_reader(source, names)
     value_names = [f["name"] for f in value_schema["fields"]]
     for version in range(start, end + 1):
-        name = store_files.file_name(store_files.DELTA, version)
+        name = file_names.file_name(file_names.DELTA, version)
         if name not in names:
             raise _missing_delta(source, name, start)
-        batches, _ = store_files.decode(f"{source.where}/{name}", source.context,
-                                        source.read(name), state.schema,
-                                        state.dropped_columns, state.evolve, read_schema)
+        batches, _ = decoding.decode(f"{source.where}/{name}", source.context,
+                                     source.read(name), state.schema,
+                                     state.dropped_columns, state.evolve, read_columns)
         # a key's change records and its rows are in batches of their own
         mine = [b.filter(pc.equal(b.column(key_count - 1), variable)) for b in batches]
         mine = [b for b in mine if b.num_rows]

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import keys as keycodec
-from ..store import VersionedState
-from ..store import files as store_files
+from ..store.versions.versioned import VersionedState
+from ..store.formats import encoding, names as file_names
+from ..store.formats import files as store_files
 from .checkpoint_files import read_column_family_schemas
 from .filesystems import files_for
 from .layout import OperatorJob, SparkLayout, arrow_fields
@@ -170,7 +171,7 @@ def describe_variables(op_dir: str, info: dict) -> tuple[list[dict], dict | None
     operator metadata (`info`) and the state schema (v3) file it names: each state variable
     (name, kind, schema of its values, a map's key schema, whether it has a TTL) and the
     timers (the time mode and what a timer is; None in NoTime mode). Schemas are None when
-    the schema file is not there (simpleString otherwise)."""
+    the state schema file is not there (simpleString otherwise)."""
     from pyspark.sql.types import StructType
 
     def simple(schema: dict | None) -> str | None:
@@ -344,10 +345,10 @@ def convert_operator(spark, checkpoint: str, operator: int, batch: int, version:
         counts.append(sum(b.num_rows for b in batches))
         if not batches:
             batches.append(pa.RecordBatch.from_pylist([], schema=schema))
-        data, _ = store_files.encode(schema, store_files.SNAPSHOT, version, (
+        data, _ = encoding.encode(schema, file_names.SNAPSHOT, version, (
             store_files.with_op(b, store_files.OP_PUT) for b in batches))
         path = os.path.join(op_dir, str(partition),
-                            store_files.file_name(store_files.SNAPSHOT, version))
+                            file_names.file_name(file_names.SNAPSHOT, version))
         files_for(path).write_atomic(path, data)
     return counts
 

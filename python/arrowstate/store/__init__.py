@@ -1,10 +1,13 @@
-"""State held by the Python worker: rows (`rows`), their versions (`versioned`), the file
-format (`files`), the files' lifecycle (`lifecycle`), the time index (`time_index`), and the
-states a worker holds between tasks under its memory budget (`held`, `budget`)."""
-from .files import CorruptStateFile
-from .lifecycle import FileSource, MissingStateFiles
-from .time_index import TimeIndex
-from .versioned import VersionedState
+"""State held by the Python worker, read by its folders:
 
-__all__ = ["CorruptStateFile", "FileSource", "MissingStateFiles", "TimeIndex",
-           "VersionedState"]
+- `formats/`: the state files' formats (names, layout, writing, reading, compact deltas and
+  their columns files, manifests, schema evolution);
+- `rows/`: a partition's rows in memory (a dict, a hash table, a hash table by prefix);
+- `tier/`: rows in sorted runs that may live on local disk, their merges and filters;
+- `versions/`: one partition's versioned state (its rows, changes, commits) and time index;
+- `lifecycle/`: which files load a version, loading it, snapshots and retention;
+- `lineage`: checkpoint format v2's lineage (a delta's checkpoint id, the check on a load);
+- `held/`: the states a worker holds between tasks, under its memory budget.
+
+Each folder's `__init__` names its modules; modules are imported by their own paths.
+"""

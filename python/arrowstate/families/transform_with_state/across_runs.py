@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...spark_state.transform_with_state import TIMER_VARIABLE, is_map_type
-from ...store import VersionedState, evolution
-from ...store import files as store_files
+from ...store.formats import evolution
+from ...store.formats import files as store_files
+from ...store.versions.versioned import VersionedState
 from .codec import state_error
 from .kinds import MAP
 from .clients import DELETED_CLIENTS

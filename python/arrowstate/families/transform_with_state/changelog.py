@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ...store import VersionedState
-from ...store.files import CHANGE_APPEND, CHANGE_UPDATE
+from ...store.versions.versioned import VersionedState
+from ...store.formats.files import CHANGE_APPEND, CHANGE_UPDATE
 from .codec import list_offsets
 from .kinds import LIST, MAP, TIMERS, VALUE
 from .variables import Variable

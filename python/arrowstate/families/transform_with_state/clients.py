@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator
 
-from ...store.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
+from ...store.formats.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
 from .codec import state_error
 from .variables import NO_KEY, Variable, remove_entry
 

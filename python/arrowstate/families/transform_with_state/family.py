@@ -30,7 +30,7 @@ import pyarrow as pa
 from ... import keys as keycodec
 from ...spark_state.layout import arrow_fields
 from ...spark_state.transform_with_state import LAYOUT, STATE_NAME, TIMER_VARIABLE
-from ...store import VersionedState
+from ...store.versions.versioned import VersionedState
 from ..base import (WATERMARK_METRICS, FamilyBase, UnsortedInput, gather_rows, live_clock_ms,
                     sorted_by_key)
 from ..pandas_io import PandasIO

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ...store.files import CHANGE_DELETE, CHANGE_UPDATE
+from ...store.formats.files import CHANGE_DELETE, CHANGE_UPDATE
 from .codec import Codec, TtlCodec, list_offsets
 from .kinds import LIST, MAP, TIMERS, VALUE
 

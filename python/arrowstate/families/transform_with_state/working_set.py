@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...spark_state.transform_with_state import is_map_type
-from ...store import TimeIndex, VersionedState
+from ...store.versions.time_index import TimeIndex
+from ...store.versions.versioned import VersionedState
 from .kinds import MAP, TIMERS, VALUE
 
 if TYPE_CHECKING:

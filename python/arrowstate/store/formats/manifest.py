@@ -31,10 +31,11 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
-from . import files
+from ..tier.merging import MERGE_ROWS
+from ..tier.runs import Run, RunFiles, RunReader
+from . import encoding, files, names
 from .container import (FORMAT_MANIFEST, KIND_SNAPSHOT, MAGIC, TRAILER, CorruptStateFile,
                         checked_trailer, trailer)
-from .runs import MERGE_ROWS, Run, RunFiles, RunReader
 
 # rows (Arrow's in-memory size) and entries a run file holds at most: small enough that a
 # snapshot's files ship a few a micro-batch (lifecycle), large enough to keep requests few
@@ -71,7 +72,7 @@ class Written(NamedTuple):
 
 
 def run_file_name() -> str:
-    return uuid.uuid4().hex + files.RUN_SUFFIX
+    return uuid.uuid4().hex + names.RUN_SUFFIX
 
 
 def write(runs: Sequence[tuple[Run, RunReader]], schema: pa.Schema, version: int,
@@ -107,7 +108,7 @@ def _write(runs, schema, version, seeds, live_rows, directory, codec, out) -> Wr
         new_runs.append((run.files, tuple(pieces)))
     made = Manifest(listed, seeds, live_rows)
     data = encode(made, version)
-    name = files.file_name(files.SNAPSHOT, version)
+    name = names.file_name(names.SNAPSHOT, version)
     if directory is None:
         out.append((name, data))
     else:
@@ -127,13 +128,13 @@ def _write_run(reader: RunReader, schema: pa.Schema, version: int, directory: st
         chunks, hi = _piece_chunks(reader, lo, n)
         name = run_file_name()
         if directory is None:
-            data, uid = files.encode(schema, files.RUN, version, chunks)
+            data, uid = encoding.encode(schema, names.RUN, version, chunks)
             yield Piece(name, len(data), hi[0] - lo, uid.hex()), data
         else:
             path = os.path.join(directory, f"{uuid.uuid4().hex}-{name}")
             try:
-                size, uid = files.encode_to_file(path, schema, files.RUN, version, chunks,
-                                                 codec)
+                size, uid = encoding.encode_to_file(path, schema, names.RUN, version, chunks,
+                                                    codec)
             except BaseException:
                 if os.path.exists(path):
                     os.remove(path)
@@ -182,7 +183,7 @@ def read(path: str, context: str, payload) -> Manifest | None:
     fields = checked_trailer(payload, bad)
     if fields is None or fields[1] != FORMAT_MANIFEST:
         return None
-    version = files.parse_name(path.rsplit("/", 1)[-1])
+    version = names.parse_name(path.rsplit("/", 1)[-1])
     if fields[2] != KIND_SNAPSHOT or version is None or fields[5] != version[0]:
         raise bad(f"its trailer describes a manifest of version {fields[5]}, not this "
                   "file's snapshot")
@@ -198,7 +199,7 @@ def read(path: str, context: str, payload) -> Manifest | None:
         raise bad(f"its list of run files cannot be read: {e}") from e
     for run in runs:
         for p in run:
-            if not files.is_run_file(p.name):
+            if not names.is_run_file(p.name):
                 raise bad(f"it names {p.name!r}, not a run file")
     return Manifest(runs, seeds, rows)
 
@@ -214,7 +215,7 @@ def run_batches(where: str, context: str, manifest_path: str, piece: Piece,
                 names: set[str], read: Callable[[str], bytes], schema: pa.Schema,
                 decode) -> list[pa.RecordBatch]:
     """A run file's batches, all verified, and checked to be the one the manifest names.
-    `decode(path, payload)` is the state's `files.decode`."""
+    `decode(path, payload)` is the state's `decoding.decode`."""
     path = f"{where}/{piece.name}"
     if piece.name not in names:
         raise CorruptStateFile(path, context, f"it is missing: the snapshot {manifest_path} "

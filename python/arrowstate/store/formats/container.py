@@ -7,14 +7,14 @@ import struct
 import uuid
 import zlib
 
-from ..errors import ArrowStateError
+from ...errors import ArrowStateError
 
 FORMAT_VERSION = 2
 FORMAT_WITH_CHANGES = 3   # a delta holding change records
-FORMAT_COMPACT = 4        # a small delta whose schema is in its partition's schema file
+FORMAT_COMPACT = 4        # a small delta whose schema is in its partition's columns file
 FORMAT_MANIFEST = 5       # a snapshot that names run files instead of holding rows
 FORMAT_2 = b"arrowstate-state-2"   # the payload's schema tag, formats 2 to 4
-KIND_DELTA, KIND_SNAPSHOT, KIND_SCHEMA, KIND_RUN = 0, 1, 2, 3   # the trailer's kind codes
+KIND_DELTA, KIND_SNAPSHOT, KIND_COLUMNS, KIND_RUN = 0, 1, 2, 3   # the trailer's kind codes
 STATE_FIGURES = ("numTotalStateRows", "numUpdatedStateRows", "numRemovedStateRows")
 MAGIC = b"ARWSTATE"
 TRAILER = struct.Struct("<8sHBBIqqq16sI")

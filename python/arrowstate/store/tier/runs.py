@@ -1,5 +1,5 @@
-"""Sorted runs of a partition's state (see `tier`): a run in memory or its files on disk,
-reading it (`RunReader`, `Cursor`), writing it (`RunWriter`), and merging runs (`merged`).
+"""Sorted runs of a partition's state (see `tiered`): a run in memory or its files on disk,
+and reading it (`RunReader`); writing one is `run_writer`'s, merging them `merging`'s.
 
 A run on disk is three files in the tier's directory, read with ordinary reads, never
 mapped, so the worker's resident memory holds only what an operation reads and the
@@ -17,17 +17,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ArrowStateError
+from ...errors import ArrowStateError
 from .bloom import BLOOM_MIN_KEYS, Bloom, BloomBuilder
 
 BLOCK = 4096              # keys per block of a run on disk (one Arrow record batch each)
 SPAN_BLOCKS = 256         # the most blocks of keys one lookup reads at once (1M keys)
-MERGE_ROWS = 1 << 17      # rows a merge or scan reads from each run at a time
 # probes that many times fewer than the keys or more are merged with them, not searched
 _MERGE_SEARCH_RATIO = 8
 DIR_SETTING = "spark.arrowstate.worker.localDir"
@@ -307,165 +305,6 @@ def _search(keys: np.ndarray, probes: np.ndarray, found: np.ndarray, pos: np.nda
         hit[inside] = keys[at[inside]] == probes[inside]
     found |= hit
     pos[hit] = at[hit]
-
-
-def newest_of_each(keys: np.ndarray, first: bool = False) -> np.ndarray:
-    """Positions that keep, for each distinct key, its last occurrence (its first, with
-    `first`); in key order."""
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    keep = np.ones(len(order), dtype=bool)
-    if first:
-        keep[1:] = ordered[1:] != ordered[:-1]
-    else:
-        keep[:-1] = ordered[1:] != ordered[:-1]
-    return order[keep]
-
-
-class Cursor:
-    """Reads a run in chunks, for merges and full scans."""
-
-    def __init__(self, reader: RunReader, chunk: int) -> None:
-        self.reader, self.chunk, self.next = reader, chunk, 0
-        self.keys = self.alive = self.rows = None
-
-    def fill(self) -> bool:
-        """Has buffered entries (reading the next chunk if the buffer is empty)."""
-        if self.keys is not None and len(self.keys):
-            return True
-        n = self.reader.run.n
-        if self.next >= n:
-            return False
-        hi = min(self.next + self.chunk, n)
-        self.keys = self.reader.keys(self.next, hi)
-        self.alive = self.reader.alive(self.next, hi)
-        self.rows = self.reader.rows(self.next, hi)
-        self.next = hi
-        return True
-
-    def take_to(self, bound) -> tuple[np.ndarray, np.ndarray, pa.RecordBatch]:
-        cut = int(np.searchsorted(self.keys, bound, side="right"))
-        out = self.keys[:cut], self.alive[:cut], self.rows.slice(0, cut)
-        self.keys, self.alive = self.keys[cut:], self.alive[cut:]
-        self.rows = self.rows.slice(cut)
-        return out
-
-
-def merged(readers: Sequence[RunReader], chunk: int, keep_dead: bool
-            ) -> Iterator[tuple[np.ndarray, np.ndarray, pa.RecordBatch]]:
-    """The entries of runs (oldest first) merged in key order, the newest entry of each key
-    winning, in pieces of about `chunk` per run: (keys, alive, rows). Dead entries are
-    left out unless `keep_dead` (a merge that older runs still lie below must keep them)."""
-    cursors = [Cursor(r, chunk) for r in readers]
-    while True:
-        active = [c for c in cursors if c.fill()]
-        if not active:
-            return
-        bound = min(c.keys[-1] for c in active)
-        keys, alive, rows = merge_sorted([c.take_to(bound) for c in active])
-        if not keep_dead and not alive.all():
-            keys, rows = keys[alive], rows.filter(pa.array(alive))
-            alive = alive[alive]
-        if len(keys):
-            yield keys, alive, rows
-
-
-def merge_sorted(parts: list) -> tuple[np.ndarray, np.ndarray, pa.RecordBatch]:
-    """Sorted pieces of unique keys (oldest first) as one, the newest entry of a key
-    winning. The pieces' keys are concatenated and sorted stably: numpy's stable sort
-    finds the sorted runs and merges them, about three times faster for fixed-width bytes
-    than searching one piece's keys in the other's, and a key's entries come out oldest
-    first, so the last of each is kept. The rows are taken once, from all pieces."""
-    parts = [p for p in parts if len(p[0])]   # one at least: the piece up to the bound
-    if len(parts) == 1:
-        return parts[0]
-    keys = np.concatenate([k for k, _, _ in parts])
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]
-    last = np.ones(len(keys), dtype=bool)
-    last[:-1] = keys[1:] != keys[:-1]
-    if not last.all():
-        order, keys = order[last], keys[last]
-    alive = np.concatenate([a for _, a, _ in parts])[order]
-    rows = pa.concat_batches([r for _, _, r in parts]).take(pa.array(order))
-    return keys, alive, rows
-
-
-class RunWriter:
-    """Writes a run's files from entries in key order."""
-
-    def __init__(self, path: str, schema: pa.Schema, expected: int,
-                 bloom: "Bloom | None" = None, prefix_width: int | None = None) -> None:
-        """`expected`: at least the keys it will hold; `bloom`: their filter, if made (else
-        one is made, by the keys' first `prefix_width` bytes when given)."""
-        self.path = path
-        self.n, self.has_dead = 0, False
-        self.fences: list[np.ndarray] = []
-        self.bloom = BloomBuilder(expected, prefix_width) if bloom is None else bloom
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
-        try:
-            self._keys = open(path + ".keys", "wb")
-            self._alive = open(path + ".alive", "wb")
-            self._sink = pa.OSFile(path + ".arrow", "wb")
-            self._arrow = pa.ipc.new_file(self._sink, schema)
-        except OSError as e:
-            raise LocalStateWriteFailed(path, e) from e
-
-    def write(self, keys: np.ndarray, alive: np.ndarray, rows: pa.RecordBatch) -> None:
-        try:
-            start = (-self.n) % BLOCK   # the first key of each new block is a fence
-            self.fences.append(keys[start::BLOCK].copy())
-            if isinstance(self.bloom, BloomBuilder):
-                self.bloom.add(keys)
-            self._keys.write(memoryview(np.ascontiguousarray(keys)).cast("B"))
-            self._alive.write(alive.astype(np.uint8).tobytes())
-            self.has_dead |= not alive.all()
-            self.n += len(keys)
-            self._pending.append(rows)
-            self._pending_rows += rows.num_rows
-            while self._pending_rows >= BLOCK:
-                self._flush_block(BLOCK)
-        except OSError as e:
-            raise LocalStateWriteFailed(self.path, e) from e
-
-    def _flush_block(self, size: int) -> None:
-        rows = pa.concat_batches(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._arrow.write_batch(rows.slice(0, size))
-        rest = rows.slice(size)
-        self._pending = [rest] if rest.num_rows else []
-        self._pending_rows = rest.num_rows
-
-    def finish(self, dtype: np.dtype) -> Run:
-        try:
-            if self._pending_rows:
-                self._flush_block(self._pending_rows)
-            self._arrow.close()
-            self._sink.close()
-            self._keys.close()
-            self._alive.close()
-        except OSError as e:
-            raise LocalStateWriteFailed(self.path, e) from e
-        if not self.has_dead:
-            os.remove(self.path + ".alive")
-        run = Run(self.n)
-        run.path, run.has_dead = self.path, self.has_dead
-        run.fences = (np.concatenate(self.fences) if self.fences
-                      else np.zeros(0, dtype=dtype))
-        run.bloom = (self.bloom.finish(dtype) if isinstance(self.bloom, BloomBuilder)
-                     else self.bloom)
-        run.disk_bytes = sum(os.path.getsize(self.path + s) for s in
-                             ((".keys", ".alive", ".arrow") if self.has_dead
-                              else (".keys", ".arrow")))
-        return run
-
-    def abandon(self) -> None:
-        # abandoned, its files go: closing one may fail as the write did (a full disk)
-        for close in (self._keys.close, self._alive.close, self._arrow.close,
-                      self._sink.close):
-            with contextlib.suppress(pa.ArrowException, OSError):
-                close()
-        delete_run_files(self.path)
 
 
 def delete_run_files(path: str) -> None:

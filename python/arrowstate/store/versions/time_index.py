@@ -7,7 +7,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .rows import KeyedRows
+from ..rows.keyed import KeyedRows
 
 
 class TimeIndex:

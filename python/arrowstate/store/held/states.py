@@ -6,17 +6,16 @@ worker's task loop asks; the decisions are made here.
 """
 from __future__ import annotations
 
-import uuid
 from typing import Any, Callable, Iterable
 
-from ..errors import ArrowStateError
-from . import files as store_files
+from ...errors import ArrowStateError
+from ..lifecycle.sources import FileSource
+from ..lineage import checkpoint_uid, committed_here
+from ..versions.versioned import VersionedState
 from .budget import MemoryBudget
-from .lifecycle import FileSource
-from .versioned import VersionedState
 
 # Keys a state of aggregation or deduplication holds before they move from a dict to a hash
-# table in compiled code (store.hashed): the table saves about 60 bytes a key but loads
+# table in compiled code (rows.hashed): the table saves about 60 bytes a key but loads
 # pandas, about 36 MB and 0.35 s in a worker that runs no pandas function.
 HASH_TABLE_MIN_KEYS = 500_000
 
@@ -32,50 +31,6 @@ def new_state(family: Any, state_key: str, budget: MemoryBudget) -> VersionedSta
                           tier=(budget.place(state_key, family.runs_without_budget)
                                 if family.tiered else None),
                           prefix_count=family.prefix_count, hashed=family.hashed_keys)
-
-
-def committed_here(state: VersionedState, files: FileSource) -> bool:
-    """Whether the checkpoint's newest delta of the state's version is the one this state
-    committed (the idea of Spark's checkpoint format v2): another attempt or executor may
-    have rewritten it since. One small read of that file's trailer."""
-    if state.version == 0:
-        return True
-    return state.last_uid is not None and _delta_uid(state.version, files) == state.last_uid
-
-
-def _delta_uid(version: int, files: FileSource) -> bytes | None:
-    """The unique id in the trailer of the version's delta (one small ranged read)."""
-    name = store_files.file_name(store_files.DELTA, version)
-    return store_files.unique_id(files.tail(name, store_files.TRAILER.size))
-
-
-def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
-    """A checkpoint id (a UUID, checkpoint format v2) as a state file's unique id."""
-    return None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
-
-
-def check_lineage(state: VersionedState, files: FileSource, base_id: str | None) -> None:
-    """Under checkpoint format v2, fails the load when the state's version is not the one
-    Spark's commit log recorded (`base_id`): its delta was rewritten by an attempt whose
-    batch did not commit, and loading it would be silently wrong."""
-    if base_id is None or state.version == 0:
-        return
-    # the state's own id when its load ended on the delta, else (on a snapshot) the delta's
-    found = state.last_uid or _delta_uid(state.version, files)
-    if found == checkpoint_uid(base_id):
-        return
-    name = store_files.file_name(store_files.DELTA, state.version)
-    found_id = "none" if found is None else str(uuid.UUID(bytes=found))
-    raise ArrowStateError(
-        "CANNOT_LOAD_STATE_STORE.INVALID_CHECKPOINT_LINEAGE",
-        f"An error occurred during loading state. Invalid checkpoint lineage: version "
-        f"{state.version} id {base_id}. {files.where}/{name} ({files.context}) has checkpoint id "
-        f"{found_id}, not the id {base_id} that the commit log recorded for version "
-        f"{state.version}: the file was written by a task attempt whose batch did not commit. "
-        "Restart the query from a checkpoint copy taken before that batch, or from a new "
-        "checkpoint location.",
-        **{"lineage": f"{state.version}:{base_id}",
-           "message": f"{name} has checkpoint id {found_id}"})
 
 
 class HeldStates:

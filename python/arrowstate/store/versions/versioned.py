@@ -1,50 +1,49 @@
 """The versioned state of one operator partition, held in memory between micro-batches.
 
 Like Spark's state store, a task works on version V and commits V + 1 as a delta (the puts
-and removes, in order). The rows live in `KeyedRows`, the family's expiry or timeout index in
-a `TimeIndex`, the files' format in `files` and their lifecycle (load chain, snapshots,
-retention) in `Lifecycle`; this class records the changes between them.
+and removes, in order). The rows live in a store of `rows` (a dict, a hash table) or in the
+`tier`, the family's expiry or timeout index in a `TimeIndex`, the files' format in
+`formats` and their lifecycle (which files load a version, snapshots, retention) in
+`lifecycle`; this class records the changes between them.
 """
 from __future__ import annotations
 
-import contextlib
 import secrets
-import sys
-from typing import TYPE_CHECKING, Callable, Hashable, Iterator, NamedTuple, Sequence
+from typing import Callable, Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from .. import keys as keycodec
-from . import evolution, files, manifest
-from .hashed import HashedRows, available as hash_table_available
-from .prefixed import PrefixedHashedRows
-from .lifecycle import FileSource, Lifecycle, load_plans, schema_reader
-from .rows import KeyedRows, sampled_size
-from .tier import TieredRows
+from ... import keys as keycodec
+from ..formats import compact, encoding, evolution, files
+from ..formats.names import DELTA, file_name
+from ..lifecycle.loading import load_version
+from ..lifecycle.maintenance import Lifecycle
+from ..lifecycle.sources import FileSource
+from ..rows.hashed import HashedRows, available as hash_table_available
+from ..rows.keyed import KeyedRows, sampled_size
+from ..rows.prefixed import PrefixedHashedRows
+from ..tier.tiered import TieredRows, TierPlace
 from .time_index import TimeIndex
-
-if TYPE_CHECKING:
-    from .budget import TierPlace
 
 
 class CommitFiles(NamedTuple):
-    """What committing a version writes: its delta, the schema file to write before it (name
-    and bytes) when the partition lacks the one it needs, the files of snapshots (of earlier
+    """What committing a version writes: its delta, the columns file to write before it
+    (name and bytes) when the partition lacks the one it needs, the files of snapshots (of earlier
     versions) made meanwhile (name, and bytes or a local file's path, in order), the version
     below which files may be pruned (-1: none), and the run files to delete once pruned."""
     version: int
     delta: bytes
-    schema_file: tuple[str, bytes] | None
+    columns_file: tuple[str, bytes] | None
     snapshots: list
     prune_below: int
     delete: list
 
     def written(self) -> dict[str, bytes]:
-        """The files the commit itself writes, by name, in order: the schema file, then the
+        """The files the commit itself writes, by name, in order: the columns file, then the
         delta."""
-        done = dict([self.schema_file]) if self.schema_file else {}
-        done[files.file_name(files.DELTA, self.version)] = self.delta
+        done = dict([self.columns_file]) if self.columns_file else {}
+        done[file_name(DELTA, self.version)] = self.delta
         return done
 
 
@@ -53,7 +52,7 @@ class VersionedState:
 
     def __init__(self, key_fields: Sequence[pa.Field], value_fields: Sequence[pa.Field],
                  named_columns: bool = False, dropped_columns: Sequence[str] = (),
-                 tier: "TierPlace | None" = None, prefix_count: int = 0,
+                 tier: TierPlace | None = None, prefix_count: int = 0,
                  evolve=evolution.positional, hashed: bool = False):
         """With `named_columns` the files name each value column (the family's field name),
         and a load takes a file's columns by name: columns added since it was written come
@@ -65,7 +64,7 @@ class VersionedState:
         `scan_prefixes`); a family that asks for `hashed` keys and a prefix has
         them, when the tier never spills (no budget), in a hash table in compiled code that
         finds them by prefix too (`PrefixedHashedRows`). Named columns written in an older
-        schema are read in this one by `evolve(name, column, type)` (store.evolution).
+        schema are read in this one by `evolve(name, column, type)` (formats.evolution).
         With `hashed` (a family that handles keys only as `keys` makes them) and no tier or
         prefix, keys of a fixed width may move from the dict to a hash table in compiled
         code (`HashedRows`) once the state is large (`move_to_hash_table`)."""
@@ -109,9 +108,9 @@ class VersionedState:
         self.last_uid: bytes | None = None  # unique id of the newest delta it committed
         self.files_skipped = 0              # damaged snapshots passed over by the last load
         self._pending_uid: bytes | None = None
-        # the schema files the partition holds (known since the load, or written since)
-        self.schema_files: set[str] = set()
-        self._pending_schema: str | None = None
+        # the columns files the partition holds (known since the load, or written since)
+        self.columns_files: set[str] = set()
+        self._pending_columns: str | None = None
         self._changes: list[pa.RecordBatch] = []   # this version's puts and removes, in order
         self._has_change_records = False
 
@@ -258,19 +257,19 @@ class VersionedState:
                      list_names: Callable[[], list[str]] | None = None,
                      uid: bytes | None = None) -> CommitFiles:
         """The files of new_version's commit: its delta records the state `figures`, if
-        given; a large delta's buffers are compressed with `codec`, a files.ipc_codec.
+        given; a large delta's buffers are compressed with `codec`, an encoding.ipc_codec.
         `list_names`: the partition's files (a snapshot naming earlier run files checks
         they are there). `uid`: the delta's unique id (a checkpoint id), else a new one."""
-        delta, self._pending_uid, schema_name = files.encode_delta(
+        delta, self._pending_uid, columns_name = encoding.encode_delta(
             self.schema, new_version, self._changes, self._has_change_records, figures, codec,
             uid)
-        schema_file = None
-        if schema_name is not None and schema_name not in self.schema_files:
-            schema_file = files.schema_file(self.schema)
-            self._pending_schema = schema_name
+        columns_file = None
+        if columns_name is not None and columns_name not in self.columns_files:
+            columns_file = compact.columns_file(self.schema)
+            self._pending_columns = columns_name
         done = self.lifecycle.maintenance(new_version, min_versions_to_retain, list_names,
                                           self._held_run_files, len(delta))
-        return CommitFiles(new_version, delta, schema_file, done.snapshots, done.prune_below,
+        return CommitFiles(new_version, delta, columns_file, done.snapshots, done.prune_below,
                            done.delete)
 
     def _held_run_files(self) -> set[str]:
@@ -285,9 +284,9 @@ class VersionedState:
         `snapshot_dir`, else as bytes; compressed with `codec`)."""
         self.version = new_version
         self.last_uid = self._pending_uid
-        if self._pending_schema is not None:
-            self.schema_files.add(self._pending_schema)
-            self._pending_schema = None
+        if self._pending_columns is not None:
+            self.columns_files.add(self._pending_columns)
+            self._pending_columns = None
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
@@ -295,136 +294,15 @@ class VersionedState:
                                  min_deltas_for_snapshot, snapshot_dir, codec, self.seeds)
 
     def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
-        """Loads `version`: the newest snapshot at or below it and the deltas after it. A
-        damaged snapshot is passed over, with a warning naming it, for an older one (or none)
-        and the deltas after that, as Spark's automatic snapshot repair does; a damaged or
-        missing delta that every chain needs fails, naming it. With `snapshot`, only the
-        chain from that snapshot is taken (Spark's readers' snapshotStartBatchId)."""
-        names = source.names()
-        plans, snapshots = load_plans(names, version, source.where, source.context, snapshot)
-        damaged: list[int] = []
-        read_schema = schema_reader(source, names)
-        self.schema_files = {n for n in names if files.is_schema_file(n)}
-
-        def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
-            return files.decode(f"{source.where}/{name}", source.context, source.read(name),
-                                self.schema, self.dropped_columns, self.evolve, read_schema)
-
-        # a tier merges whole as it loads (no micro-batches to pace its merges over)
-        with (self.rows.unpaced() if isinstance(self.rows, TieredRows)
-              else contextlib.nullcontext()):
-            for chain, base in plans:
-                self.rows.clear()
-                try:
-                    uid = self._load_base(source, chain[0], names, decoded)
-                except files.CorruptStateFile as e:
-                    if not base:
-                        raise
-                    damaged.append(base)
-                    last_damage = e
-                    print(f"arrowstate: WARN skipping damaged snapshot {e.path} "
-                          f"({source.context}): {e.what}; loading from an older snapshot and "
-                          "the deltas after it", file=sys.stderr, flush=True)
-                    continue
-                for name in chain[1:]:   # each file is verified whole before it is applied
-                    batches, uid = decoded(name)
-                    for batch in batches:
-                        self._apply(batch)
-                self.lifecycle.loaded(snapshots, base, damaged,
-                                      self._manifests(source, names, snapshots, damaged))
-                self.version = version
-                self.last_uid = uid if chain[-1].endswith(files.SUFFIX[files.DELTA]) else None
-                self.files_skipped = len(damaged)
-                self._changes.clear()
-                self._has_change_records = False
-                return
-        raise files.CorruptStateFile(
-            last_damage.path, source.context,
-            f"{last_damage.what}; every snapshot that could load version {version} is damaged "
-            f"({', '.join(map(str, damaged))}) and no chain of deltas alone reaches it")
-
-    def _load_base(self, source: FileSource, name: str, names: list[str],
-                   decoded) -> bytes | None:
-        """Applies the first file of a load's chain (a snapshot, a manifest and its run
-        files, or the first delta); its unique id (None for a manifest)."""
-        payload = source.read(name)
-        path = f"{source.where}/{name}"
-        made = (manifest.read(path, source.context, payload)
-                if name.endswith(files.SUFFIX[files.SNAPSHOT]) else None)
-        if made is None:
-            batches, uid = decoded(name)
-            for batch in batches:
-                self._apply(batch)
-            return uid
-        present = set(names)
-
-        def run_batches(piece: manifest.Piece) -> list[pa.RecordBatch]:
-            return manifest.run_batches(
-                source.where, source.context, path, piece, present, source.read, self.schema,
-                lambda p, data: files.decode(p, source.context, data, self.schema,
-                                             self.dropped_columns, self.evolve))
-
-        if not isinstance(self.rows, TieredRows):   # state in memory: the runs in order
-            for run in made.runs:
-                for piece in run:
-                    for batch in run_batches(piece):
-                        self._apply(batch)
-            return None
-        self.seeds = made.seeds   # the runs' key order follows the seeds that wrote them
-
-        def entries(run: list[manifest.Piece]):
-            for piece in run:
-                for batch in run_batches(piece):
-                    rows = pa.RecordBatch.from_arrays(batch.columns[:-1], schema=self.schema)
-                    alive = batch.column(batch.num_columns - 1).to_numpy(
-                        zero_copy_only=False) == files.OP_PUT
-                    yield (self.keys(rows.columns[: self.key_count], rows.num_rows), alive,
-                           rows)
-
-        for run in made.runs:
-            self.rows.adopt(entries(run), sum(p.rows for p in run), tuple(run),
-                            lambda what: files.CorruptStateFile(
-                                f"{source.where}/{run[0].name}", source.context, what))
-        self.rows.set_live(made.rows)
-        return None
-
-    @staticmethod
-    def _manifests(source: FileSource, names: list[str], snapshots: Sequence[int],
-                   damaged: Sequence[int]) -> dict[int, frozenset[str]]:
-        """The run files every manifest of the partition names (retention deletes a run
-        file only when no snapshot it keeps names it). A snapshot's last bytes say whether
-        it is one; a damaged manifest is passed over (it loads nothing: its run files need
-        not stay for it)."""
-        found: dict[int, frozenset[str]] = {}
-        if not any(files.is_run_file(n) for n in names):
-            return found
-        for version in snapshots:
-            if version in damaged:
-                continue
-            name = files.file_name(files.SNAPSHOT, version)
-            if not manifest.is_manifest(source.tail(name, files.TRAILER.size)):
-                continue
-            try:
-                made = manifest.read(f"{source.where}/{name}", source.context,
-                                     source.read(name))
-            except files.CorruptStateFile:
-                continue
-            if made is not None:
-                found[version] = frozenset(made.names())
-        return found
-
-    def _apply(self, batch: pa.RecordBatch) -> None:
-        """Replays a file batch: runs of puts and removes, in order (change records are
-        no state)."""
-        for op, run in files.op_runs(batch):
-            if op not in (files.OP_PUT, files.OP_REMOVE):
-                continue
-            run = pa.RecordBatch.from_arrays(run.columns[:-1], schema=self.schema)
-            run_keys = self.keys(run.columns[: self.key_count], run.num_rows)
-            if op == files.OP_PUT:
-                self.rows.insert(run_keys, run)
-            else:
-                self.rows.discard(run_keys, run)
+        """Loads `version`: the newest sound snapshot at or below it and the deltas after it
+        (`lifecycle.loading`); with `snapshot`, only the chain from that snapshot (Spark's
+        readers' snapshotStartBatchId)."""
+        loaded = load_version(self, source, version, snapshot)
+        self.version = version
+        self.last_uid, self.files_skipped = loaded.last_uid, loaded.files_skipped
+        self.columns_files = loaded.columns_files
+        self._changes.clear()
+        self._has_change_records = False
 
     def move_to_hash_table(self, min_keys: int) -> bool:
         """Moves the rows from the dict to a hash table in compiled code (`HashedRows`: no

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .bloom import prefixes as key_prefixes
+from ...keys import prefixes as key_prefixes
 from .hashed import HashedRows, _rows_equal, words_of
 
 
@@ -99,7 +99,7 @@ class PrefixedHashedRows(HashedRows):
         keep = self._alive[ids]
         if not self._prefix_exact:
             keep &= _rows_equal(key_prefixes(self._keys[ids], self.prefix_width),
-                                   prefixes[owner])
+                                prefixes[owner])
         return owner[keep], ids[keep]
 
     def memory_bytes(self) -> int:

@@ -21,9 +21,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ..keys import mix64
-from .rows import FrozenRows, RowChunks, _MIN_DEAD_FOR_COMPACTION
-from .runs import newest_of_each
+from ...keys import mix64, newest_of_each
+from .chunks import MIN_DEAD_FOR_COMPACTION, FrozenRows, RowChunks
 
 _U = np.uint64
 _TABLE: list = []   # pandas' Int64HashTable, imported on first use (see `available`)
@@ -263,7 +262,7 @@ class HashedRows:
     def compact_if_sparse(self) -> None:
         """Rewrites the live rows, and the table from their keys, once dead rows outnumber
         them: O(live)."""
-        if self._dead <= max(self._live, _MIN_DEAD_FOR_COMPACTION):
+        if self._dead <= max(self._live, MIN_DEAD_FOR_COMPACTION):
             return
         ids = self.live_ids()
         keys, rows = self._keys[ids], self._rows.take(ids)

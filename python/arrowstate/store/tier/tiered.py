@@ -3,55 +3,49 @@ disk: the tier that lets state outgrow a worker's memory budget.
 
 A run holds keys, sorted and unique, each with its state row (Arrow) and whether it is
 alive (a removal is a dead entry that hides older runs' row of that key). Runs never
-change: a put or a removal adds a run, and runs of one size class merge, FANOUT at a time
-(the newer entry of a key wins), so each row is copied about log_FANOUT(n) times. Every
-operation is a few whole-batch numpy or Arrow calls per run, never a Python object per key.
-A run is a numpy array of keys and an Arrow batch in memory, or files on local disk
-(`runs`); each has a Bloom filter (`bloom`), so a key absent from it costs no search. The
-files are a cache of what the checkpoint holds: a worker builds them from the checkpoint's
-files and deletes them when it drops the state or exits.
-
-A merge of PACED_ROWS rows or more is paced: it writes its result a step at a time, in a
-thread of its own started as each version commits, each step about PACE times the rows added
-to the tier since the one before, so the work of the largest merges is spread over the
-micro-batches until the next merge of their size is due instead of landing on one. The
-runs it merges stay in place (and answer) until it is done; the change after that swaps
-its result in.
+change: a put or a removal adds a run, and runs merge as `schedule` plans (`merging` merges
+them). Every operation is a few whole-batch numpy or Arrow calls per run, never a Python
+object per key. A run is a numpy array of keys and an Arrow batch in memory, or files on
+local disk (`runs`, written by `run_writer`); each has a Bloom filter (`bloom`), so a key
+absent from it costs no search. The files are a cache of what the checkpoint holds: a
+worker builds them from the checkpoint's files and deletes them when it drops the state or
+exits.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import shutil
+import sys
 import weakref
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
+from ...keys import newest_of_each
+from ..rows.chunks import take_by_id
 from .bloom import Bloom, key_hashes
-from .rows import take_by_id
-from .pacing import PacedMerge, Stepper
-from .runs import (MERGE_ROWS, LocalStateWriteFailed, Run, RunFiles, RunReader, RunWriter,
-                   empty_batch, merged, newest_of_each)
+from .merging import MERGE_ROWS, merged
+from .run_writer import RunWriter
+from .runs import LocalStateWriteFailed, Run, RunFiles, RunReader, empty_batch
+from .schedule import MergeSchedule
 
-FANOUT = 4                # runs of one size class merged into one
-# a merge of this many rows or more is paced over micro-batches (smaller ones, of runs that
-# may still be in memory, are done at once: a paced merge holds its runs until it ends)
-PACED_ROWS = 1 << 22
-PACE = 1.5                # rows a paced merge writes per row added to the tier meanwhile
-PACE_STEPS = 16           # and at least this fraction of its rows per step (state at rest)
 _sequence = itertools.count()
 
 
-def _size_class(n: int) -> int:
-    """Runs within a factor FANOUT of each other share a class."""
-    size_class = 0
-    while n >= FANOUT:
-        n //= FANOUT
-        size_class += 1
-    return size_class
+@dataclass(frozen=True)
+class TierPlace:
+    """Where one partition's tier keeps its files, and the largest run it keeps in memory
+    (`held.budget.MemoryBudget.place` decides)."""
+    directory: str
+    memory_cap: int
+
+    @property
+    def spills(self) -> bool:
+        """Whether runs may leave memory (a worker with a budget)."""
+        return self.memory_cap < sys.maxsize
 
 
 class TieredRows:
@@ -70,11 +64,7 @@ class TieredRows:
         self.directory, self.memory_cap = directory, memory_cap
         self.prefix_width = prefix_width
         self.runs: list[Run] = []     # oldest first
-        self._merges: list[PacedMerge] = []   # paced merges not yet swapped in
-        self._stepper: Stepper | None = None   # the thread stepping them, if running
-        self._added = 0               # rows added since the last step began
-        self._unpaced = False         # see `unpaced`
-        self.paced_merges = 0         # started (for tests and metrics)
+        self.merges = MergeSchedule(self)
         self._live = 0
         self._made_directory = False
         self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
@@ -84,13 +74,13 @@ class TieredRows:
 
     def close(self) -> None:
         """Deletes the tier's files (after a merge step running in the background ends)."""
-        self._drop_merges()
+        self.merges.drop()
         self.runs = []
         self._live = 0
         self._cleanup()
 
     def clear(self) -> None:
-        self._drop_merges()
+        self.merges.drop()
         for run in self.runs:
             run.delete_files()
         self.runs, self._live = [], 0
@@ -175,7 +165,7 @@ class TieredRows:
         if not ids:
             return none, none
         owner, id_, key, age, live = (np.concatenate(x) for x in (owners, ids, keys, ages,
-                                                                   alive))
+                                                                  alive))
         pick = np.lexsort((age, key))            # each key's newest entry first
         newest = np.ones(len(pick), dtype=bool)
         newest[1:] = key[pick][1:] != key[pick][:-1]
@@ -275,118 +265,17 @@ class TieredRows:
                                 self.prefix_width))
 
     def _add(self, run: Run) -> None:
-        """Appends a run, then merges the newest runs once FANOUT of them are of one size
-        class or smaller (tiered merging: each row is copied about log_FANOUT(n / first
-        run) times, and at most FANOUT - 1 runs of each class are probed; Bloom filters
-        keep probing cheap). A merge of PACED_ROWS or more is paced (see the module)."""
-        self._collect(wait=False)
+        """Appends a run, then merges runs as `schedule` plans; the newest goes to disk when
+        it passes the memory cap."""
+        self.merges.collect(wait=False)
         self.runs.append(run)
-        self._added += run.n
-        self._plan_merges()
-        if self._unpaced:
-            self._step_merges(whole=True)
+        self.merges.added(run.n)
         newest = self.runs[-1]
         if (not newest.on_disk and newest.memory_bytes() > self.memory_cap
-                and id(newest) not in self._merging_runs()):
+                and id(newest) not in self.merges.merging_runs()):
             self.runs[-1] = self._write(newest)
 
-    def _plan_merges(self) -> None:
-        """Merges every FANOUT or more consecutive runs (none of them merging) of one size
-        class or smaller below the newest of them, newest first, until none are left: the
-        newest runs as they are added, and a paced merge's result once swapped in among
-        runs of its class."""
-        top = len(self.runs) - 1
-        while top >= FANOUT - 1:
-            merging = self._merging_runs()
-            size_class = _size_class(self.runs[top].n)
-            bottom = top + 1
-            while (bottom > 0 and _size_class(self.runs[bottom - 1].n) <= size_class
-                   and id(self.runs[bottom - 1]) not in merging):
-                bottom -= 1
-            if top + 1 - bottom < FANOUT:
-                top -= 1
-                continue
-            taken = self.runs[bottom:top + 1]
-            if sum(r.n for r in taken) >= PACED_ROWS:
-                self._merges.append(PacedMerge(self, taken, bottom == 0))
-                self.paced_merges += 1
-                top = bottom - 1
-                continue
-            self.runs[bottom:top + 1] = [self._merge(taken, bottom=bottom == 0)]
-            top = len(self.runs) - 1   # the result may complete a class above it
-
-    def _merging_runs(self) -> set[int]:
-        return {id(r) for merge in self._merges for r in merge.runs}
-
-    def _collect(self, wait: bool) -> None:
-        """Once no step is running (waiting for one with `wait`), swaps each finished
-        merge's result in for its runs and deletes their files. A step that failed raises
-        its error here."""
-        stepper = self._stepper
-        if stepper is not None:
-            if stepper.is_alive() and not wait:
-                return
-            stepper.join()
-            self._stepper = None
-            if stepper.error is not None:
-                self._drop_merges()
-                raise stepper.error
-        done = [m for m in self._merges if m.result is not None]
-        for merge in done:
-            self._merges.remove(merge)
-            start = next(i for i, r in enumerate(self.runs) if r is merge.runs[0])
-            assert all(a is b for a, b in zip(self.runs[start:start + len(merge.runs)],
-                                              merge.runs))
-            self.runs[start:start + len(merge.runs)] = [merge.result]
-            for run in merge.runs:   # views opened before hold their files open
-                run.delete_files()
-        if done:
-            self._plan_merges()
-
-    @contextlib.contextmanager
-    def unpaced(self) -> Iterator[None]:
-        """Within it, merges are not paced: each runs whole in the background as soon as
-        the one before is done (a state being loaded: no micro-batches to spread them
-        over)."""
-        self._unpaced = True
-        try:
-            yield
-        finally:
-            self._unpaced = False
-
-    def _step_merges(self, whole: bool = False) -> None:
-        """Starts the next step of the paced merges (`whole`: all that is left of them),
-        unless one is still running (the rows added meanwhile then count toward the step
-        after it)."""
-        self._collect(wait=False)
-        if self._stepper is not None:
-            return
-        added, self._added = self._added, 0
-        if not self._merges:
-            return
-        quotas = [merge.total if whole
-                  else max(int(PACE * added), -(-merge.total // PACE_STEPS))
-                  for merge in self._merges]
-        self._stepper = Stepper(list(zip(self._merges, quotas)))
-
-    def _drop_merges(self) -> None:
-        """Ends the paced merges unfinished, deleting what they wrote."""
-        if self._stepper is not None:
-            self._stepper.join()
-            self._stepper = None
-        merges, self._merges = self._merges, []
-        for merge in merges:
-            merge.abandon()
-
-    def settle(self) -> None:
-        """Finishes every paced merge now (tests; a state at rest)."""
-        while self._merges:
-            self._collect(wait=True)
-            for merge in self._merges:
-                merge.step(merge.total)
-            self._collect(wait=True)
-
-    def _merge(self, runs: list[Run], bottom: bool, delete_inputs: bool = True) -> Run:
+    def merge_runs(self, runs: list[Run], bottom: bool) -> Run:
         """One run from several (oldest first). Dead entries are dropped at the bottom (no
         older run left to hide). The result goes to disk when any input is there or its
         rows would pass the memory cap."""
@@ -410,9 +299,8 @@ class TieredRows:
         finally:
             for reader in readers:
                 reader.close()
-        if delete_inputs:
-            for run in runs:
-                run.delete_files()
+        for run in runs:
+            run.delete_files()
         return result
 
     def _write(self, run: Run) -> Run:
@@ -479,7 +367,7 @@ class TieredRows:
     def spill(self) -> int:
         """Writes every run held in memory to disk; the bytes of memory it gives back."""
         freed = 0
-        merging = self._merging_runs()
+        merging = self.merges.merging_runs()
         for i, run in enumerate(self.runs):
             if not run.on_disk and run.n and id(run) not in merging:
                 freed += run.memory_bytes()
@@ -489,7 +377,7 @@ class TieredRows:
     def compact_if_sparse(self) -> None:
         """Runs merge as they are added; after a commit, the paced merges done are swapped
         in and the next step of the others begins."""
-        self._step_merges()
+        self.merges.step()
 
     # -- memory -------------------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -532,7 +420,7 @@ class FrozenTier:
     def items(self, batch_size: int) -> Iterator[tuple[np.ndarray, pa.RecordBatch]]:
         try:
             for keys, _, rows in merged(self._readers, max(1, min(batch_size, MERGE_ROWS)),
-                                         keep_dead=False):
+                                        keep_dead=False):
                 rows = pa.RecordBatch.from_arrays(rows.columns, schema=self.schema)
                 for lo in range(0, len(keys), max(1, batch_size)):
                     yield keys[lo:lo + batch_size], rows.slice(lo, batch_size)

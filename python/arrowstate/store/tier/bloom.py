@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..keys import mix64 as _mix
+from ...keys import mix64 as _mix, prefixes
 
 BLOOM_BITS_PER_KEY = 10   # about 1% false positives with BLOOM_HASHES
 BLOOM_HASHES = 5
@@ -14,16 +14,6 @@ SEGMENT_KEYS = 52428      # keys per segment: 10 bits a key in 2**19 bits
 BLOOM_MIN_KEYS = 1 << 12  # a smaller run in memory is searched at once: no filter
 
 _U = np.uint64
-
-
-
-
-def prefixes(keys: np.ndarray, width: int) -> np.ndarray:
-    """The first `width` bytes of fixed-width byte keys, as keys of that width."""
-    if keys.dtype.itemsize == width:
-        return keys
-    raw = np.ascontiguousarray(keys).view(np.uint8).reshape(len(keys), keys.dtype.itemsize)
-    return np.ascontiguousarray(raw[:, :width]).view(f"S{width}").ravel()
 
 
 def key_hashes(keys: np.ndarray, width: int | None = None) -> np.ndarray:

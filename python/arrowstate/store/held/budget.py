@@ -7,10 +7,10 @@ its Python workers (a state worker serves one task at a time); without either th
 budget and state stays in memory. Of the budget, the worker's base size (its resident
 memory before it held any state) is taken first; `spark.arrowstate.worker.stateMemoryPercent`
 of the rest (half by default) may hold state in memory, and the rest is left for a batch's
-working set. State over its half lives on local disk in sorted runs (`tier.TieredRows`,
-its runs in `runs`, their filters in `bloom`): after each commit the largest in-memory parts
-spill (`held.HeldStates.keep`).
-Families whose keys have no fixed width keep their state in memory, and count against it.
+working set. State over its half lives on local disk in sorted runs (`tier.tiered`, in the
+directory `place` gives it): after each commit the largest in-memory parts spill
+(`states.HeldStates.keep`). Families whose keys have no fixed width keep their state in
+memory, and count against it.
 """
 from __future__ import annotations
 
@@ -22,27 +22,15 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import pyarrow as pa
 
-from ..errors import ArrowStateError
+from ...errors import ArrowStateError
+from ..tier.tiered import TierPlace
 
 SETTING = "spark.arrowstate.worker.memory"
 MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class TierPlace:
-    """Where one partition's tier keeps its files, and the largest run it keeps in memory."""
-    directory: str
-    memory_cap: int
-
-    @property
-    def spills(self) -> bool:
-        """Whether runs may leave memory (a worker with a budget)."""
-        return self.memory_cap < sys.maxsize
 
 
 def resident_bytes() -> int:

@@ -1,0 +1,102 @@
+"""A snapshot of one committed version, encoded in a thread of its own off the micro-batch's
+path: every live row as one snapshot file, or for a tier a manifest naming its runs' files
+(`formats.manifest`), only the runs no earlier snapshot wrote. A worker writes it to local
+files a batch at a time (the JVM copies them into the checkpoint), so a large snapshot is
+never whole in memory; without a directory (offline tools, tests) it is encoded to bytes.
+When it is written and what retention keeps is `maintenance`'s."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from typing import NamedTuple
+
+from ..formats import encoding, files, manifest
+from ..formats.names import SNAPSHOT, file_name
+from ..tier.runs import RunFiles
+
+
+class Made(NamedTuple):
+    """A finished snapshot: its files in order, and for a manifest what it wrote."""
+    files: list[tuple[str, bytes | str]]
+    written: manifest.Written | None
+
+
+class Snapshot(threading.Thread):
+    """Encodes a snapshot of one committed version, to local files in `directory` (their
+    paths are the result) or to bytes: every live row, or for a tier a manifest and the
+    runs not written before; Arrow's take and IPC release the GIL."""
+
+    def __init__(self, rows, schema, version: int, directory: str | None, codec: str,
+                 seeds: tuple[int, int]) -> None:
+        super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
+        self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
+        self._rows, self._schema = rows, schema
+        runs = rows.runs() if hasattr(rows, "runs") else ()
+        # the runs' cells for their checkpoint files (`RunFiles`), made here, in the task's
+        # thread, before a run can be copied; the snapshot holds them, never the runs
+        for run, _ in runs:
+            if run.files is None:
+                run.files = RunFiles()
+        # the runs it names from earlier snapshots: retention keeps their files meanwhile
+        self.reused_cells = [run.files for run, _ in runs if run.pieces is not None]
+        self.reused = {p.name for cell in self.reused_cells for p in cell.pieces}
+        self._made: Made | None = None
+        self._local: list[str] = []
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            if self.directory is not None:
+                os.makedirs(self.directory, exist_ok=True)
+            if hasattr(self._rows, "runs"):
+                written = manifest.write(self._rows.runs(), self._schema, self.version,
+                                         self._seeds, self._rows.live, self.directory,
+                                         self._codec)
+                self._made = Made(written.files, written)
+            else:
+                self._made = Made([self._rows_file()], None)
+            self._local = [c for _, c in self._made.files if isinstance(c, str)]
+        except BaseException as e:  # surfaced by result(), in the task that ships it
+            self._error = e
+        finally:
+            if hasattr(self._rows, "close"):
+                self._rows.close()
+            self._rows = None
+
+    def _rows_file(self) -> tuple[str, bytes | str]:
+        name = file_name(SNAPSHOT, self.version)
+        rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
+        if self.directory is None:
+            data, _ = encoding.encode(self._schema, SNAPSHOT, self.version, rows,
+                                      codec=self._codec)
+            return name, data
+        path = os.path.join(self.directory, f"{uuid.uuid4().hex}-{name}")
+        try:
+            encoding.encode_to_file(path, self._schema, SNAPSHOT, self.version, rows,
+                                    self._codec)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            raise
+        return name, path
+
+    def result(self) -> Made:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._made
+
+    def delete_local(self) -> None:
+        """Deletes the local files it made (a snapshot not shipped)."""
+        delete_local([("", path) for path in self._local])
+        self._local = []
+
+
+def delete_local(entries: list[tuple[str, bytes | str]]) -> None:
+    for _, content in entries:
+        if isinstance(content, str):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(content)

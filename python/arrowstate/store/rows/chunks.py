@@ -1,0 +1,97 @@
+"""Rows appended a record batch (a "chunk") at a time, each with a global id, read by id
+with Arrow `take`s: the row storage under the dict (`keyed`) and the hash table (`hashed`),
+and the read by id the tier shares (`take_by_id`)."""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+# dead rows a store holds (beyond as many as its live ones) before a compaction rewrites them
+MIN_DEAD_FOR_COMPACTION = 65536
+
+
+class RowChunks:
+    """Rows appended a record batch (a "chunk") at a time, each with a global id: its
+    place in the order of appends. Reads are Arrow `take`s by id."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.chunks: list[pa.RecordBatch] = []
+        self.starts: list[int] = []   # global id of each chunk's first row
+        self.next_id = 0
+
+    def clear(self) -> None:
+        self.chunks, self.starts, self.next_id = [], [], 0
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Adds the batch's rows; returns the id of its first row."""
+        start = self.next_id
+        self.chunks.append(batch)
+        self.starts.append(start)
+        self.next_id += batch.num_rows
+        # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
+        while len(self.chunks) >= 2 and self.chunks[-1].num_rows >= self.chunks[-2].num_rows:
+            last = self.chunks.pop()
+            self.starts.pop()
+            self.chunks[-1] = pa.concat_batches([self.chunks[-1], last])
+        return start
+
+    def take(self, ids: np.ndarray) -> pa.RecordBatch:
+        """Rows by global id, in the order given."""
+        return take(self.schema, self.chunks, self.starts, ids)
+
+    def keep_only(self, ids: np.ndarray) -> None:
+        """Rewrites the rows of these ids (ascending) as one chunk: they are ids 0.. now."""
+        rows = self.take(ids)
+        self.chunks, self.starts, self.next_id = [rows], [0], rows.num_rows
+
+    def frozen(self, ids: np.ndarray) -> "FrozenRows":
+        """The rows of these ids (ascending), readable from another thread while these
+        change (chunks are immutable and the lists are copied)."""
+        return FrozenRows(self.schema, list(self.chunks), list(self.starts), ids)
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+
+class FrozenRows:
+    """A consistent view of the live rows at one moment, in row-id order."""
+
+    def __init__(self, schema: pa.Schema, chunks: list, starts: list, ids: np.ndarray):
+        self.schema, self._chunks, self._starts, self._ids = schema, chunks, starts, ids
+
+    def batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        ids = self._ids
+        for lo in range(0, len(ids), max(1, batch_size)):
+            yield take(self.schema, self._chunks, self._starts, ids[lo:lo + batch_size])
+
+
+def take(schema: pa.Schema, chunks: Sequence[pa.RecordBatch], starts: Sequence[int],
+         ids: np.ndarray) -> pa.RecordBatch:
+    """Rows by global id from these chunks, in the order given."""
+    return take_by_id(schema, starts, ids,
+                      lambda c, positions: chunks[c].take(pa.array(positions)))
+
+
+def take_by_id(schema: pa.Schema, starts: Sequence[int], ids: np.ndarray,
+               rows_at: Callable[[int, np.ndarray], pa.RecordBatch]) -> pa.RecordBatch:
+    """Rows by global id from consecutive parts (part c's first row has id starts[c]), in
+    the order given; `rows_at(c, positions)` reads part c's rows at sorted positions."""
+    if len(ids) == 0:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema],
+                                          schema=schema)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.asarray(starts, dtype=np.int64)
+    part_of = np.searchsorted(starts, sorted_ids, side="right") - 1
+    bounds = np.searchsorted(part_of, np.arange(len(starts) + 1))
+    parts = [rows_at(c, sorted_ids[lo:hi] - starts[c])
+             for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+    rows = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+    if np.any(order[1:] < order[:-1]):
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        rows = rows.take(pa.array(inverse))
+    return rows
