@@ -47,7 +47,6 @@ from .store.versions.versioned import VersionedState
 from .store.formats import container, encoding
 from .store.held.budget import give_back_memory, resident_bytes
 from .store.held.states import HeldStates
-from .store.lineage import check_lineage, checkpoint_uid
 from .store.tier.runs import LocalStateWriteFailed
 
 
@@ -161,14 +160,14 @@ class Worker:
         start = time.perf_counter()
         if family.named_columns and version > 0:
             try:
-                family.keep_columns(readers.stored_schema(files, version))
+                family.keep_columns(readers.stored_schema(files, version,
+                                                          checkpoint_id=base_id))
             except container.CorruptStateFile:
                 pass   # damage is the load's to handle (it may load older files)
         state = self.held.new_state(family, key)
         state.run_id = run_id
-        if version > 0:
-            state.load(files, version)
-            check_lineage(state, files, base_id)
+        if version > 0:   # under checkpoint format v2, the lineage the commit log names
+            state.load(files, version, checkpoint_id=base_id)
             metrics["stateSnapshotsSkipped"] = state.files_skipped
         family.rebuild_index(state)
         metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
@@ -204,10 +203,11 @@ class Worker:
         done = state.commit_files(
             version + 1, int(conf["minVersionsToRetain"]),
             {k: family.metrics.get(k, 0) for k in container.STATE_FIGURES}, codec,
-            lambda: p.request(f, "LIST_FILES")[0], checkpoint_uid(header.get("checkpointId")))
+            lambda: p.request(f, "LIST_FILES")[0], header.get("checkpointId"))
         commit_ms = int((time.perf_counter() - start) * 1000)
         name, content = done.columns_file or ("", b"")
-        p.send(f, "COMMIT", done.snapshots, done.prune_below, done.delete, name, content,
+        p.send(f, "COMMIT", done.snapshots, done.prune_below, done.prune_snapshot,
+               done.delete, done.keep_runs, name, content, done.delta_name,
                p.Chunks(done.delta, conf["fileChunkBytes"]))
         f.flush()
         p.receive(f, "COMMITTED")
@@ -240,20 +240,21 @@ class Worker:
         files = JvmFiles(f, request["where"], request["context"],
                          received_dir(request["localDir"]), request["fileMemoryBytes"])
         by_name = request.get("stateEncoding") == "avro"   # store.formats.evolution
+        ckpt = request.get("checkpointId")   # format v2: the commit log's id of `version`
         if "changesFrom" in request and "columnFamily" in request:
             batches = readers.read_column_family_changes(
                 files, request["changesFrom"], request["version"], request["columnFamily"],
-                request["keySchema"], request["valueSchema"], by_name)
+                request["keySchema"], request["valueSchema"], by_name, ckpt)
         elif "changesFrom" in request:
             batches = readers.read_changes(files, request["changesFrom"], request["version"],
-                                              request["keySchema"], request["valueSchema"])
+                                           request["keySchema"], request["valueSchema"], ckpt)
         elif "columnFamily" in request:   # a transformWithState variable
             batches = readers.read_column_family(
                 files, request["version"], request["columnFamily"], request["keySchema"],
-                request["valueSchema"], request.get("snapshot"), by_name)
+                request["valueSchema"], request.get("snapshot"), by_name, ckpt)
         else:
             batches = readers.read_state(files, request["version"], request["keySchema"],
-                                            request["valueSchema"], request.get("snapshot"))
+                                         request["valueSchema"], request.get("snapshot"), ckpt)
         for batch in batches:
             p.send(f, "DATA", p.batch_to_ipc(batch))
         p.send(f, "END")

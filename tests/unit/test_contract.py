@@ -153,27 +153,33 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
 
     f = io.BytesIO()
     protocol.send(f, "COMMIT", [("3.arrowstate.snapshot", "/tmp/3.arrowstate.snapshot")], 2,
-                  ["a.arrowstate.run"], "s.schema", b"xy", protocol.Chunks(b"delta", 3))
+                  "2.arrowstate.snapshot", ["a.arrowstate.run"], [], "s.schema", b"xy",
+                  "4.arrowstate.delta", protocol.Chunks(b"delta", 3))
     protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
     raw = f.getvalue()
-    # the declared layout: tag, one (name, local path), prune-below, the run files to
-    # delete, the schema file's name and bytes, the delta's chunks
+    # the declared layout: tag, one (name, local path), prune-below and the snapshot that
+    # must exist first, the run files to delete and to keep, the schema file's name and
+    # bytes, the delta's name and chunks
     name, path = b"3.arrowstate.snapshot", b"/tmp/3.arrowstate.snapshot"
     assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
     assert raw[4:8] == (1).to_bytes(4, "big")
     assert raw[8:12 + len(name)] == len(name).to_bytes(4, "big") + name
-    deletes_at = 12 + len(name) + 4 + len(path) + 8
-    assert raw[deletes_at:deletes_at + 24] == ((1).to_bytes(4, "big") + (16).to_bytes(4, "big")
-                                               + b"a.arrowstate.run")
-    schema_at = deletes_at + 24
+    prune_at = 12 + len(name) + 4 + len(path)
+    assert raw[prune_at:prune_at + 8 + 4 + 21] == (
+        (2).to_bytes(8, "big") + (21).to_bytes(4, "big") + b"2.arrowstate.snapshot")
+    deletes_at = prune_at + 8 + 4 + 21
+    assert raw[deletes_at:deletes_at + 28] == ((1).to_bytes(4, "big") + (16).to_bytes(4, "big")
+                                               + b"a.arrowstate.run" + bytes(4))
+    schema_at = deletes_at + 28
     assert raw[schema_at:schema_at + 18] == ((8).to_bytes(4, "big") + b"s.schema"
                                              + (2).to_bytes(4, "big") + b"xy")
-    delta_at = schema_at + 18
+    delta_at = schema_at + 18 + 4 + 18
+    assert raw[schema_at + 18:delta_at] == (18).to_bytes(4, "big") + b"4.arrowstate.delta"
     assert raw[delta_at:delta_at + 21] == (
         (3).to_bytes(4, "big") + b"del" + (2).to_bytes(4, "big") + b"ta" + bytes(4)
         + contract.FRAMES["COMMITTED"].to_bytes(4, "big"))
     with pytest.raises(ArrowStateError, match="must be Chunks") as e:
-        protocol.send(io.BytesIO(), "COMMIT", [], 2, [], "", b"", b"delta")
+        protocol.send(io.BytesIO(), "COMMIT", [], 2, "", [], [], "", b"", "d", b"delta")
     assert e.value.parameters["field"] == "delta"
     with pytest.raises(ArrowStateError, match="metrics"):
         protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})

@@ -235,7 +235,7 @@ def test_a_damaged_newest_snapshot_is_repaired_around_with_a_warning(capfd):
     assert _rows(state) == expected[10] and state.files_skipped == 1
     assert "skipping damaged snapshot ck/state/0/3/8.arrowstate.snapshot" in capfd.readouterr().err
     # pruning never counts on it: only the good snapshot may free older files
-    assert state.lifecycle.snapshots == {4}
+    assert state.lifecycle.snapshots == {4: "4.arrowstate.snapshot"}
     damaged["4.arrowstate.snapshot"] = b"junk"
     assert _rows(_load(damaged, 10)) == expected[10]   # from the deltas alone
 

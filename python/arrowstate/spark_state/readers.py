@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..store.formats import container, decoding, evolution, manifest, names as file_names
+from ..store.lineage import lineage_deltas, lineage_plans
 from ..store.formats import files as store_files
 from ..store.lifecycle.chains import load_plans
 from ..store.lifecycle.sources import FileSource, columns_reader
@@ -31,16 +32,20 @@ def spark_rows(batch: pa.RecordBatch, key_schema: dict, value_schema: dict
     return layout_of_schema(value_schema).spark_rows(batch, key_schema, value_schema)
 
 
-def stored_schema(source: FileSource, version: int, names: list[str] | None = None
-                  ) -> pa.Schema | None:
+def stored_schema(source: FileSource, version: int, names: list[str] | None = None,
+                  checkpoint_id: str | None = None) -> pa.Schema | None:
     """The state columns of the files that load `version` (None at version 0): the newest
     file's (a family that names its columns may have added some since the oldest).
-    `names`: the directory's listing, where the caller has it."""
+    `names`: the directory's listing, where the caller has it; `checkpoint_id`: the
+    version's under checkpoint format v2 (`store.lineage`)."""
     if version == 0:
         return None
     names = source.names() if names is None else names
-    plans, _ = load_plans(names, version, source.where, source.context)
-    newest = plans[0][0][-1]
+    if checkpoint_id is None:
+        plans, _ = load_plans(names, version, source.where, source.context)
+        newest = plans[0][0][-1]
+    else:
+        newest = next(lineage_plans(source, names, version, checkpoint_id))[0][-1]
     payload = source.read(newest)
     made = (manifest.read(f"{source.where}/{newest}", source.context, payload)
             if newest.endswith(file_names.SUFFIX[file_names.SNAPSHOT]) else None)
@@ -53,13 +58,13 @@ def stored_schema(source: FileSource, version: int, names: list[str] | None = No
                                    payload, columns_reader(source, names))
 
 
-def stored_state(source: FileSource, version: int, fields_by_name: bool = False
-                 ) -> VersionedState | None:
+def stored_state(source: FileSource, version: int, fields_by_name: bool = False,
+                 checkpoint_id: str | None = None) -> VersionedState | None:
     """An empty state in the columns of the files that load `version` (None at version 0):
     the key columns (`k0..`), then the value columns (`v0..`), by name when the files name
     them; older files of a transformWithState variable whose schema evolved read in the
     newest one's, fields by name with `fields_by_name` (Spark's Avro state encoding)."""
-    schema = stored_schema(source, version)
+    schema = stored_schema(source, version, checkpoint_id=checkpoint_id)
     if schema is None:
         return None
     fields = list(schema)
@@ -77,31 +82,35 @@ def stored_state(source: FileSource, version: int, fields_by_name: bool = False
 
 
 def read_state(source: FileSource, version: int, key_schema_json: str,
-               value_schema_json: str, snapshot: int | None = None
-               ) -> Iterator[pa.RecordBatch]:
+               value_schema_json: str, snapshot: int | None = None,
+               checkpoint_id: str | None = None) -> Iterator[pa.RecordBatch]:
     """Every live row of `version`, in Spark's key and value layout, verified as a task's
-    load verifies it; with `snapshot`, loaded from that snapshot and the deltas after it."""
+    load verifies it; with `snapshot`, loaded from that snapshot and the deltas after it;
+    with `checkpoint_id` (format v2), from that attempt's lineage."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, version)
+    state = stored_state(source, version, checkpoint_id=checkpoint_id)
     if state is None:
         return
-    state.load(source, version, snapshot)
+    state.load(source, version, snapshot, checkpoint_id)
     for batch in state.rows.frozen().batches(BATCH_ROWS):
         yield spark_rows(batch, key_schema, value_schema)
 
 
 def read_changes(source: FileSource, start: int, end: int, key_schema_json: str,
-                 value_schema_json: str) -> Iterator[pa.RecordBatch]:
+                 value_schema_json: str, checkpoint_id: str | None = None
+                 ) -> Iterator[pa.RecordBatch]:
     """The puts and removes of versions start..end, in order, as Spark's change data readers
-    give them: `key`, `value` (null for a remove), `op` (1 put, 0 remove), `version`."""
+    give them: `key`, `value` (null for a remove), `op` (1 put, 0 remove), `version`;
+    `checkpoint_id`: `end`'s under format v2 (the deltas of its lineage)."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
     names = source.names()
-    schema = stored_schema(source, end, names)
+    schema = stored_schema(source, end, names, checkpoint_id)
     if schema is None:
         return
     read_columns = columns_reader(source, names)
+    deltas = lineage_deltas(source, names, end, checkpoint_id, start)
     for version in range(start, end + 1):
-        name = file_names.file_name(file_names.DELTA, version)
+        name = deltas.get(version, file_names.file_name(file_names.DELTA, version))
         if name not in names:
             raise _missing_delta(source, name, start)
         batches, _ = decoding.decode(f"{source.where}/{name}", source.context,
@@ -154,19 +163,19 @@ def _variable_column(source: FileSource, state: VersionedState, column_family: s
 
 def read_column_family(source: FileSource, version: int, column_family: str,
                        key_schema_json: str, value_schema_json: str,
-                       snapshot: int | None = None, fields_by_name: bool = False
-                       ) -> Iterator[pa.RecordBatch]:
+                       snapshot: int | None = None, fields_by_name: bool = False,
+                       checkpoint_id: str | None = None) -> Iterator[pa.RecordBatch]:
     """A transformWithState variable of `version` as Spark's column family of it holds it:
     one row per value (value state), per list element (rows of a key one after another),
     per map entry (key `struct<key, userKey>`) or per timer (key `struct<key,
     expiryTimestampMs>`, for the timer column families)."""
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, version, fields_by_name)
+    state = stored_state(source, version, fields_by_name, checkpoint_id)
     if state is None:
         return
     _variable_column(source, state, column_family)   # fails naming the files
     layout = layout_of_schema(value_schema, column_family)
-    state.load(source, version, snapshot)
+    state.load(source, version, snapshot, checkpoint_id)
     for batch in state.rows.frozen().batches(BATCH_ROWS):
         rows = layout.spark_rows(pa.RecordBatch.from_arrays(batch.columns, schema=state.schema),
                                  key_schema, value_schema, column_family)
@@ -176,8 +185,8 @@ def read_column_family(source: FileSource, version: int, column_family: str,
 
 def read_column_family_changes(source: FileSource, start: int, end: int,
                                column_family: str, key_schema_json: str,
-                               value_schema_json: str, fields_by_name: bool = False
-                               ) -> Iterator[pa.RecordBatch]:
+                               value_schema_json: str, fields_by_name: bool = False,
+                               checkpoint_id: str | None = None) -> Iterator[pa.RecordBatch]:
     """Spark's change feed of a transformWithState variable over versions start..end: a
     record per state operation, from the change records of each delta (store.formats.files); a key
     whose put or remove row has none changed by that one write (a value or list put, a
@@ -189,15 +198,16 @@ def read_column_family_changes(source: FileSource, start: int, end: int,
                          f"{source.context}) is not readable; read registered timers at "
                          f"each batchId instead")
     key_schema, value_schema = json.loads(key_schema_json), json.loads(value_schema_json)
-    state = stored_state(source, end, fields_by_name)
+    state = stored_state(source, end, fields_by_name, checkpoint_id)
     if state is None:
         return
     key_count, column, variable = _variable_column(source, state, column_family)
     names = source.names()
     read_columns = columns_reader(source, names)
     value_names = [f["name"] for f in value_schema["fields"]]
+    deltas = lineage_deltas(source, names, end, checkpoint_id, start)
     for version in range(start, end + 1):
-        name = file_names.file_name(file_names.DELTA, version)
+        name = deltas.get(version, file_names.file_name(file_names.DELTA, version))
         if name not in names:
             raise _missing_delta(source, name, start)
         batches, _ = decoding.decode(f"{source.where}/{name}", source.context,

@@ -58,9 +58,10 @@ def _leb128(n: int) -> bytes:
 
 
 def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], changes: bool,
-           figures: dict | None, uid: bytes | None = None) -> tuple[bytes, bytes, str]:
+           figures: dict | None, uid: bytes | None = None, base: bytes | None = None
+           ) -> tuple[bytes, bytes, str]:
     """A compact delta's bytes, its unique id (`uid` if given), and the name of the columns
-    file it needs."""
+    file it needs; `base`: the checkpoint id of the version it builds on (FLAG_BASE)."""
     with_op, message, name = file_schema(schema)
     sink = pa.BufferOutputStream()
     rows = 0
@@ -77,7 +78,7 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
                         bytes([len(counted)]), *counted,
                         pa.compress(messages, codec="zstd", asbytes=True)])
     end, uid = trailer(KIND_DELTA, FORMAT_COMPACT, FLAG_CHANGES if changes else 0, version,
-                       rows, len(payload), zlib.crc32(payload), uid)
+                       rows, len(payload), zlib.crc32(payload), uid, base)
     return payload + end, uid, name
 
 

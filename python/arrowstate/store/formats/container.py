@@ -19,6 +19,11 @@ STATE_FIGURES = ("numTotalStateRows", "numUpdatedStateRows", "numRemovedStateRow
 MAGIC = b"ARWSTATE"
 TRAILER = struct.Struct("<8sHBBIqqq16sI")
 _CRC_AT = TRAILER.size - 4            # the CRC covers everything before it
+# the trailer's flag (any format): the 16 bytes before the trailer, after the payload and
+# under its CRC, are the checkpoint id of the version the file was built on (checkpoint
+# format v2: a delta's link in its lineage)
+FLAG_BASE = 2
+BASE_SIZE = 16
 
 
 class CorruptStateFile(ArrowStateError):
@@ -33,13 +38,22 @@ class CorruptStateFile(ArrowStateError):
 
 
 def trailer(kind_code: int, fmt: int, flags: int, version: int, rows: int, length: int,
-            payload_crc: int, uid: bytes | None = None) -> tuple[bytes, bytes]:
-    """The trailer after a payload of `length` bytes whose CRC-32 is `payload_crc`, and the
-    file's unique id (`uid`, 16 bytes, if given: a checkpoint id; else a new one)."""
+            payload_crc: int, uid: bytes | None = None, base: bytes | None = None
+            ) -> tuple[bytes, bytes]:
+    """What follows a payload of `length` bytes whose CRC-32 is `payload_crc` (the base id,
+    if given, then the trailer), and the file's unique id (`uid`, 16 bytes, if given: a
+    checkpoint id; else a new one). `base`: the checkpoint id (16 bytes) of the version the
+    file builds on (FLAG_BASE)."""
     uid = uuid.uuid4().bytes if uid is None else uid
+    before = b""
+    if base is not None:
+        assert len(base) == BASE_SIZE
+        flags |= FLAG_BASE
+        before = base
+        payload_crc = zlib.crc32(base, payload_crc)
     head = TRAILER.pack(MAGIC, fmt, kind_code, flags, 0, version, rows, length, uid,
                         0)[:_CRC_AT]
-    return head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid
+    return before + head + struct.pack("<I", zlib.crc32(head, payload_crc)), uid
 
 
 def unique_id(payload: bytes) -> bytes | None:
@@ -56,12 +70,30 @@ def checked_trailer(payload, bad) -> tuple | None:
         return None
     fields = TRAILER.unpack(payload[-TRAILER.size:])
     length, crc = fields[7], fields[9]
-    if length != len(payload) - TRAILER.size:
-        raise bad(f"it holds {len(payload) - TRAILER.size} payload bytes but its trailer "
-                  f"says {length} (truncated or appended to)")
-    computed = zlib.crc32(memoryview(payload)[length:length + _CRC_AT],
+    extra = BASE_SIZE if fields[3] & FLAG_BASE else 0
+    if length != len(payload) - TRAILER.size - extra:
+        raise bad(f"it holds {len(payload) - TRAILER.size - extra} payload bytes but its "
+                  f"trailer says {length} (truncated or appended to)")
+    computed = zlib.crc32(memoryview(payload)[length:length + extra + _CRC_AT],
                           zlib.crc32(memoryview(payload)[:length]))
     if computed != crc:
         raise bad(f"checksum mismatch (stored CRC-32 {crc:#010x}, computed {computed:#010x}): "
                   "the file is damaged")
     return fields
+
+
+def base_id(path: str, context: str, tail: bytes) -> bytes | None:
+    """The checkpoint id of the version a file was built on (FLAG_BASE), from its last
+    TRAILER.size + BASE_SIZE bytes (or all of a shorter file); None for a file that names
+    none. A tail that is no trailer is a CorruptStateFile naming `path` (only the whole
+    file's checksum, checked when it is read, vouches for the id)."""
+    if len(tail) < TRAILER.size or tail[-TRAILER.size:][:8] != MAGIC:
+        raise CorruptStateFile(path, context, "it ends in no arrowstate trailer (truncated "
+                               "or not a state file)")
+    flags = TRAILER.unpack(tail[-TRAILER.size:])[3]
+    if not flags & FLAG_BASE:
+        return None
+    if len(tail) < TRAILER.size + BASE_SIZE:
+        raise CorruptStateFile(path, context, "its trailer names a base id the file is too "
+                               "short to hold")
+    return bytes(tail[-TRAILER.size - BASE_SIZE:-TRAILER.size])

@@ -5,6 +5,7 @@ without reading its rows: its state figures, its columns."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,11 +13,12 @@ import pyarrow.compute as pc
 from ...errors import ArrowStateError
 from . import compact, evolution
 from .compact import FLAG_CHANGES
-from .container import (FORMAT_2, FORMAT_COMPACT, FORMAT_MANIFEST, FORMAT_VERSION,
-                        FORMAT_WITH_CHANGES, CorruptStateFile, checked_trailer)
+from .container import (FLAG_BASE, FORMAT_2, FORMAT_COMPACT, FORMAT_MANIFEST,
+                        FORMAT_VERSION, FORMAT_WITH_CHANGES, CorruptStateFile,
+                        checked_trailer)
 from .files import (CHANGE_DELETE, COLUMN_NAME, FIGURES, FORMAT, KIND_CODE, OP_COLUMN,
                     OP_PUT, OP_REMOVE)
-from .names import DELTA, SNAPSHOT, name_kind
+from .names import DELTA, SNAPSHOT, checkpoint_id_of, name_kind
 
 
 class StateColumnsChanged(ArrowStateError):
@@ -112,12 +114,17 @@ def _stream(path: str, context: str, payload, read_columns, bad) -> tuple:
     if fmt not in (FORMAT_VERSION, FORMAT_WITH_CHANGES, FORMAT_COMPACT):
         raise bad(f"its trailer says state file format {fmt}; this arrowstate reads "
                   f"formats 1 to {FORMAT_MANIFEST} (damaged, or a newer arrowstate wrote it)")
-    allowed_flags = FLAG_CHANGES if fmt == FORMAT_COMPACT else 0
+    allowed_flags = ((FLAG_CHANGES if fmt == FORMAT_COMPACT else 0)
+                     | (FLAG_BASE if kind == DELTA else 0))
     if (kind_code != KIND_CODE[kind] or (version is not None and file_version != version)
             or flags & ~allowed_flags or (fmt == FORMAT_COMPACT and kind != DELTA)):
         described = ("delta", "snapshot", "schema", "run")[kind_code % 4]
         raise bad(f"its trailer describes a {described} of version {file_version}, not "
                   f"this file's {kind}" + (f" of version {version}" if version else ""))
+    named = checkpoint_id_of(path.rsplit("/", 1)[-1])
+    if named is not None and uid != uuid.UUID(named).bytes:
+        raise bad(f"its trailer carries checkpoint id {uuid.UUID(bytes=uid)}, not the "
+                  f"{named} its name says (renamed, or another attempt's file)")
     changes = kind == DELTA and (fmt == FORMAT_WITH_CHANGES or flags & FLAG_CHANGES)
     highest_op = CHANGE_DELETE if changes else OP_PUT
     body = memoryview(payload)[:length]

@@ -42,38 +42,42 @@ def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
 
 
 def _full_trailer(kind: str, version: int, rows: int, length: int, payload_crc: int,
-                  changes: bool, uid: bytes | None = None) -> tuple[bytes, bytes]:
+                  changes: bool, uid: bytes | None = None, base: bytes | None = None
+                  ) -> tuple[bytes, bytes]:
     """A format 2 or 3 file's trailer (`container.trailer`)."""
     return trailer(KIND_CODE[kind], FORMAT_WITH_CHANGES if changes else FORMAT_VERSION, 0,
-                   version, rows, length, payload_crc, uid)
+                   version, rows, length, payload_crc, uid, base)
 
 
 def encode(schema: pa.Schema, kind: str, version: int,
            batches: Iterable[pa.RecordBatch], changes: bool = False,
-           figures: dict | None = None, codec: str = "lz4", uid: bytes | None = None
-           ) -> tuple[bytes, bytes]:
+           figures: dict | None = None, codec: str = "lz4", uid: bytes | None = None,
+           base: bytes | None = None) -> tuple[bytes, bytes]:
     """One file's bytes and its unique id (`uid` if given); `batches` carry the state
     columns plus the op column (`changes`: change records among them, a format 3 delta;
-    `figures`: the state figures a delta records; `codec`: an ipc_codec)."""
+    `figures`: the state figures a delta records; `codec`: an ipc_codec; `base`: the
+    checkpoint id of the version a delta builds on, `container.FLAG_BASE`)."""
     sink = pa.BufferOutputStream()
     rows = _write_payload(sink, schema, kind, version, batches, figures, codec)
     payload = sink.getvalue()
     end, uid = _full_trailer(kind, version, rows, payload.size, zlib.crc32(payload), changes,
-                             uid)
+                             uid, base)
     return b"".join((memoryview(payload), end)), uid
 
 
 def encode_delta(schema: pa.Schema, version: int, batches: list[pa.RecordBatch],
                  changes: bool = False, figures: dict | None = None, codec: str = "lz4",
-                 uid: bytes | None = None) -> tuple[bytes, bytes, str | None]:
+                 uid: bytes | None = None, base: bytes | None = None
+                 ) -> tuple[bytes, bytes, str | None]:
     """A delta's bytes, its unique id, and the name of the columns file it needs (None for
     a delta that holds its schema): a compact delta (format 4) when its rows take at most
     files.COMPACT_MAX_BYTES, else as `encode` makes one (`codec` applies to that form only: a
     compact delta is one ZSTD frame, the smallest for a few rows)."""
     if sum(b.nbytes for b in batches) > files.COMPACT_MAX_BYTES:
-        data, uid = encode(schema, DELTA, version, batches, changes, figures, codec, uid)
+        data, uid = encode(schema, DELTA, version, batches, changes, figures, codec, uid,
+                           base)
         return data, uid, None
-    return compact.encode(schema, version, batches, changes, figures, uid)
+    return compact.encode(schema, version, batches, changes, figures, uid, base)
 
 
 class _Checksummed(io.RawIOBase):
@@ -94,14 +98,14 @@ class _Checksummed(io.RawIOBase):
 
 
 def encode_to_file(path: str, schema: pa.Schema, kind: str, version: int,
-                   batches: Iterable[pa.RecordBatch], codec: str = "lz4"
-                   ) -> tuple[int, bytes]:
+                   batches: Iterable[pa.RecordBatch], codec: str = "lz4",
+                   uid: bytes | None = None) -> tuple[int, bytes]:
     """Writes one file (as `encode` makes it) to a local path a batch at a time, so a large
-    snapshot is never whole in memory; its size and unique id."""
+    snapshot is never whole in memory; its size and unique id (`uid` if given)."""
     with open(path, "wb") as raw:
         sink = _Checksummed(raw)
         rows = _write_payload(pa.PythonFile(sink, mode="w"), schema, kind, version, batches,
                               codec=codec)
-        end, uid = _full_trailer(kind, version, rows, sink.size, sink.crc, False)
+        end, uid = _full_trailer(kind, version, rows, sink.size, sink.crc, False, uid)
         raw.write(end)
         return sink.size + len(end), uid

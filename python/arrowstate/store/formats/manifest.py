@@ -77,13 +77,15 @@ def run_file_name() -> str:
 
 def write(runs: Sequence[tuple[Run, RunReader]], schema: pa.Schema, version: int,
           seeds: tuple[int, int], live_rows: int, directory: str | None,
-          codec: str) -> Written:
+          codec: str, checkpoint_id: str | None = None) -> Written:
     """The manifest of `version` over the frozen tier's runs (oldest first), writing the
     runs not yet in the checkpoint (`Run.pieces` None) as run files: local files in
-    `directory` (else bytes)."""
+    `directory` (else bytes). `checkpoint_id`: the version's, under checkpoint format v2
+    (in the manifest's name and as its unique id)."""
     out: list[tuple[str, bytes | str]] = []
     try:
-        return _write(runs, schema, version, seeds, live_rows, directory, codec, out)
+        return _write(runs, schema, version, seeds, live_rows, directory, codec, out,
+                      checkpoint_id)
     except BaseException:   # the files written so far go
         for _, content in out:
             if isinstance(content, str) and os.path.exists(content):
@@ -91,7 +93,8 @@ def write(runs: Sequence[tuple[Run, RunReader]], schema: pa.Schema, version: int
         raise
 
 
-def _write(runs, schema, version, seeds, live_rows, directory, codec, out) -> Written:
+def _write(runs, schema, version, seeds, live_rows, directory, codec, out,
+           checkpoint_id) -> Written:
     listed, new_runs, reused = [], [], set()
     for run, reader in runs:
         if run.n == 0:   # an empty run (all removals, merged at the bottom) hides nothing
@@ -107,8 +110,8 @@ def _write(runs, schema, version, seeds, live_rows, directory, codec, out) -> Wr
         listed.append(pieces)
         new_runs.append((run.files, tuple(pieces)))
     made = Manifest(listed, seeds, live_rows)
-    data = encode(made, version)
-    name = names.file_name(names.SNAPSHOT, version)
+    data = encode(made, version, checkpoint_id)
+    name = names.file_name(names.SNAPSHOT, version, checkpoint_id)
     if directory is None:
         out.append((name, data))
     else:
@@ -162,13 +165,14 @@ def _piece_chunks(reader: RunReader, lo: int, n: int) -> tuple[Iterator, list[in
     return chunks(), end
 
 
-def encode(made: Manifest, version: int) -> bytes:
+def encode(made: Manifest, version: int, checkpoint_id: str | None = None) -> bytes:
     payload = json.dumps({
         "format": _TAG, "seeds": list(made.seeds), "rows": made.rows,
         "runs": [[p._asdict() for p in run] for run in made.runs]},
         separators=(",", ":")).encode()
     end, _ = trailer(KIND_SNAPSHOT, FORMAT_MANIFEST, 0, version, made.rows, len(payload),
-                     zlib.crc32(payload))
+                     zlib.crc32(payload),
+                     None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes)
     return payload + end
 
 
@@ -187,6 +191,10 @@ def read(path: str, context: str, payload) -> Manifest | None:
     if fields[2] != KIND_SNAPSHOT or version is None or fields[5] != version[0]:
         raise bad(f"its trailer describes a manifest of version {fields[5]}, not this "
                   "file's snapshot")
+    named = names.checkpoint_id_of(path.rsplit("/", 1)[-1])
+    if named is not None and fields[8] != uuid.UUID(named).bytes:
+        raise bad(f"its trailer carries checkpoint id {uuid.UUID(bytes=fields[8])}, not the "
+                  f"{named} its name says (renamed, or another attempt's file)")
     try:
         body = json.loads(bytes(memoryview(payload)[:fields[7]]))
         if body.get("format") != _TAG:

@@ -4,6 +4,10 @@ version's file is found, and so what a load reads, starts here.
 
     <version>.arrowstate.delta      the puts and removes of one version (`files`)
     <version>.arrowstate.snapshot   every live row of one version, or a manifest (`manifest`)
+    <version>_<id>.arrowstate.delta, <version>_<id>.arrowstate.snapshot
+                                    the same under checkpoint format v2: `<id>` is the
+                                    checkpoint id of the attempt that committed the version
+                                    (`lineage`), so two attempts never write one name
     <32 hex>.arrowstate.schema      a columns file: the Arrow schema compact deltas name
                                     (`compact`; its suffix kept from when it was called a
                                     schema file, so checkpoints written before still load)
@@ -19,22 +23,35 @@ DELTA, SNAPSHOT, RUN = "delta", "snapshot", "run"
 SUFFIX = {DELTA: FILES["deltaSuffix"], SNAPSHOT: FILES["snapshotSuffix"]}
 RUN_SUFFIX = FILES["runSuffix"]
 COLUMNS_SUFFIX = FILES["schemaSuffix"]   # a columns file's (see `compact`)
-_NAME = re.compile(r"^(\d+)(" + "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
+_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_NAME = re.compile(r"^(\d+)(?:_(" + _ID + r"))?(" +
+                   "|".join(re.escape(s) for s in SUFFIX.values()) + r")$")
 _RUN_NAME = re.compile(r"^[0-9a-f]{32}" + re.escape(RUN_SUFFIX) + "$")
 _COLUMNS_NAME = re.compile(r"^[0-9a-f]{32}" + re.escape(COLUMNS_SUFFIX) + "$")
 
 
-def file_name(kind: str, version: int) -> str:
-    """The name of a version's delta or snapshot."""
-    return f"{version}{SUFFIX[kind]}"
+def file_name(kind: str, version: int, checkpoint_id: str | None = None) -> str:
+    """The name of a version's delta or snapshot: under checkpoint format v2 the one the
+    attempt with `checkpoint_id` wrote."""
+    if checkpoint_id is None:
+        return f"{version}{SUFFIX[kind]}"
+    return f"{version}_{checkpoint_id}{SUFFIX[kind]}"
 
 
 def parse_name(name: str) -> tuple[int, str] | None:
-    """(version, kind) of one of our delta or snapshot names, None for any other name."""
+    """(version, kind) of one of our delta or snapshot names (either format's), None for
+    any other name."""
     m = _NAME.match(name)
     if m is None:
         return None
-    return int(m.group(1)), DELTA if m.group(2) == SUFFIX[DELTA] else SNAPSHOT
+    return int(m.group(1)), DELTA if m.group(3) == SUFFIX[DELTA] else SNAPSHOT
+
+
+def checkpoint_id_of(name: str) -> str | None:
+    """The checkpoint id a delta's or snapshot's name carries (checkpoint format v2), None
+    for format v1's names and any other name."""
+    m = _NAME.match(name)
+    return None if m is None else m.group(2)
 
 
 def columns_file_name(columns_id: bytes) -> str:

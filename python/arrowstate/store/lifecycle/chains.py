@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...errors import ArrowStateError
-from ..formats.names import DELTA, SNAPSHOT, file_name, parse_name, spark_store_files
+from ..formats.names import (DELTA, SNAPSHOT, checkpoint_id_of, file_name, parse_name,
+                             spark_store_files)
 
 
 class MissingStateFiles(ArrowStateError, FileNotFoundError):
@@ -22,7 +23,10 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
     at or below it (newest first; 0 for none) and the deltas after it; only the one from
     `snapshot` when that is given. Also every snapshot version present. Raises
     MissingStateFiles, naming what is missing, when none exists."""
-    present = [parsed for parsed in map(parse_name, names) if parsed is not None]
+    # format v1's names only: a file of an attempt's name (format v2) is read only on the
+    # lineage the commit log names (`store.lineage`)
+    present = [parse_name(n) for n in names
+               if parse_name(n) is not None and checkpoint_id_of(n) is None]
     snapshots = sorted(v for v, kind in present if kind == SNAPSHOT)
     deltas = {v for v, kind in present if kind == DELTA}
     bases = [v for v in reversed(snapshots) if v <= version] + [0]
@@ -54,6 +58,15 @@ def load_plans(names: Sequence[str], version: int, where: str, context: str,
                 f"offline). Or run this operator on Spark's own (spark.arrowstate.enabled="
                 f"false) to continue it.", where)
         missing = [v for v in range(bases[0] + 1, version + 1) if v not in deltas]
+        if any(checkpoint_id_of(n) is not None and parse_name(n)[0] in missing
+               for n in names):
+            raise MissingStateFiles(
+                "CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
+                f"An error occurred during loading state. arrowstate cannot load state version "
+                f"{version} of {where} ({context}) without the checkpoint ids Spark's commit "
+                f"log records for it: its files were written under checkpoint format v2 "
+                f"(their names carry the id of the attempt that wrote each). Continue the "
+                f"query with spark.sql.streaming.stateStore.checkpointFormatVersion=2.", where)
         raise MissingStateFiles(
             "CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS",
             f"An error occurred during loading state. arrowstate cannot load state version "

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import uuid
 from typing import NamedTuple, Sequence
 
 import pyarrow as pa
 
 from ..formats import decoding, files, manifest
-from ..formats.container import TRAILER, CorruptStateFile
-from ..formats.names import (DELTA, SNAPSHOT, SUFFIX, file_name, is_columns_file,
-                             is_run_file)
+from .. import lineage
+from ..formats.container import TRAILER, CorruptStateFile, base_id
+from ..formats.names import (DELTA, SNAPSHOT, SUFFIX, checkpoint_id_of, file_name,
+                             is_columns_file, is_run_file)
 from ..tier.tiered import TieredRows
 from .chains import load_plans
 from .sources import FileSource, columns_reader
@@ -29,24 +31,44 @@ class Loaded(NamedTuple):
     columns_files: set[str]
 
 
-def load_version(state, source: FileSource, version: int,
-                 snapshot: int | None = None) -> Loaded:
+def load_version(state, source: FileSource, version: int, snapshot: int | None = None,
+                 checkpoint_id: str | None = None) -> Loaded:
     """Loads `version` into `state` (a `versions.versioned.VersionedState`, its rows cleared
     before each chain is tried). With `snapshot`, only the chain from that snapshot is taken
-    (Spark's readers' snapshotStartBatchId)."""
+    (Spark's readers' snapshotStartBatchId). With `checkpoint_id` (checkpoint format v2),
+    only the files of that attempt's lineage (`store.lineage`), each delta's link to the
+    file before it checked once the delta is verified whole."""
     names = source.names()
-    plans, snapshots = load_plans(names, version, source.where, source.context, snapshot)
+    if checkpoint_id is None:
+        plans, found = load_plans(names, version, source.where, source.context, snapshot)
+        known = {v: file_name(SNAPSHOT, v) for v in found}
+        chains = ((chain, base, known) for chain, base in plans)
+    else:
+        chains = lineage.lineage_plans(source, names, version, checkpoint_id, snapshot)
     damaged: list[int] = []
     read_columns = columns_reader(source, names)
 
-    def decoded(name: str) -> tuple[list[pa.RecordBatch], bytes | None]:
-        return decoding.decode(f"{source.where}/{name}", source.context, source.read(name),
-                               state.schema, state.dropped_columns, state.evolve, read_columns)
+    def decoded(name: str, after: str | None = None
+                ) -> tuple[list[pa.RecordBatch], bytes | None]:
+        path, payload = f"{source.where}/{name}", source.read(name)
+        result = decoding.decode(path, source.context, payload, state.schema,
+                                 state.dropped_columns, state.evolve, read_columns)
+        # its link, under the checksum just checked (one to a file of format v1's name the
+        # walk checked by that file's unique id)
+        if checkpoint_id_of(name) is not None and (
+                after is None or checkpoint_id_of(after) is not None):
+            expected = None if after is None else checkpoint_id_of(after)
+            found = base_id(path, source.context, payload)
+            if found != lineage.checkpoint_uid(expected):
+                raise CorruptStateFile(path, source.context, (
+                    f"it records the version before it as checkpoint id "
+                    f"{uuid.UUID(bytes=found) if found else 'none'}, not {expected}"))
+        return result
 
     # a tier merges whole as it loads (no micro-batches to pace its merges over)
     with (state.rows.merges.unpaced() if isinstance(state.rows, TieredRows)
           else contextlib.nullcontext()):
-        for chain, base in plans:
+        for chain, base, snapshots in chains:
             state.rows.clear()
             try:
                 uid = _load_base(state, source, chain[0], names, decoded)
@@ -59,8 +81,8 @@ def load_version(state, source: FileSource, version: int,
                       f"({source.context}): {e.what}; loading from an older snapshot and "
                       "the deltas after it", file=sys.stderr, flush=True)
                 continue
-            for name in chain[1:]:   # each file is verified whole before it is applied
-                batches, uid = decoded(name)
+            for before, name in zip(chain, chain[1:]):   # each verified whole, then applied
+                batches, uid = decoded(name, before)
                 for batch in batches:
                     replay(state, batch)
             state.lifecycle.loaded(snapshots, base, damaged,
@@ -119,7 +141,7 @@ def _load_base(state, source: FileSource, name: str, names: list[str],
     return None
 
 
-def _manifests(source: FileSource, names: list[str], snapshots: Sequence[int],
+def _manifests(source: FileSource, names: list[str], snapshots: dict[int, str],
                damaged: Sequence[int]) -> dict[int, frozenset[str]]:
     """The run files every manifest of the partition names (retention deletes a run file
     only when no snapshot it keeps names it). A snapshot's last bytes say whether it is
@@ -128,10 +150,9 @@ def _manifests(source: FileSource, names: list[str], snapshots: Sequence[int],
     found: dict[int, frozenset[str]] = {}
     if not any(is_run_file(n) for n in names):
         return found
-    for version in snapshots:
+    for version, name in snapshots.items():
         if version in damaged:
             continue
-        name = file_name(SNAPSHOT, version)
         if not manifest.is_manifest(source.tail(name, TRAILER.size)):
             continue
         try:

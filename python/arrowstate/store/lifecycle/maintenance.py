@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable, NamedTuple, Sequence
 
+from ..formats.names import is_run_file
 from .snapshots import Made, Snapshot, delete_local
 
 SHIP_MIN_BYTES = 4 << 20   # a commit ships at least this much of a snapshot's files
@@ -22,7 +23,9 @@ class Lifecycle:
     """Snapshot scheduling and retention for one partition."""
 
     def __init__(self) -> None:
-        self.snapshots: set[int] = set()      # versions with a snapshot written or shipped
+        # versions with a snapshot written or shipped, by the snapshot file's name (under
+        # checkpoint format v2 it carries the version's checkpoint id)
+        self.snapshots: dict[int, str] = {}
         self.last_snapshot_version = 0        # the newest snapshot made or loaded
         self.pruned_below = 0
         # the run files each known manifest names (those shipped, or read at the load)
@@ -33,25 +36,29 @@ class Lifecycle:
         self._shipping: tuple[Snapshot, Made, list, int] | None = None
         self._spread = 1   # the commits a snapshot's files may ship over (see maintenance)
 
-    def loaded(self, snapshots: Sequence[int], base: int, damaged: Sequence[int],
+    def loaded(self, snapshots: dict[int, str], base: int, damaged: Sequence[int],
                manifests: dict[int, frozenset[str]]) -> None:
-        """After a load from `base`: a damaged snapshot is never counted on for pruning.
-        `manifests`: the run files of every manifest the partition holds."""
-        self.snapshots = set(snapshots) - set(damaged)
+        """After a load from `base`: the snapshots the load may count on (version -> file
+        name; under checkpoint format v2 those of the loaded version's lineage); a damaged
+        one never is. `manifests`: the run files each of those that is a manifest names."""
+        self.snapshots = {v: n for v, n in snapshots.items() if v not in set(damaged)}
         self.last_snapshot_version = base
         self.manifests = dict(manifests)
 
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
                   directory: str | None = None, codec: str = "lz4",
-                  seeds: tuple[int, int] = (0, 0)) -> None:
+                  seeds: tuple[int, int] = (0, 0), checkpoint_id: str | None = None
+                  ) -> None:
         """After `version` is committed: makes its snapshot in a thread when one is due (in
         files in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
         only then (it freezes the live rows); a tier's frozen runs make a manifest, whose
-        keys follow the hash `seeds`."""
+        keys follow the hash `seeds`. `checkpoint_id`: the version's, under checkpoint
+        format v2 (the snapshot's name carries it)."""
         self._spread = max(1, min_deltas_for_snapshot)
         due = version - self.last_snapshot_version >= self._spread
         if due and self._pending is None and self._shipping is None:
-            self._pending = Snapshot(rows_of(), schema, version, directory, codec, seeds)
+            self._pending = Snapshot(rows_of(), schema, version, directory, codec, seeds,
+                                     checkpoint_id)
             self.last_snapshot_version = version
 
     def discard(self) -> None:
@@ -72,8 +79,11 @@ class Lifecycle:
         snapshot, in order; the version below which files may go (-1 for none): the
         newest snapshot at or below the oldest version retention keeps loadable; and the
         run files to delete then, named by no snapshot kept nor by the state's runs
-        (`held_runs`). The JVM prunes only after the snapshots are written and once that
-        snapshot's file exists, and deletes the run files only after it pruned.
+        (`held_runs`); and every run file that retained snapshots, the one in progress
+        and the state's runs name (any other run file older than the snapshot pruned to is
+        an orphan: an interrupted snapshot's, or a delete that failed). The JVM prunes only
+        after the snapshots are written and once that snapshot's file exists, and deletes
+        the run files only after it pruned.
 
         A snapshot's files ship over the commits until the next is due
         (`min_deltas_for_snapshot`), each commit about an even share of them, or as much
@@ -98,19 +108,22 @@ class Lifecycle:
         oldest_retained = new_version - min_versions_to_retain + 1
         base = max((v for v in self.snapshots if v <= oldest_retained), default=0)
         if base <= self.pruned_below:
-            return Maintenance(shipped, -1, [])
+            return Maintenance(shipped, -1, [], "", [])
         self.pruned_below = base
         kept = set(held_runs())
         for snapshot in (self._pending, self._shipping and self._shipping[0]):
             if snapshot:
                 kept |= snapshot.reused
+        if self._shipping is not None:   # its run files written so far and still to come
+            kept |= {name for name, _ in self._shipping[1].files if is_run_file(name)}
         gone: set[str] = set()
         for version in list(self.manifests):
             if version < base:
                 gone |= self.manifests.pop(version)
         for names in self.manifests.values():
             kept |= names
-        return Maintenance(shipped, base, sorted(gone - kept))
+        return Maintenance(shipped, base, sorted(gone - kept), self.snapshots[base],
+                           sorted(kept))
 
     def _may_ship(self, pending: "Snapshot", made: "Made",
                   list_names: Callable[[], list[str]] | None) -> bool:
@@ -148,7 +161,7 @@ class Lifecycle:
                 for cell, pieces in made.written.new_runs:
                     cell.pieces = pieces
                 self.manifests[pending.version] = frozenset(made.written.manifest.names())
-            self.snapshots.add(pending.version)
+            self.snapshots[pending.version] = pending.name
         return out
 
     def wait_for_snapshot(self) -> None:
@@ -160,6 +173,8 @@ class Maintenance(NamedTuple):
     snapshots: list      # (name, bytes or local path) to write, in order
     prune_below: int
     delete: list[str]    # run files to delete once pruned
+    prune_snapshot: str  # the snapshot file that must exist before anything is pruned
+    keep_runs: list[str]   # run files that stay; older others are orphans
 
 
 def _size(content: bytes | str) -> int:

@@ -29,9 +29,13 @@ class Snapshot(threading.Thread):
     runs not written before; Arrow's take and IPC release the GIL."""
 
     def __init__(self, rows, schema, version: int, directory: str | None, codec: str,
-                 seeds: tuple[int, int]) -> None:
+                 seeds: tuple[int, int], checkpoint_id: str | None = None) -> None:
         super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
         self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
+        # under checkpoint format v2 the version's id names the snapshot (`lineage`): only
+        # the attempt the commit log names for it can have made one of that name
+        self.checkpoint_id = checkpoint_id
+        self.name = file_name(SNAPSHOT, version, checkpoint_id)
         self._rows, self._schema = rows, schema
         runs = rows.runs() if hasattr(rows, "runs") else ()
         # the runs' cells for their checkpoint files (`RunFiles`), made here, in the task's
@@ -54,7 +58,7 @@ class Snapshot(threading.Thread):
             if hasattr(self._rows, "runs"):
                 written = manifest.write(self._rows.runs(), self._schema, self.version,
                                          self._seeds, self._rows.live, self.directory,
-                                         self._codec)
+                                         self._codec, self.checkpoint_id)
                 self._made = Made(written.files, written)
             else:
                 self._made = Made([self._rows_file()], None)
@@ -67,16 +71,17 @@ class Snapshot(threading.Thread):
             self._rows = None
 
     def _rows_file(self) -> tuple[str, bytes | str]:
-        name = file_name(SNAPSHOT, self.version)
+        name = self.name
+        uid = None if self.checkpoint_id is None else uuid.UUID(self.checkpoint_id).bytes
         rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
         if self.directory is None:
             data, _ = encoding.encode(self._schema, SNAPSHOT, self.version, rows,
-                                      codec=self._codec)
+                                      codec=self._codec, uid=uid)
             return name, data
         path = os.path.join(self.directory, f"{uuid.uuid4().hex}-{name}")
         try:
             encoding.encode_to_file(path, self._schema, SNAPSHOT, self.version, rows,
-                                    self._codec)
+                                    self._codec, uid)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)

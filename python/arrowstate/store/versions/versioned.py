@@ -9,6 +9,7 @@ and removes, in order). The rows live in a store of `rows` (a dict, a hash table
 from __future__ import annotations
 
 import secrets
+import uuid
 from typing import Callable, Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -31,19 +32,25 @@ class CommitFiles(NamedTuple):
     """What committing a version writes: its delta, the columns file to write before it
     (name and bytes) when the partition lacks the one it needs, the files of snapshots (of earlier
     versions) made meanwhile (name, and bytes or a local file's path, in order), the version
-    below which files may be pruned (-1: none), and the run files to delete once pruned."""
+    below which files may be pruned (-1: none) once the snapshot file `prune_snapshot` is
+    there, the run files to delete once pruned, the run files that stay (older others are
+    orphans, `lifecycle.maintenance`), and the delta's name (under checkpoint format v2 it
+    carries the attempt's checkpoint id)."""
     version: int
     delta: bytes
     columns_file: tuple[str, bytes] | None
     snapshots: list
     prune_below: int
     delete: list
+    prune_snapshot: str
+    keep_runs: list
+    delta_name: str
 
     def written(self) -> dict[str, bytes]:
         """The files the commit itself writes, by name, in order: the columns file, then the
         delta."""
         done = dict([self.columns_file]) if self.columns_file else {}
-        done[file_name(DELTA, self.version)] = self.delta
+        done[self.delta_name] = self.delta
         return done
 
 
@@ -106,6 +113,10 @@ class VersionedState:
         self.version = 0
         self.run_id: str | None = None     # the query run that committed or loaded it
         self.last_uid: bytes | None = None  # unique id of the newest delta it committed
+        # checkpoint format v2: the id of the attempt whose version this is, as Spark's
+        # commit log records it (None under format v1, or where none is known)
+        self.checkpoint_id: str | None = None
+        self._pending_checkpoint_id: str | None = None
         self.files_skipped = 0              # damaged snapshots passed over by the last load
         self._pending_uid: bytes | None = None
         # the columns files the partition holds (known since the load, or written since)
@@ -255,14 +266,20 @@ class VersionedState:
     def commit_files(self, new_version: int, min_versions_to_retain: int,
                      figures: dict | None = None, codec: str = "lz4",
                      list_names: Callable[[], list[str]] | None = None,
-                     uid: bytes | None = None) -> CommitFiles:
+                     checkpoint_id: str | None = None) -> CommitFiles:
         """The files of new_version's commit: its delta records the state `figures`, if
         given; a large delta's buffers are compressed with `codec`, an encoding.ipc_codec.
         `list_names`: the partition's files (a snapshot naming earlier run files checks
-        they are there). `uid`: the delta's unique id (a checkpoint id), else a new one."""
+        they are there). `checkpoint_id` (checkpoint format v2): the committing attempt's,
+        in the delta's name and as its unique id, the delta recording the id of the version
+        it builds on (`lineage`); else a new unique id and format v1's name."""
+        uid = None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
+        base = (None if checkpoint_id is None or self.checkpoint_id is None
+                else uuid.UUID(self.checkpoint_id).bytes)
         delta, self._pending_uid, columns_name = encoding.encode_delta(
             self.schema, new_version, self._changes, self._has_change_records, figures, codec,
-            uid)
+            uid, base)
+        self._pending_checkpoint_id = checkpoint_id
         columns_file = None
         if columns_name is not None and columns_name not in self.columns_files:
             columns_file = compact.columns_file(self.schema)
@@ -270,7 +287,8 @@ class VersionedState:
         done = self.lifecycle.maintenance(new_version, min_versions_to_retain, list_names,
                                           self._held_run_files, len(delta))
         return CommitFiles(new_version, delta, columns_file, done.snapshots, done.prune_below,
-                           done.delete)
+                           done.delete, done.prune_snapshot, done.keep_runs,
+                           file_name(DELTA, new_version, checkpoint_id))
 
     def _held_run_files(self) -> set[str]:
         """The run files in the checkpoint that the tier's runs are (none off the tier)."""
@@ -284,6 +302,7 @@ class VersionedState:
         `snapshot_dir`, else as bytes; compressed with `codec`)."""
         self.version = new_version
         self.last_uid = self._pending_uid
+        self.checkpoint_id = self._pending_checkpoint_id
         if self._pending_columns is not None:
             self.columns_files.add(self._pending_columns)
             self._pending_columns = None
@@ -291,15 +310,19 @@ class VersionedState:
         self._has_change_records = False
         self.rows.compact_if_sparse()
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
-                                 min_deltas_for_snapshot, snapshot_dir, codec, self.seeds)
+                                 min_deltas_for_snapshot, snapshot_dir, codec, self.seeds,
+                                 self.checkpoint_id)
 
-    def load(self, source: FileSource, version: int, snapshot: int | None = None) -> None:
+    def load(self, source: FileSource, version: int, snapshot: int | None = None,
+             checkpoint_id: str | None = None) -> None:
         """Loads `version`: the newest sound snapshot at or below it and the deltas after it
         (`lifecycle.loading`); with `snapshot`, only the chain from that snapshot (Spark's
-        readers' snapshotStartBatchId)."""
-        loaded = load_version(self, source, version, snapshot)
+        readers' snapshotStartBatchId); with `checkpoint_id` (checkpoint format v2), the
+        files of that attempt's lineage only (`lineage`)."""
+        loaded = load_version(self, source, version, snapshot, checkpoint_id)
         self.version = version
         self.last_uid, self.files_skipped = loaded.last_uid, loaded.files_skipped
+        self.checkpoint_id = checkpoint_id
         self.columns_files = loaded.columns_files
         self._changes.clear()
         self._has_change_records = False
