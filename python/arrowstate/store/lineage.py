@@ -2,9 +2,9 @@
 its unique id, the checkpoint id Spark's commit log records for that version's batch, so a
 load (or a state held from the last task) can tell the delta the commit log names from one
 a task attempt whose batch never committed wrote over it. Reading a delta's id
-(`delta_uid`: one small ranged read of its trailer), whether a held state is still the one
-in the checkpoint (`committed_here`) and the check that fails a load on another
-(`check_lineage`) are here; where a version's files are named is `formats.names`, which
+(`delta_uid`: one small ranged read of its trailer), whether a held state committed the
+delta the commit log names (`committed_base`) and is still the one in the checkpoint
+(`committed_here`), and the check that fails a load on another (`check_lineage`) are here; where a version's files are named is `formats.names`, which
 files load a version `lifecycle.chains`.
 """
 from __future__ import annotations
@@ -26,6 +26,12 @@ def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
 def delta_uid(version: int, files: FileSource) -> bytes | None:
     """The unique id in the trailer of the version's delta (one small ranged read)."""
     return unique_id(files.tail(file_name(DELTA, version), TRAILER.size))
+
+
+def committed_base(state: VersionedState, base_id: str | None) -> bool:
+    """Whether the state committed the delta Spark's commit log names for its version
+    (`base_id`; None, outside checkpoint format v2: nothing to check)."""
+    return base_id is None or state.last_uid == checkpoint_uid(base_id)
 
 
 def committed_here(state: VersionedState, files: FileSource) -> bool:
