@@ -125,6 +125,12 @@ def _check_v1_delta(source: FileSource, name: str, version: int, cid: str) -> No
         lineage=f"{version}:{cid}", message=f"{name} has checkpoint id {found_id}")
 
 
+def committed_base(state: Any, base_id: str | None) -> bool:
+    """Whether a held state is the version the commit log names (`base_id`, its attempt's
+    checkpoint id; None, outside checkpoint format v2: nothing to check)."""
+    return base_id is None or state.checkpoint_id == base_id
+
+
 def committed_here(state: Any, files: FileSource) -> bool:
     """Whether the checkpoint's delta of a held state's version is still the one this state
     committed. Under format v2 its name is the attempt's own, so it is (once the commit log

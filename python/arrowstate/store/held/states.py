@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from ...errors import ArrowStateError
 from ..lifecycle.sources import FileSource
-from ..lineage import committed_here
+from ..lineage import committed_base, committed_here
 from ..versions.versioned import VersionedState
 from .budget import MemoryBudget
 
@@ -64,7 +64,7 @@ class HeldStates:
         is let go."""
         state = self.states.pop(state_key, None)
         if (state is not None and state.version == version and state.run_id == run_id
-                and (base_id is None or state.checkpoint_id == base_id)
+                and committed_base(state, base_id)
                 and (not verify or committed_here(state, files))):
             return state
         if state is not None:

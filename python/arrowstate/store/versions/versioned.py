@@ -254,7 +254,7 @@ class VersionedState:
         return rows
 
     def record_changes(self, batch: pa.RecordBatch, ops: pa.Array) -> None:
-        """Adds change records to this version's delta (no state: see `files`); `batch`
+        """Adds change records to this version's delta (no state: see `formats.files`); `batch`
         holds the key then the value columns, `ops` each row's files.CHANGE_* code."""
         if batch.num_rows:
             self._changes.append(pa.RecordBatch.from_arrays(
