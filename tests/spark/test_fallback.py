@@ -137,7 +137,8 @@ def test_jvm_functions_and_real_time_aggregation_stay_spark_with_reason(spark, t
     assert "ArrowStreamingDeduplicate" in out and "real-time" in out, out
     assert "REALTIME COUNT EXCEPTION None" in out, out + done.stderr
     assert "StatefulStreamlineAggregate" in out, out
-    assert "real-time mode (Trigger.RealTime): arrowstate runs deduplication" in out, out
+    assert ("real-time mode (Trigger.RealTime): arrowstate runs only ArrowStreamingDeduplicate, "
+            "ArrowFlatMapGroupsWithState, ArrowTransformWithState there") in out, out
 
 
 def test_stream_joins_stay_spark_with_reason(spark, spark_conf, tmp_path):

@@ -9,6 +9,7 @@ from pyspark import cloudpickle
 import procinfo
 import real_time as rt
 from harness import read_state
+from test_workers import seen_by_app
 
 cloudpickle.register_pickle_by_value(rt)
 
@@ -206,3 +207,23 @@ def test_processing_time_timers_fire_by_the_live_clock(spark, real_time_conf, tm
         assert min(r["at"] for r in got if r["kind"] == "row") < expired[0]["at"], got
     assert spark.read.format("statestore").option("stateVarName", "due").load(
         checkpoint).count() == 0
+
+
+@pytest.mark.slow
+def test_without_the_allowlist_real_time_operators_stay_spark_s(test_jar):
+    """A driver where adding arrowstate's nodes to Spark's real-time allowlist fails
+    (tests/helpers/allowlist_refused_app.py): planning asks Spark's list, so real-time
+    deduplication stays Spark's, with the reason in EXPLAIN and Spark's answers, and a Python
+    state function fails with Spark's own error, as without arrowstate."""
+    seen = seen_by_app("allowlist_refused_app.py", test_jar)
+    assert seen["allowlist_holds"] and not any(seen["allowlist_holds"]), seen
+    assert seen["dedup_error"] is None and seen["dedup_spark_error"] is None, seen
+    assert seen["dedup_rows"] == seen["dedup_spark_rows"] == [["a", 1], ["b", 2], ["c", 4]], seen
+    plan, explained = seen["dedup_plan"].split("== Extended Information (arrowstate) ==")
+    assert "+- StreamingDeduplicate [user" in plan and "Arrow" not in plan, plan
+    assert ("StreamingDeduplicate (operator 0) stays Spark's" in explained and
+            "real-time mode (Trigger.RealTime): Spark's real-time allowlist does not hold "
+            "ArrowStreamingDeduplicateExec" in explained), explained
+    error, spark_error = seen["function_error"], seen["function_spark_error"]
+    assert "OPERATOR_OR_SINK_NOT_IN_ALLOWLIST" in (spark_error or ""), spark_error
+    assert "FlatMapGroupsInPandasWithStateExec" in (error or "") and "Arrow" not in error, error

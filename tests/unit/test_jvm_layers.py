@@ -1,11 +1,14 @@
 """The JVM shim's sub-packages form a layered graph: no package reaches, through any chain
 of others, back to itself, and each depends only on packages below it in the layers
-docs/architecture.md names ("The JVM's layers"). Read from the Scala sources alone, no Spark.
+docs/architecture.md names ("The JVM's layers"); within a package, no file reaches back to
+itself through the others. Read from the Scala sources alone, no Spark.
 
 A file depends on a sub-package when it imports from it (grouped or not, at any depth),
 names one of its members by a fully qualified name in code, or, where its package clauses
 put the root package in scope (`package org.apache.spark.sql.arrowstate` then
-`package tools`, or a file of the root package itself), names it relatively (`store.X`)."""
+`package tools`, or a file of the root package itself), names it relatively (`store.X`).
+A file depends on another file of its own package when it names a class, trait, object or
+type that file defines at its top level (no import needed there)."""
 import os
 import re
 
@@ -24,6 +27,9 @@ _CODE_NOISE = re.compile(
     r"|/\*(?:.|\n)*?\*/")                    # block comments (doc comments too)
 _PACKAGE_CLAUSE = re.compile(r"^\s*package\s+([\w.]+)\s*$", re.MULTILINE)
 _IMPORT = re.compile(r"^\s*import\s+(.+)$", re.MULTILINE)
+_TOP_LEVEL_DEFINITION = re.compile(
+    r"^(?:(?:private|protected)(?:\[\w+\])?\s+|(?:final|sealed|abstract|case|implicit)\s+)*"
+    r"(?:class|trait|object|type)\s+(\w+)", re.MULTILINE)
 _QUALIFIED = re.compile(r"(?<![\w.])(?:_root_\.)?" + re.escape(ROOT_PACKAGE) +
                         r"\.(\w+)")
 
@@ -137,6 +143,26 @@ def package_graph(sources):
     return graph
 
 
+def file_graph(sources):
+    """{file: {file of the same package it depends on: [(file, why)]}}: a file names a
+    definition another file of its package makes at the top level (by its simple name, not
+    after a dot: `x.Name` is some other thing's member)."""
+    codes = {path: code_of(text) for path, text in sources.items()}
+    packages = {path: package_of(code)[0] for path, code in codes.items()}
+    defined = {path: set(_TOP_LEVEL_DEFINITION.findall(code)) for path, code in codes.items()}
+    graph = {}
+    for path, code in codes.items():
+        body = _IMPORT.sub("", _PACKAGE_CLAUSE.sub("", code))
+        edges = graph.setdefault(path, {})
+        for other in codes:
+            if other == path or packages[other] != packages[path]:
+                continue
+            for name in sorted(defined[other] - defined[path]):
+                if re.search(r"(?<![\w.])" + re.escape(name) + r"\b", body):
+                    edges.setdefault(other, []).append((path, f"names {name}"))
+    return graph
+
+
 def find_cycles(graph):
     """Per group of nodes that reach each other (a strongly connected component): the group,
     sorted, and one cycle through it (a list of nodes, its first repeated last). Empty for a
@@ -219,6 +245,17 @@ def test_the_jvm_sub_packages_import_each_other_in_no_cycle():
                   for group, cycle in cycles)
 
 
+def test_the_files_of_each_jvm_package_name_each_other_in_no_cycle():
+    graph = file_graph(read_sources())
+    # the reading found the files' uses of each other
+    assert os.path.join("planning", "FamilyRegistry.scala") in graph[
+        os.path.join("planning", "ArrowStateOverrides.scala")]
+    cycles = find_cycles(graph)
+    assert cycles == [], "files of one package name each other in circles:\n" + \
+        "\n".join(f"{', '.join(group)} reach each other, as in {describe_cycle(graph, cycle)}"
+                  for group, cycle in cycles)
+
+
 def test_each_jvm_sub_package_depends_only_on_layers_below_it():
     graph = package_graph(read_sources())
     layers = documented_layers()
@@ -286,3 +323,23 @@ def test_a_cycle_is_found_and_named_with_its_files():
     graph["w"] = {"v": [("w.scala", "import v.V")]}
     graph["v"] = {"w": [("v.scala", "import w.W")]}
     assert find_cycles(graph) == [(["v", "w"], ["v", "w", "v"]), (["x", "y", "z"], cycle)]
+
+
+def test_a_cycle_between_files_of_one_package_is_found():
+    graph = file_graph({
+        "p/A.scala": "package org.apache.spark.sql.arrowstate.p\n"
+                     "private[p] object A { def x = B.y }\n",
+        "p/B.scala": "package org.apache.spark.sql.arrowstate.p\n"
+                     "case class B(c: C)\nobject B { def y = 1 }\n",
+        "p/C.scala": "package org.apache.spark.sql.arrowstate.p\n"
+                     "sealed trait C { def a = A.x }\n",
+        # a file of another package, a member named after a dot, a comment: none is a use
+        "q/D.scala": "package org.apache.spark.sql.arrowstate.q\nobject D { def a = A.x }\n",
+        "p/E.scala": "package org.apache.spark.sql.arrowstate.p\n"
+                     "object E { def a = other.A.x } // B\n"})
+    assert {k: sorted(v) for k, v in graph.items()} == {
+        "p/A.scala": ["p/B.scala"], "p/B.scala": ["p/C.scala"], "p/C.scala": ["p/A.scala"],
+        "q/D.scala": [], "p/E.scala": []}
+    cycles = find_cycles(graph)
+    assert [group for group, _ in cycles] == [["p/A.scala", "p/B.scala", "p/C.scala"]]
+    assert "p/B.scala -> p/C.scala: p/B.scala names C" in describe_cycle(graph, cycles[0][1])

@@ -7,7 +7,7 @@ import org.json4s._
 import org.json4s.jackson.JsonMethods
 
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
-import org.apache.spark.sql.arrowstate.planning.ArrowStateOverrides
+import org.apache.spark.sql.arrowstate.planning.FamilyRegistry
 
 /**
  * Contract (the shim's view of contract.json, loaded from the jar) against the JSON file
@@ -150,7 +150,7 @@ object ContractTests extends UnitTests {
   }
 
   test("every declared family has one JVM family in the planning rule and an operator payload") {
-    val planned = ArrowStateOverrides.families.map(_.name)
+    val planned = FamilyRegistry.families.map(_.name)
     assertEqual(planned.distinct.size, planned.size, s"families asked twice: $planned")
     assertEqual(planned.toSet, Contract.Families.keySet, "the rule's families and the file's")
     for (name <- planned) {

@@ -4,6 +4,7 @@ import org.apache.spark.sql.{ExtendedExplainGenerator, SparkSessionExtensions}
 import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperator
 
+import org.apache.spark.sql.arrowstate.exec.TriggerMode
 import org.apache.spark.sql.arrowstate.planning.{ArrowStateColumnarRule, ArrowStateFallbackExec, ArrowStateOverrides, PreInitMark, PreInitStrategy, RealTimeAllowlist}
 import org.apache.spark.sql.arrowstate.tools.StateReaderRule
 
@@ -27,7 +28,8 @@ class ArrowStateExtensions extends (SparkSessionExtensions => Unit) {
 
 /**
  * `spark.sql.extendedExplainProviders` entry: lists, under its own title in EXPLAIN, which
- * stateful operators run in arrowstate and why each of the others stays Spark's.
+ * stateful operators run in arrowstate (and in which trigger mode, where not micro-batch) and
+ * why each of the others stays Spark's.
  */
 class ArrowStateExplainGenerator extends ExtendedExplainGenerator {
   override def title: String = "arrowstate"
@@ -44,7 +46,10 @@ class ArrowStateExplainGenerator extends ExtendedExplainGenerator {
         s"${p.nodeName}${operatorOf(p)} stays Spark's:" +
           p.getTagValue(ArrowStateOverrides.KeptReasons).get.map(r => s"\n  - $r").mkString
       case p: SparkPlan if p.nodeName.startsWith("Arrow") && p.isInstanceOf[StatefulOperator] =>
-        s"${p.nodeName}${operatorOf(p)} runs in arrowstate"
+        s"${p.nodeName}${operatorOf(p)} runs in arrowstate" + (TriggerMode.of(p) match {
+          case TriggerMode.MicroBatch => ""
+          case mode => s", in ${mode.explain}"
+        })
     }.mkString("\n")
   }
 }

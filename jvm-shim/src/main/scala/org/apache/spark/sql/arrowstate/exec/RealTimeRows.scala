@@ -4,9 +4,6 @@ import java.util.concurrent.{LinkedBlockingQueue, TimeUnit}
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.execution.SparkPlan
-import org.apache.spark.sql.execution.datasources.v2.RealTimeStreamScanExec
-
 import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
@@ -102,21 +99,7 @@ class RealTimeRows(
 }
 
 object RealTimeRows {
-  /** Whether the node runs in real-time mode: its input is read by Spark's real-time scan. */
-  def planned(node: SparkPlan): Boolean = node.exists(_.isInstanceOf[RealTimeStreamScanExec])
-
-  /** A node's flush wait (spark.arrowstate.realTime.flushMs) in real-time mode; None else. */
-  def flushMs(realTime: Boolean, conf: SQLConf): Option[Long] =
-    if (realTime) Some(ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs)) else None
-
-  /** Real-time mode: why a function family cannot group these keys itself per flush (the
-   * worker sorts each flush with Arrow; Spark's sort before the node would wait for the
-   * batch's end). None when it can. */
-  def keyReason(grouping: Seq[org.apache.spark.sql.catalyst.expressions.Attribute])
-    : Option[String] =
-    grouping.find(a => !WorkerSort.sortsAlikeInArrow(a.dataType)).map { a =>
-      s"real-time mode (Trigger.RealTime): grouping key ${a.name} of type " +
-        s"${a.dataType.sql} does not sort alike in Arrow and Spark, and the worker groups " +
-        "each flush's rows by key itself"
-    }
+  /** How long a flush gathers rows after its first (spark.arrowstate.realTime.flushMs). */
+  def flushNanos(conf: SQLConf): Long =
+    ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs) * 1000000L
 }

@@ -6,7 +6,8 @@ import org.json4s.JsonDSL._
 import org.apache.spark.SparkFiles
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
-import org.apache.spark.sql.arrowstate.worker.{CheckpointIds, LocalStateDir}
+import org.apache.spark.sql.arrowstate.store.CheckpointIds
+import org.apache.spark.sql.arrowstate.worker.LocalStateDir
 
 /** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
 object StateHeader {

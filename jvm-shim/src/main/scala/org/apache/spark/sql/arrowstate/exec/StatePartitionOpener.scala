@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import org.json4s.JsonAST.{JBool, JLong, JString, JValue}
+import org.json4s.JsonAST.{JBool, JLong, JObject, JString, JValue}
 
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.SparkSession
@@ -11,9 +11,9 @@ import org.apache.spark.util.SerializableConfiguration
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
-import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles}
 import org.apache.spark.sql.arrowstate.tools.StateConversion
-import org.apache.spark.sql.arrowstate.worker.{CheckpointIds, CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
+import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
 
 /**
  * Made on the driver: opens a task's exchange with the Python worker for one partition of an
@@ -30,6 +30,14 @@ case class StatePartitionOpener(
     timeZone: String,
     hadoopConf: Broadcast[SerializableConfiguration],
     checkpointIdsEnabled: Boolean) {
+
+  /** The opener of a node running in `mode`: the mode's fields in the operator payload. */
+  def in(mode: TriggerMode): StatePartitionOpener = (operator, mode.operatorFields) match {
+    case (JObject(fields), JObject(added)) if added.nonEmpty =>
+      val names = added.map(_._1).toSet
+      copy(operator = JObject(fields.filterNot(f => names(f._1)) ++ added))
+    case _ => this
+  }
 
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)

@@ -13,11 +13,12 @@ import org.apache.spark.util.CompletionIterator
 import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
 import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, StateExchange}
 
-/** What one task of an arrowstate writer works with. */
+/** What one task of an arrowstate writer works with; `flushNanos` in real-time mode only. */
 class StateTask(
     val exchange: StateExchange,
     val encoder: ArrowBatchEncoder,
-    val batchSize: Int)
+    val batchSize: Int,
+    val flushNanos: Option[Long])
 
 object StateTasks {
   /**
@@ -25,7 +26,8 @@ object StateTasks {
    * with the worker and an encoder for the rows sent, lets `body` make the output, counts it,
    * and commits the new state version once all of it is consumed. `countsInstances`: whether
    * the task counts in numStateStoreInstances (Spark's session window save in complete mode
-   * does not).
+   * does not). The node's trigger mode (read from its plan) goes to the worker in the
+   * operator payload and decides how rows are posted (`posted`).
    */
   def rdd[T: ClassTag](
       plan: StateStoreWriter,
@@ -34,9 +36,15 @@ object StateTasks {
       countsInstances: Boolean = true)(
       body: (StateTask, Iterator[T]) => Iterator[InternalRow]): RDD[InternalRow] = {
     val opMetrics = plan.metrics
-    val info = opener.info
     val conf = plan.session.sessionState.conf
+    val mode = TriggerMode.of(plan)
+    val inMode = opener.in(mode)
+    val info = opener.info
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
+    val flushNanos = mode match {
+      case TriggerMode.RealTime => Some(RealTimeRows.flushNanos(conf))
+      case TriggerMode.MicroBatch => None
+    }
     val coordinator = Some(plan.session.streams.stateStoreCoordinator)
     val reportCommits = conf.stateStoreCommitValidationEnabled
     // checkpoint format v2: each partition's ids go to the driver with the task's result
@@ -46,15 +54,15 @@ object StateTasks {
       } else None
     new ArrowStateRDD[T, InternalRow](input, info, coordinator, reportCommits,
       { (partitionId, rows, reporter) =>
-        val exchange = opener.open(partitionId)
-        val encoder = new ArrowBatchEncoder(opener.sentSchema, opener.timeZone)
+        val exchange = inMode.open(partitionId)
+        val encoder = new ArrowBatchEncoder(inMode.sentSchema, inMode.timeZone)
         TaskContext.get().addTaskCompletionListener[Unit](_ => encoder.close())
         val numOutputRows = opMetrics("numOutputRows")
-        val out = body(new StateTask(exchange, encoder, batchSize), rows)
+        val out = body(new StateTask(exchange, encoder, batchSize, flushNanos), rows)
           .map { r => numOutputRows += 1; r }
         CompletionIterator[InternalRow, Iterator[InternalRow]](out, {
           if (!exchange.inputEnded) exchange.endInput().foreach(_ => ())
-          exchange.commit(info.storeVersion + 1, opMetrics, opener.family, countsInstances)
+          exchange.commit(info.storeVersion + 1, opMetrics, inMode.family, countsInstances)
           CommittedPartitions.add(ArrowStateRDD.providerId(info, partitionId))
           checkpointInfos.foreach(_.add(StatefulOpStateStoreCheckpointInfo(partitionId,
             info.storeVersion + 1, exchange.checkpointIds.next.map(Array(_)),
@@ -65,32 +73,29 @@ object StateTasks {
   }
 
   /** The output of a family that runs a user's function: the input rows (projected to the
-   * `sent` columns) go to the worker, and only the function's output rows come back. In
-   * real-time mode (`realTimeFlushMs` set) they go in flushes as they arrive (RealTimeRows). */
+   * `sent` columns) go to the worker, and only the function's output rows come back. */
   def functionOutput(task: StateTask, rows: Iterator[InternalRow], sent: Seq[Attribute],
-      childOutput: Seq[Attribute], outputSchema: StructType,
-      realTimeFlushMs: Option[Long] = None): Iterator[InternalRow] = {
+      childOutput: Seq[Attribute], outputSchema: StructType): Iterator[InternalRow] = {
     val project = TaskProjections.unsafe(sent, childOutput)
     val toOutput = TaskProjections.unsafe(outputSchema.fields.toSeq.zipWithIndex.map {
       case (f, i) => BoundReference(i, f.dataType, f.nullable)
     })
     val outputRows = ArrowBatches.rowsInPlace(_: Array[Byte], outputSchema.length).map(toOutput)
-    posted(task, rows, project, keepInput = false, realTimeFlushMs) { (_, answer) =>
+    posted(task, rows, project, keepInput = false) { (_, answer) =>
       answer.iterator.flatMap(outputRows)
     } ++ task.exchange.endInput().flatMap(outputRows)
   }
 
   /** The task's rows (projected to what is sent) posted to the worker, and what `answer`
    * makes of each batch's rows (kept only when `keepInput`) and the worker's answer: per
-   * micro-batch (PostedRows), or in real-time mode (`realTimeFlushMs` set) in flushes as
-   * they arrive (RealTimeRows). */
+   * micro-batch (PostedRows), or in real-time mode in flushes as they arrive (RealTimeRows). */
   def posted(task: StateTask, rows: Iterator[InternalRow], project: InternalRow => InternalRow,
-      keepInput: Boolean, realTimeFlushMs: Option[Long])(
+      keepInput: Boolean)(
       answer: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
-    : Iterator[InternalRow] = realTimeFlushMs match {
-    case Some(ms) =>
-      new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize,
-        ms * 1000000L, keepInput, answer)
+    : Iterator[InternalRow] = task.flushNanos match {
+    case Some(nanos) =>
+      new RealTimeRows(rows, task.exchange, task.encoder, project, task.batchSize, nanos,
+        keepInput, answer)
     case None =>
       new PostedRows(rows, task.exchange, task.encoder, project, task.batchSize,
         passInput = false, keepInput, answer)

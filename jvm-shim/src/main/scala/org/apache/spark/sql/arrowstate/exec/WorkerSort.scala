@@ -28,10 +28,25 @@ object WorkerSort {
     case _ => false
   }
 
-  /** Whether the worker sorts the node's input by these grouping keys. */
+  /** Whether the worker sorts the node's input by these grouping keys, where a micro-batch's
+   * rows are all there: keys that sort alike, and no memory budget. */
   def applies(grouping: Seq[Attribute], session: SparkSession): Boolean =
     grouping.forall(a => sortsAlikeInArrow(a.dataType)) &&
       ArrowStateConf.workerMemoryBytes(session.sessionState.conf, session.sparkContext.conf) == 0
+
+  /** Whether the worker groups `plan`'s input by these keys itself: in real-time mode always
+   * (a sort would hold the rows until the batch's end; the worker sorts each flush), else
+   * where it applies. The node then requires no ordering of its input (`inputSorted` false). */
+  def inWorker(plan: SparkPlan, grouping: Seq[Attribute], session: SparkSession): Boolean =
+    TriggerMode.of(plan) == TriggerMode.RealTime || applies(grouping, session)
+
+  /** Why the worker cannot group these keys in real-time mode, where only it can: a key of a
+   * type that does not sort alike (None when every key does). */
+  def realTimeKeyReason(grouping: Seq[Attribute]): Option[String] =
+    grouping.find(a => !sortsAlikeInArrow(a.dataType)).map { a =>
+      s"grouping key ${a.name} of type ${a.dataType.sql} does not sort alike in Arrow and " +
+        "Spark, and the worker groups each flush's rows by key itself"
+    }
 
   /** The plan below a node without the sort Spark put there for the node's keys (the
    * arrowstate node replaces Spark's after Spark planned the sort for it). */
@@ -41,11 +56,8 @@ object WorkerSort {
     case other => other
   }
 
-  /** The child of a node replacing Spark's `plan` with these keys: without the sort in
-   * real-time mode always (a sort holds the rows until the batch's end; the worker sorts each
-   * flush), else where the worker sorts. */
+  /** The child of a node replacing Spark's `plan` with these keys: without the sort where the
+   * worker groups the rows itself. */
   def child(plan: SparkPlan, grouping: Seq[Attribute]): SparkPlan =
-    if (RealTimeRows.planned(plan) || applies(grouping, SparkSession.active)) {
-      withoutKeySort(plan, grouping)
-    } else plan
+    if (inWorker(plan, grouping, SparkSession.active)) withoutKeySort(plan, grouping) else plan
 }

@@ -24,7 +24,7 @@ import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 
 /**
  * `applyInPandasWithState` with the user's function running in the Python worker that holds
@@ -45,14 +45,13 @@ case class ArrowFlatMapGroupsWithStateExec(
     eventTimeWatermarkForEviction: Option[Long],
     skipEmittingInitialStateKeys: Boolean,
     output: Seq[Attribute],
-    child: SparkPlan,
-    realTime: Boolean = false)
+    child: SparkPlan)
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   override def nodeName: String = "ArrowFlatMapGroupsWithState"
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${groupingAttributes.mkString("[", ", ", "]")}, $timeoutConf, " +
-      (if (realTime) "real-time, " else "") + s"${stateInfo.getOrElse("no state info")}"
+      s"${stateInfo.getOrElse("no state info")}"
   override def keyExpressions: Seq[Attribute] = groupingAttributes
   override def shortName: String =
     StatefulOperatorsUtils.FLAT_MAP_GROUPS_IN_PANDAS_WITH_STATE_EXEC_OP_NAME
@@ -67,10 +66,9 @@ case class ArrowFlatMapGroupsWithStateExec(
   override def requiredChildDistribution: Seq[Distribution] =
     StatefulOperatorPartitioning.getCompatibleDistribution(
       groupingAttributes, getStateInfo, conf) :: Nil
-  // the worker sorts the rows by key where it can (WorkerSort), and each flush in real-time
-  // mode (where Spark's sort would hold the rows until the batch's end)
+  // the worker sorts the rows by key where it can (WorkerSort)
   @transient private lazy val inputSorted: Boolean =
-    !realTime && !WorkerSort.applies(groupingAttributes, session)
+    !WorkerSort.inWorker(this, groupingAttributes, session)
   override def requiredChildOrdering: Seq[Seq[SortOrder]] =
     Seq(if (inputSorted) groupingAttributes.map(SortOrder(_, Ascending)) else Nil)
 
@@ -121,7 +119,6 @@ case class ArrowFlatMapGroupsWithStateExec(
         ("stateSchema" -> stateType.json) ~
         ("outputSchema" -> DataTypeUtils.fromAttributes(outAttributes).json) ~
         ("inputSorted" -> inputSorted) ~
-        ("realTime" -> realTime) ~
         ("maxRecordsPerBatch" -> conf.arrowMaxRecordsPerBatch)
     val opener =
       StatePartitionOpener.forSession(session, FlatMapGroupsWithStateFamily.name, info,
@@ -130,14 +127,13 @@ case class ArrowFlatMapGroupsWithStateExec(
     val outputSchema = DataTypeUtils.fromAttributes(output)
     val childOutput = child.output
     val dropLate = dropsLateRows
-    val flushMs = RealTimeRows.flushMs(realTime, conf)
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val input = watermarkPredicateForDataForLateEvents match {
         case Some(late) if dropLate => applyRemovingRowsOlderThanWatermark(rows, late)
         case _ => rows
       }
-      StateTasks.functionOutput(task, input, sent, childOutput, outputSchema, flushMs)
+      StateTasks.functionOutput(task, input, sent, childOutput, outputSchema)
     }
   }
 
@@ -159,9 +155,13 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
   override def matches(plan: SparkPlan): Boolean =
     plan.isInstanceOf[FlatMapGroupsInPandasWithStateExec]
 
-  override def realTime: Boolean = true
-  override def realTimeReason(plan: SparkPlan): Option[String] =
-    RealTimeRows.keyReason(plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec].groupingAttributes)
+  // real-time mode: the function is called per key of each flush, as rows arrive
+  override val modes: TriggerModes = TriggerModes(
+    microBatch = Runs(classOf[ArrowFlatMapGroupsWithStateExec]),
+    realTime = Runs(classOf[ArrowFlatMapGroupsWithStateExec]).unless { plan =>
+      WorkerSort.realTimeKeyReason(
+        plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec].groupingAttributes).toSeq
+    })
 
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
     val p = plan.asInstanceOf[FlatMapGroupsInPandasWithStateExec]
@@ -190,6 +190,6 @@ object FlatMapGroupsWithStateFamily extends ArrowStateFamily {
       p.outAttributes, p.stateType, p.stateInfo, p.stateFormatVersion, p.outputMode,
       p.timeoutConf, p.batchTimestampMs, p.eventTimeWatermarkForLateEvents,
       p.eventTimeWatermarkForEviction, p.skipEmittingInitialStateKeys, p.output,
-      WorkerSort.child(p.child, p.groupingAttributes), realTime = RealTimeRows.planned(p))
+      WorkerSort.child(p.child, p.groupingAttributes))
   }
 }

@@ -239,6 +239,11 @@ object SessionWindowFamily extends ArrowStateFamily {
   override def matches(plan: SparkPlan): Boolean =
     plan.isInstanceOf[SessionWindowStateStoreSaveExec]
 
+  override val modes: TriggerModes = TriggerModes(
+    microBatch = Runs(classOf[ArrowSessionWindowStateStoreRestoreExec],
+      classOf[ArrowSessionWindowStateStoreSaveExec]),
+    realTime = StaysSpark("arrowstate's session windows answer per micro-batch"))
+
   private def restoreOf(save: SessionWindowStateStoreSaveExec)
     : Option[SessionWindowStateStoreRestoreExec] = {
     val operatorId = save.stateInfo.map(_.operatorId)

@@ -5,9 +5,9 @@ import org.apache.spark.sql.execution.SparkPlan
 import org.apache.spark.sql.arrowstate.contract.Contract
 
 /**
- * One operator family on the JVM side: which Spark nodes it answers for, every reason it
- * cannot run one, and the swap. Its exec and its Python twin (`arrowstate.families`) do the
- * rest; contract.json names it.
+ * One operator family on the JVM side: which Spark nodes it answers for, the trigger modes it
+ * runs in, every reason it cannot run one, and the swap. Its exec and its Python twin
+ * (`arrowstate.families`) do the rest; contract.json names it.
  */
 trait ArrowStateFamily {
   /** The family's name in contract.json (and in the Python registry). */
@@ -27,11 +27,9 @@ trait ArrowStateFamily {
   /** The arrowstate plan for the node; called only when there is no reason against it. */
   def replace(plan: SparkPlan): SparkPlan
 
-  /** Whether its node runs in real-time mode (Trigger.RealTime), emitting as rows arrive. */
-  def realTime: Boolean = false
-
-  /** Why this node cannot run in real-time mode though the family can (None: it can). */
-  def realTimeReason(plan: SparkPlan): Option[String] = None
+  /** The trigger modes it runs in, as which nodes, and why not where it does not: its one
+   * declaration of them (TriggerModes). */
+  def modes: TriggerModes
 
   /** `parent` taken into the family's node below it, where that node can do its work. */
   def absorb(parent: SparkPlan): Option[SparkPlan] = None

@@ -273,6 +273,11 @@ object AggregateFamily extends ArrowStateFamily {
 
   override def matches(plan: SparkPlan): Boolean = plan.isInstanceOf[StateStoreSaveExec]
 
+  // (Spark plans a real-time aggregation as StatefulStreamlineAggregateExec, not this node)
+  override val modes: TriggerModes = TriggerModes(
+    microBatch = Runs(classOf[ArrowStateStoreRestoreExec], classOf[ArrowStateStoreSaveExec]),
+    realTime = StaysSpark("arrowstate's aggregation answers per micro-batch"))
+
   private def restoreOf(save: StateStoreSaveExec): Option[StateStoreRestoreExec] = {
     val operatorId = save.stateInfo.map(_.operatorId)
     save.child.collectFirst {

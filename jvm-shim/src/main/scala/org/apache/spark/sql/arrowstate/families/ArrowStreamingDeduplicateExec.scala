@@ -16,7 +16,7 @@ import org.apache.spark.sql.execution.streaming.operators.stateful._
 import org.apache.spark.sql.execution.streaming.state.StateSchemaValidationResult
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatches
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskProjections}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskProjections, TriggerMode}
 import org.apache.spark.sql.arrowstate.contract.Contract
 
 /**
@@ -31,8 +31,7 @@ case class ArrowStreamingDeduplicateExec(
     eventTimeWatermarkForLateEvents: Option[Long],
     eventTimeWatermarkForEviction: Option[Long],
     withinWatermark: Boolean,
-    droppedBeforeShuffle: Option[SQLMetric] = None,
-    realTime: Boolean = false)
+    droppedBeforeShuffle: Option[SQLMetric] = None)
   extends UnaryExecNode with ArrowStateWriter with WatermarkSupport {
 
   // duplicates dropped below the shuffle (ArrowFirstRowPerKeyExec) count with the worker's
@@ -88,7 +87,6 @@ case class ArrowStreamingDeduplicateExec(
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${keyExpressions.mkString("[", ", ", "]")}" +
       (if (withinWatermark) " withinWatermark" else "") +
-      (if (realTime) ", real-time" else "") +
       s", ${stateInfo.getOrElse("no state info")}" +
       s", lateEventsWatermark = $eventTimeWatermarkForLateEvents" +
       s", evictionWatermark = $eventTimeWatermarkForEviction"
@@ -114,13 +112,12 @@ case class ArrowStreamingDeduplicateExec(
       StatePartitionOpener.forSession(session, DeduplicateFamily.name, info, operator,
         sentSchema)
     val childOutput = child.output
-    val flushMs = RealTimeRows.flushMs(realTime, conf)
 
     StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
       val project = TaskProjections.unsafe(sent, childOutput)
       // the rows the worker's mask keeps, in order (in real-time mode, each flush's as
       // soon as it is answered)
-      StateTasks.posted(task, rows, project, keepInput = true, flushMs) { (group, answer) =>
+      StateTasks.posted(task, rows, project, keepInput = true) { (group, answer) =>
         answer match {
           case Some(mask) =>
             group.iterator.zip(ArrowBatches.readMask(mask).iterator).collect {
@@ -145,9 +142,12 @@ object DeduplicateFamily extends ArrowStateFamily {
     case _ => false
   }
 
-  // a flush's rows are answered with the mask of those kept, as Spark's real-time
-  // deduplication emits a row's result when it processes the row
-  override def realTime: Boolean = true
+  // real-time mode: a flush's rows are answered with the mask of those kept, as Spark's
+  // real-time deduplication emits a row's result when it processes the row; no pass below
+  // the shuffle there (Spark's allowlist would refuse it)
+  override val modes: TriggerModes = TriggerModes(
+    microBatch = Runs(classOf[ArrowStreamingDeduplicateExec], classOf[ArrowFirstRowPerKeyExec]),
+    realTime = Runs(classOf[ArrowStreamingDeduplicateExec]))
 
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
     val ours = swapped(plan)
@@ -162,8 +162,7 @@ object DeduplicateFamily extends ArrowStateFamily {
 
   override def replace(plan: SparkPlan): SparkPlan = {
     val ours = swapped(plan)
-    // (real-time mode: no pass below the shuffle, which Spark's allowlist would refuse)
-    if (ours.realTime || ours.withinWatermark) ours
+    if (TriggerMode.of(plan) == TriggerMode.RealTime || ours.withinWatermark) ours
     else firstRowsBeforeShuffle(ours).getOrElse(ours)
   }
 
@@ -172,11 +171,11 @@ object DeduplicateFamily extends ArrowStateFamily {
     case d: StreamingDeduplicateExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-        withinWatermark = false, realTime = RealTimeRows.planned(d))
+        withinWatermark = false)
     case d: StreamingDeduplicateWithinWatermarkExec =>
       ArrowStreamingDeduplicateExec(d.keyExpressions, d.child, d.stateInfo,
         d.eventTimeWatermarkForLateEvents, d.eventTimeWatermarkForEviction,
-        withinWatermark = true, realTime = RealTimeRows.planned(d))
+        withinWatermark = true)
   }
 
   /**

@@ -27,7 +27,7 @@ import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.StructType
 
 import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
-import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, RealTimeRows, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
+import org.apache.spark.sql.arrowstate.exec.{ArrowStateWriter, StatePartitionOpener, StateTasks, TaskEnvironment, WorkerSort}
 import org.apache.spark.sql.arrowstate.store.StateFiles
 
 /**
@@ -47,8 +47,7 @@ import org.apache.spark.sql.arrowstate.store.StateFiles
 case class ArrowTransformWithStateExec(
     spark: TransformWithStateInPySparkExec,
     child: SparkPlan,
-    initialState: Option[SparkPlan],
-    realTime: Boolean = false)
+    initialState: Option[SparkPlan])
   extends SparkPlan with ArrowStateWriter with WatermarkSupport {
 
   // built once per node: Spark's node makes its encoders when constructed
@@ -60,8 +59,7 @@ case class ArrowTransformWithStateExec(
   override def nodeName: String = "ArrowTransformWithState"
   override def simpleString(maxFields: Int): String =
     s"$nodeName ${spark.groupingAttributes.mkString("[", ", ", "]")}, ${spark.outputMode}, " +
-      s"${spark.timeMode}, " + (if (realTime) "real-time, " else "") +
-      s"${stateInfo.getOrElse("no state info")}"
+      s"${spark.timeMode}, ${stateInfo.getOrElse("no state info")}"
   override def output: Seq[Attribute] = spark.output
   override def stateInfo: Option[StatefulOperatorStateInfo] = spark.stateInfo
   override def keyExpressions: Seq[Attribute] = spark.groupingAttributes
@@ -79,10 +77,9 @@ case class ArrowTransformWithStateExec(
 
   override def requiredChildDistribution: Seq[Distribution] =
     native.requiredChildDistribution.take(children.size)
-  // the worker sorts the rows by key where it can (WorkerSort), and each flush in real-time
-  // mode (where Spark's sort would hold the rows until the batch's end)
+  // the worker sorts the rows by key where it can (WorkerSort)
   @transient private lazy val inputSorted: Boolean =
-    !realTime && !WorkerSort.applies(spark.groupingAttributes, session)
+    !WorkerSort.inWorker(this, spark.groupingAttributes, session)
 
   override def requiredChildOrdering: Seq[Seq[SortOrder]] = {
     val sparks = native.requiredChildOrdering.take(children.size)
@@ -142,9 +139,7 @@ case class ArrowTransformWithStateExec(
         ("lateEventsWatermarkMs" -> spark.eventTimeWatermarkForLateEvents.filter(_ => eventTimeMode)) ~
         ("eventTimeIndex" -> eventTime.map(et => sent.indexWhere(_.exprId == et.exprId)).getOrElse(-1)) ~
         ("initialKeyCount" -> initialState.map(_ => spark.initialStateGroupingAttrs.size)) ~
-        ("inputSorted" -> inputSorted) ~
-        ("realTime" -> realTime)
-    val flushMs = RealTimeRows.flushMs(realTime, conf)
+        ("inputSorted" -> inputSorted)
     val opener =
       StatePartitionOpener.forSession(session, TransformWithStateFamily.name, info, operator,
         sentSchema, Some(TaskEnvironment.forFunction(function, sparkContext.getConf)))
@@ -154,7 +149,7 @@ case class ArrowTransformWithStateExec(
     initialState match {
       case None =>
         StateTasks.rdd(this, opener, child.execute()) { (task, rows) =>
-          StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema, flushMs)
+          StateTasks.functionOutput(task, rows, sent, childOutput, outputSchema)
         }
       case Some(initial) =>
         // the grouping columns, then the initial state's own columns (its output begins
@@ -240,14 +235,14 @@ object TransformWithStateFamily extends ArrowStateFamily {
 
   override def matches(plan: SparkPlan): Boolean = plan.isInstanceOf[TransformWithStateInPySparkExec]
 
-  override def realTime: Boolean = true
-  override def realTimeReason(plan: SparkPlan): Option[String] = {
-    val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
-    if (p.hasInitialState) {
-      Some("real-time mode (Trigger.RealTime): an initial state (arrowstate seeds it in a " +
-        "micro-batch)")
-    } else RealTimeRows.keyReason(p.groupingAttributes)
-  }
+  // real-time mode: the processor is called per key of each flush, as rows arrive
+  override val modes: TriggerModes = TriggerModes(
+    microBatch = Runs(classOf[ArrowTransformWithStateExec]),
+    realTime = Runs(classOf[ArrowTransformWithStateExec]).unless { plan =>
+      val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
+      (if (p.hasInitialState) Some("an initial state (arrowstate seeds it in a micro-batch)")
+       else None).toSeq ++ WorkerSort.realTimeKeyReason(p.groupingAttributes)
+    })
 
   override def unsupportedReasons(plan: SparkPlan): Seq[String] = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
@@ -287,6 +282,6 @@ object TransformWithStateFamily extends ArrowStateFamily {
   override def replace(plan: SparkPlan): SparkPlan = {
     val p = plan.asInstanceOf[TransformWithStateInPySparkExec]
     ArrowTransformWithStateExec(p, WorkerSort.child(p.child, p.groupingAttributes),
-      if (p.hasInitialState) Some(p.initialState) else None, RealTimeRows.planned(p))
+      if (p.hasInitialState) Some(p.initialState) else None)
   }
 }

@@ -24,7 +24,7 @@ import org.apache.spark.sql.internal.SQLConf
 import org.apache.spark.sql.streaming.{OutputMode, TimeMode}
 import org.apache.spark.sql.types.{StructField, StructType}
 
-import org.apache.spark.sql.arrowstate.exec.{RealTimeRows, TaskEnvironment}
+import org.apache.spark.sql.arrowstate.exec.{TaskEnvironment, TriggerMode}
 import org.apache.spark.sql.arrowstate.worker.{FunctionEnvironment, PythonStateWorkers}
 
 /**
@@ -95,7 +95,7 @@ class TransformWithStateInPySparkPlanned(
       // metadata of the batch being planned is not looked for in the offset log)
       validateAndWriteStateSchema(hadoopConf, batchId, stateSchemaVersion, getStateInfo,
         stateSchemaDirPath(), session, operatorStateMetadataVersion,
-        conf.stateStoreEncodingFormat, RealTimeRows.planned(this))
+        conf.stateStoreEncodingFormat, TriggerMode.of(this) == TriggerMode.RealTime)
     } else {
       super.validateAndMaybeEvolveStateSchema(hadoopConf, batchId, stateSchemaVersion)
     }

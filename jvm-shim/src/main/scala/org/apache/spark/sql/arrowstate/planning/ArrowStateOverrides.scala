@@ -18,8 +18,8 @@ import org.apache.spark.sql.internal.SQLConf
 
 import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.exec.RealTimeRows
-import org.apache.spark.sql.arrowstate.families.{AggregateFamily, ArrowStateFamily, DeduplicateFamily, FlatMapGroupsWithStateFamily, SessionWindowFamily, TransformWithStateFamily}
+import org.apache.spark.sql.arrowstate.exec.TriggerMode
+import org.apache.spark.sql.arrowstate.families.ArrowStateFamily
 import org.apache.spark.sql.arrowstate.tools.StateEngineCheck
 
 case class ArrowStateColumnarRule(session: SparkSession) extends ColumnarRule {
@@ -34,11 +34,6 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
   /** Set on a Spark node we decided to keep, so running the rule twice does not wrap twice. */
   val KeptReasons: TreeNodeTag[Seq[String]] = TreeNodeTag[Seq[String]]("arrowstate.keptReasons")
 
-  /** The families, in the order they are asked. */
-  val families: Seq[ArrowStateFamily] =
-    Seq(DeduplicateFamily, AggregateFamily, SessionWindowFamily, FlatMapGroupsWithStateFamily,
-      TransformWithStateFamily)
-
   private val sparkOnly: Seq[SparkOnly] = Seq(
     SparkOnly(_.isInstanceOf[FlatMapGroupsWithStateExec],
       "the state function is a JVM function (Scala/Java flatMapGroupsWithState): " +
@@ -51,7 +46,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     SparkOnly(_.isInstanceOf[StreamingGlobalLimitExec],
       "a streaming limit keeps Spark's own state store operator"),
     // real-time mode plans an aggregation as this one node, which emits per input row
-    SparkOnly(_.isInstanceOf[StatefulStreamlineAggregateExec], TriggerSupport.SparkOnlyReason))
+    SparkOnly(_.isInstanceOf[StatefulStreamlineAggregateExec],
+      TriggerSupport.noFamilyReason(TriggerMode.RealTime)))
 
   override def apply(plan: SparkPlan): SparkPlan = {
     // a plan without a stateful operator is none of arrowstate's: it reads no setting
@@ -67,7 +63,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     plan.transformUp {
       case node if node.getTagValue(KeptReasons).isEmpty =>
         decide(node, conf) match {
-          case None => families.iterator.flatMap(_.absorb(node)).nextOption().getOrElse(node)
+          case None =>
+            FamilyRegistry.families.iterator.flatMap(_.absorb(node)).nextOption().getOrElse(node)
           case Some(Right(replacement)) => replacement
           case Some(Left(reasons)) => keep(node, reasons, conf)
         }
@@ -75,27 +72,32 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
   }
 
   private def isStateful(node: SparkPlan): Boolean = node.isInstanceOf[StatefulOperator] ||
-    families.exists(_.matches(node)) || sparkOnly.exists(_.matches(node))
+    FamilyRegistry.families.exists(_.matches(node)) || sparkOnly.exists(_.matches(node))
 
   /** None: not a node we run. Right: our plan. Left: every reason it stays Spark's. */
   private def decide(node: SparkPlan, conf: SQLConf): Option[Either[Seq[String], SparkPlan]] =
-    families.find(_.matches(node)).map { family =>
+    FamilyRegistry.families.find(_.matches(node)).map { family =>
       val reasons =
         (if (ArrowStateConf.flag(conf, family.switch)) Nil else Seq(s"${family.switch}=false")) ++
-          commonUnsupportedReasons(node, family) ++ family.unsupportedReasons(node)
-      if (reasons.isEmpty) Right(family.replace(node)) else Left(reasons)
+          commonUnsupportedReasons(node, family, conf) ++ family.unsupportedReasons(node)
+      if (reasons.nonEmpty) Left(reasons)
+      else {
+        val replacement = family.replace(node)
+        TriggerSupport.checkDeclaredNodes(family, TriggerMode.of(node), node, replacement)
+        Right(replacement)
+      }
     }.orElse(sparkOnly.find(_.matches(node)).map(s => Left(Seq(s.reason))))
 
   /** Reasons a stateful operator cannot run in arrowstate beside its family's own: no state
-   * info, or a trigger the family does not run under. */
-  def commonUnsupportedReasons(node: SparkPlan, family: ArrowStateFamily): Seq[String] = {
+   * info, or a trigger mode the family does not run in (TriggerSupport). */
+  private def commonUnsupportedReasons(
+      node: SparkPlan, family: ArrowStateFamily, conf: SQLConf): Seq[String] = {
     val stateInfo = node match {
       case s: StatefulOperator => s.stateInfo
       case _ => None
     }
-    Seq(
-      if (stateInfo.isEmpty) Some("no state info (not planned by a streaming query)") else None,
-      TriggerSupport.unsupportedReason(node, family)).flatten
+    (if (stateInfo.isEmpty) Seq("no state info (not planned by a streaming query)") else Nil) ++
+      TriggerSupport.unsupportedReasons(node, family, conf)
   }
 
   private def keep(node: SparkPlan, reasons: Seq[String], conf: SQLConf): SparkPlan = {
@@ -109,7 +111,8 @@ object ArrowStateOverrides extends Rule[SparkPlan] with Logging {
     }
     node.setTagValue(KeptReasons, reasons)
     // Real-time mode refuses nodes it does not know: there the tag alone carries the reasons.
-    if (RealTimeRows.planned(node)) node else ArrowStateFallbackExec(reasons, node)
+    if (TriggerMode.of(node) == TriggerMode.RealTime) node
+    else ArrowStateFallbackExec(reasons, node)
   }
 }
 

@@ -12,7 +12,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 
 import org.apache.spark.sql.arrowstate.contract.Contract
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.store.{StateFiles, StateMaintenance}
+import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles, StateMaintenance}
 
 /**
  * One task's conversation with its worker about one operator partition:

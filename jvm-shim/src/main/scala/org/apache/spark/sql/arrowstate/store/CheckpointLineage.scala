@@ -1,0 +1,29 @@
+package org.apache.spark.sql.arrowstate.store
+
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+
+/**
+ * Checkpoint format v2's lineage, the JVM's part
+ * (spark.sql.streaming.stateStore.checkpointFormatVersion=2, which real-time mode sets): a
+ * task's checkpoint ids, the id of the version it commits (its files carry it in their
+ * names, `<version>_<id>.arrowstate.*`, and `StateFiles` never writes over such a name) and
+ * the id of the version it loads, as the commit log recorded it. Spark writes them to the
+ * commit log and hands the base back to the next batch, so a partition loads the lineage
+ * its last committed batch wrote, never files a failed, speculative or zombie attempt left
+ * beside it (the Python store follows the lineage: its `store.lineage`). `checkedBase` is
+ * the base the worker loads by: none when this task adopted Spark's own state (whose id is
+ * Spark's).
+ */
+case class CheckpointIds(next: Option[String], base: Option[String], checkedBase: Option[String])
+
+object CheckpointIds {
+  val None: CheckpointIds = CheckpointIds(scala.None, scala.None, scala.None)
+
+  def forTask(info: StatefulOperatorStateInfo, partitionId: Int, enabled: Boolean,
+      adopted: Boolean): CheckpointIds =
+    if (!enabled) None else {
+      val base = info.getStateStoreCkptId(partitionId).flatMap(ids => Option(ids).flatMap(_.headOption))
+      CheckpointIds(Some(java.util.UUID.randomUUID().toString), base,
+        if (adopted) scala.None else base)
+    }
+}
