@@ -10,7 +10,8 @@ import pytest
 from pyspark.sql import Row
 
 from arrowstate.families.transform_with_state.processor_input import (
-    key_bounds, python_column, row_class, rows_to_arrow)
+    key_bounds, python_column, row_class)
+from arrowstate.families.transform_with_state.processor_output import rows_to_arrow
 
 MICROS = [1_700_000_000_123_456, None, 0, -1, -62135000000000000, 253402000000000000,
           1_710_054_000_000_000,   # 2024-03-10 07:00 UTC: New York's clocks go forward
