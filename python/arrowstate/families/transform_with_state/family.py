@@ -16,8 +16,12 @@ arrives before the first batch's rows (`initial_state`): handleInitialState per 
 Variables across runs (kept, deleted with deleteIfExists, their schemas evolved): see
 across_runs.
 
-State rows: see spark_state.transform_with_state. Change feed: see changelog. State on the
-tier (a worker with a memory budget): see working_set.
+The family drives a task: it sets the key being processed (context) around each call of
+the processor, which gets each key's rows from processor_input and whose results go to
+processor_output; at the batch's end writes puts the changed values in the state rows
+(their columns: schema; their key columns: key_columns; Spark's layout of them:
+spark_state.transform_with_state) with their change feed (changelog). State on the tier (a
+worker with a memory budget): see working_set.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """transformWithState's input, cut as pyspark's worker cuts it for the processor: rows
-arrive sorted by grouping key, and each key's rows are handed over as DataFrames of at
-most maxRecordsPerBatch rows (pandas) or as Rows (Row API).
+arrive sorted by grouping key, and each key's rows are handed over whole (a key's rows
+may span Arrow batches), as DataFrames of at most maxRecordsPerBatch rows (pandas) or as
+Rows (Row API). A batch goes one way: its grouping keys and where each key's rows start,
+its columns converted once (pandas_io, or Python values for Rows), then cut per key.
 """
 from __future__ import annotations
 

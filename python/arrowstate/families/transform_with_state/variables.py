@@ -265,4 +265,3 @@ def remove_entry(var: Variable, group, entries: dict, user_key) -> None:
         del entries[user_key]
         var.context.total -= 1
         var.changes(group)
-
