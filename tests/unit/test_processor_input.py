@@ -10,7 +10,8 @@ import pytest
 from pyspark.sql import Row
 
 from arrowstate.families.transform_with_state.processor_input import (
-    key_bounds, python_column, row_class, rows_to_arrow)
+    INITIAL, INPUT, ProcessorInput, key_bounds, python_column, row_class)
+from arrowstate.families.transform_with_state.processor_output import rows_to_arrow
 
 MICROS = [1_700_000_000_123_456, None, 0, -1, -62135000000000000, 253402000000000000,
           1_710_054_000_000_000,   # 2024-03-10 07:00 UTC: New York's clocks go forward
@@ -100,6 +101,32 @@ def test_key_bounds():
     assert key_bounds(strings, ["a", "a", "b"]) == [0, 2, 3]
     with_null = pa.record_batch([pa.array([None, None, 1])], names=["k"])
     assert key_bounds(with_null, [None, None, 1]) == [0, 2, 3]
+
+
+def test_each_key_comes_whole_once_its_rows_have_all_come_per_stream():
+    """A batch's last key waits: its rows may go on in the stream's next batch (a key may
+    span three batches, or be all of one); the next key or `rest` hands it over. The input
+    and the initial state wait apart."""
+    cut = ProcessorInput({"pandas": False, "maxRecordsPerBatch": 10}, None, Row)
+
+    def batch(keys, values):
+        return pa.record_batch([pa.array(keys), pa.array(values)], names=["k", "v"])
+
+    def whole(batch_, stream=INPUT):
+        return [(key, [row.v for row in items]) for _, _, key, items in
+                cut.whole_keys(batch_, [0], [1], None, stream)]
+
+    assert whole(batch(["a", "a", "b"], [1, 2, 3])) == [(("a",), [1, 2])]
+    assert whole(batch(["x"], [9]), INITIAL) == []
+    assert whole(batch(["b"], [4])) == []
+    assert whole(batch(["b", "c", "d"], [5, 6, 7])) == [(("b",), [3, 4, 5]), (("c",), [6])]
+    assert whole(batch(["e"], [8])) == [(("d",), [7])]
+    assert whole(batch([], [])) == []
+    group, (key_batch, row), key, items = cut.rest()
+    assert (group, key_batch.column(0)[row].as_py(), key) == (b"e", "e", ("e",))
+    assert cut.rest() is None
+    assert [(k, [r.v for r in items]) for _, _, k, items in [cut.rest(INITIAL)]] == [
+        (("x",), [9])]
 
 
 def test_a_keys_rows_are_the_frames_rows_indexed_from_zero_for_every_dtype(monkeypatch):

@@ -3,8 +3,9 @@ every module's imports (at module level and inside functions, relative and absol
 with `ast`, as a graph whose nodes are the package root (its __init__), each top-level
 module and each sub-package (a nested sub-package is part of its top-level one); and again
 with every module a node. A cycle fails, naming its imports. An import inside a function
-counts as any other, so deferring an import does not hide a cycle; one under `if
-TYPE_CHECKING:` is never run, and does not count.
+counts as any other, so deferring an import does not hide a cycle; so does one under `if
+TYPE_CHECKING:`: it is never run, but a module that names another's type for its checker
+depends on it as much as one that calls it.
 """
 from __future__ import annotations
 
@@ -31,10 +32,6 @@ def _imports(path: pathlib.Path, top: pathlib.Path):
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
     def visit(node, in_function):
-        if isinstance(node, ast.If) and _type_checking(node.test):
-            for other in node.orelse:
-                yield from visit(other, in_function)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno, in_function
@@ -55,12 +52,6 @@ def _imports(path: pathlib.Path, top: pathlib.Path):
     for target, line, in_function in visit(ast.parse(path.read_text()), False):
         if target == top.name or target.startswith(top.name + "."):
             yield target, line, in_function
-
-
-def _type_checking(test: ast.expr) -> bool:
-    """`if TYPE_CHECKING:` (or typing.TYPE_CHECKING): imports for type checkers, never run."""
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _node(module: str) -> str:
@@ -224,18 +215,20 @@ def test_an_import_inside_a_function_that_closes_a_cycle_fails(tmp_path):
         ["pkg.store.files", "pkg.tools", "pkg.store.files"]]
 
 
-def test_imports_for_type_checkers_only_make_no_edge(tmp_path):
+def test_an_import_for_type_checkers_that_closes_a_cycle_fails(tmp_path):
     top = _tree(tmp_path, {
         "__init__.py": "",
         "a.py": "from typing import TYPE_CHECKING\nfrom . import b\n"
                 "if TYPE_CHECKING:\n    from .c import C\n",
         "b.py": "import typing\nif typing.TYPE_CHECKING:\n    from . import a\n"
                 "else:\n    from . import c\n",
-        "c.py": "from . import a\n",
+        "c.py": "X = 1\n",
     })
     edges = import_graph(top)
-    assert sorted(edges) == [("pkg.a", "pkg.b"), ("pkg.b", "pkg.c"), ("pkg.c", "pkg.a")]
-    assert cycles(edges) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert sorted(edges) == [("pkg.a", "pkg.b"), ("pkg.a", "pkg.c"), ("pkg.b", "pkg.a"),
+                             ("pkg.b", "pkg.c")]
+    assert edges[("pkg.b", "pkg.a")] == ["pkg/b.py:3"]
+    assert cycles(edges) == [["pkg.a", "pkg.b", "pkg.a"]]
 
 
 def test_imports_within_a_package_and_of_other_libraries_make_no_edge(tmp_path):

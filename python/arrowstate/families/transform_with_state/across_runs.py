@@ -9,35 +9,19 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...spark_state.transform_with_state import TIMER_VARIABLE, is_map_type
 from ...store.formats import evolution
 from ...store.formats import files as store_files
 from ...store.versions.versioned import VersionedState
-from .codec import state_error
-from .kinds import MAP
 from .clients import DELETED_CLIENTS
+from .kinds import MAP
 from .variables import Variable
 from .working_set import entries_in
 
 
 class AcrossRuns:
     """The part of the TransformWithState family that reconciles this run's declared
-    variables with the files' (a mixin: its state is the family's)."""
-
-    def delete_variable(self, name: str) -> None:
-        """deleteIfExists in init(): the variable's state goes at the batch's start, and
-        any later use of it fails. Spark counts a deleted variable when its column family
-        exists, which a getXState call earlier in init() creates."""
-        if self.initialized:
-            raise state_error(f"deleteIfExists({name!r}) can only be called in init() "
-                              "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
-                              "INVALID_HANDLE_STATE)")
-        var = self.variables.get(name)
-        if var is None:   # a variable of an earlier run, if the files hold it: keep_columns
-            self.deleted_undeclared.append(name)
-            return
-        self.deleted.append(var)
-        self.metrics["numDeletedStateVars"] += 1
+    variables with the files' (a mixin: its state is the family's `schema`, `context`,
+    `deleted_undeclared` and `working`)."""
 
     def keep_columns(self, stored: pa.Schema) -> None:
         """A variable the files hold and this run's init() no longer declares stays, as in
@@ -45,49 +29,36 @@ class AcrossRuns:
         numTotalStateRows, and its column comes after the declared ones. Unless init()
         deleted it (deleteIfExists): then its column goes, as Spark removes its column
         family, and its rows with it once loaded (`_attach`)."""
-        have = {f.name for f in self.value_fields}
+        schema = self.schema
+        have = {f.name for f in schema.value_fields}
         for f in stored:
             name = (f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()
             if not name or name in have:
                 continue
             have.add(name)
             if name[2:] in self.deleted_undeclared:
-                self.dropped.append(name[2:])
+                schema.dropped.append(name[2:])
                 self.metrics["numDeletedStateVars"] += 1
             else:
-                self.value_fields.append(pa.field(name, f.type))
-                self.orphans.append(name[2:])
-
-    def orphan_entries(self, rows: pa.RecordBatch, names: list) -> int:
-        """Rows Spark counts of the variables kept without a declaration: a value or a list
-        one, a map its entries (the column's type tells a map: a list of key/value structs),
-        timers none."""
-        nk, total = len(self.key_fields) - 1, 0
-        for j, name in enumerate(self.orphans, start=len(self.order)):
-            picked = [i for i, n in enumerate(names) if n == name]
-            if not picked or name == TIMER_VARIABLE:
-                continue
-            column = rows.column(nk + 1 + j).take(pa.array(picked))
-            total += (pc.sum(pc.list_value_length(column)).as_py() or 0
-                      if is_map_type(column.type) else len(picked))
-        return total
+                schema.value_fields.append(pa.field(name, f.type))
+                schema.orphans.append(name[2:])
 
     def evolve_column(self, name: bytes, column: pa.Array, to: pa.DataType) -> pa.Array:
         """A variable's column written in an older schema of it, as Spark reads it: values
         by `fields_by_name`, a map's user keys by position (store.evolution)."""
-        var = self.variables.get(name.decode()[2:])
+        var = self.schema.variables.get(name.decode()[2:])
         return evolution.variable_evolved(column, to, self.fields_by_name,
                                           var is not None and var.kind == MAP)
 
     @property
     def dropped_columns(self) -> tuple[str, ...]:
-        return tuple(f"s_{n}" for n in self.dropped)
+        return tuple(f"s_{n}" for n in self.schema.dropped)
 
     def drop_rows(self, state: VersionedState, names: list[str]) -> int:
         """Removes the stored rows of variables whose columns went (a scan, once); the
         state rows Spark counts in them."""
-        nk = len(self.key_fields) - 1
-        columns = [nk + 1 + self.order.index(n) for n in names if n in self.order]
+        nk, order = self.schema.key_count, self.schema.order
+        columns = [nk + 1 + order.index(n) for n in names if n in order]
         counted = 0
         for rows in state.all_rows(1 << 20):   # a view: removals do not disturb it
             mine = rows.filter(pc.is_in(rows.column(nk), pa.array(names, pa.string())))
@@ -100,7 +71,7 @@ class AcrossRuns:
         """Removes every stored row of a deleted variable (a scan, once: after it there are
         none) and makes later uses of it fail."""
         if var.data or self.working is not None:
-            self.total -= self.drop_rows(state, [var.name])
+            self.context.total -= self.drop_rows(state, [var.name])
             var.data.clear()
         for client in var.clients:
             client.__class__ = DELETED_CLIENTS[type(client)]

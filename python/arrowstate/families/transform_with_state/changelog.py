@@ -3,15 +3,15 @@
 Spark's change feed of a variable (its RocksDB changelog) has a record per state operation:
 an update (a value written, a list's first element on put, a map entry written), an append
 (a list element appended, or put after the first) and a delete (a value or list cleared or
-expired, a map entry removed, each entry of a cleared map). The family logs the operations
-per key and variable in a batch, and writes them as change records in the delta (see
-store.files), except the one write a put row already says (a single value update or list
-put): `write_changes`.
+expired, a map entry removed, each entry of a cleared map). The variables log the operations
+per key in a batch (Variable.logged), and the batch's writes (writes.py) add
+them as change records to the delta (see store.files), except the one write a put row
+already says (a single value update or list put): `write_changes`.
 """
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -19,22 +19,43 @@ import pyarrow as pa
 from ...store.versions.versioned import VersionedState
 from ...store.formats.files import CHANGE_APPEND, CHANGE_UPDATE
 from .codec import list_offsets
+from .key_columns import KeyColumns
 from .kinds import LIST, MAP, TIMERS, VALUE
+from .schema import StateSchema
 from .variables import Variable
 
-if TYPE_CHECKING:
-    from .family import TransformWithState
+
+class _Records:
+    """Where a batch's change records go: the state, in rows of its schema, keyed by the
+    grouping keys' columns."""
+
+    def __init__(self, state: VersionedState, schema: StateSchema, keys: KeyColumns) -> None:
+        self.state, self.schema, self.keys = state, schema, keys
+
+    def record(self, var: Variable, column: int, groups: list, array: pa.Array, ops: list,
+               owners: pa.Array | None = None) -> None:
+        """Change records of `var` (its value column `column`): `array` their values,
+        `ops` their operations, the key of each `groups[owners[i]]` (`groups[i]` without
+        `owners`)."""
+        key_columns = self.keys.store_columns(var.name, groups)
+        if owners is not None:
+            key_columns = [c.take(owners) for c in key_columns]
+        self.state.record_changes(pa.RecordBatch.from_arrays(
+            key_columns + self.schema.value_columns(column, array),
+            schema=self.state.schema), pa.array(ops, pa.int8()))
 
 
-def write_changes(family: "TransformWithState", state: VersionedState,
+def write_changes(state: VersionedState, schema: StateSchema, keys: KeyColumns,
                   written: dict, put: dict) -> None:
     """This batch's state operations (`written`: variable -> grouping key -> its logged
     operations) as change records, per variable and key in the order they ran; one update
     of a value, or one put of a list, that the key's put row already holds is left out (the
     reader derives it from the row). `put`: variable -> (the grouping keys put, their put
-    rows' column), whence a list's appended elements are taken rather than converted again."""
-    for column, name in enumerate(family.order):
-        var = family.variables[name]
+    rows' column), whence a list's appended elements are taken rather than converted again.
+    `schema`: the state's columns and variables; `keys`: the grouping keys' columns."""
+    out = _Records(state, schema, keys)
+    for column, name in enumerate(schema.order):
+        var = schema.variables[name]
         if not written.get(name) or var.kind == TIMERS:   # timers: no change feed
             continue
         data = var.data
@@ -45,10 +66,10 @@ def write_changes(family: "TransformWithState", state: VersionedState,
                 len(r) == 2 and r[0] == CHANGE_UPDATE and data.get(g) == r[1])]
         if not logged:
             continue
-        if var.kind == MAP and _map_runs(family, state, column, var, logged):
+        if var.kind == MAP and _map_runs(out, column, var, logged):
             continue
-        if var.kind == LIST and name in put and _list_appends(family, state, column, var,
-                                                               logged, *put[name]):
+        if var.kind == LIST and name in put and _list_appends(out, column, var, logged,
+                                                               *put[name]):
             continue
         groups, owners, ops, payloads = [], [], [], []
         for i, (group, records) in enumerate(logged):
@@ -57,16 +78,11 @@ def write_changes(family: "TransformWithState", state: VersionedState,
                 owners.append(i)
                 ops.append(op)
                 payloads.append(payload)
-        key_columns = family.store_columns(name, groups)
-        rows = pa.array(owners, pa.int32())
-        state.record_changes(pa.RecordBatch.from_arrays(
-            [c.take(rows) for c in key_columns]
-            + family.value_columns(column, _change_column(var, payloads)),
-            schema=state.schema), pa.array(ops, pa.int8()))
+        out.record(var, column, groups, _change_column(var, payloads), ops,
+                   pa.array(owners, pa.int32()))
 
 
-def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
-              var: Variable, logged: list) -> bool:
+def _map_runs(out: _Records, column: int, var: Variable, logged: list) -> bool:
     """A map's change records when each key's operations are one run of one kind (entries
     written, or removed), as they mostly are: one record a key, its entries flattened in
     bulk rather than paired per key; False (nothing recorded) otherwise."""
@@ -86,15 +102,12 @@ def _map_runs(family: "TransformWithState", state: VersionedState, column: int,
         fields=list(var.type.value_type))
     offsets = pa.array([0, *itertools.accumulate(sizes)], pa.int32())
     array = pa.ListArray.from_arrays(offsets, entries, type=var.type)
-    state.record_changes(pa.RecordBatch.from_arrays(
-        family.store_columns(var.name, [g for g, _ in logged])
-        + family.value_columns(column, array),
-        schema=state.schema), pa.array(record_ops, pa.int8()))
+    out.record(var, column, [g for g, _ in logged], array, record_ops)
     return True
 
 
-def _list_appends(family: "TransformWithState", state: VersionedState, column: int,
-                  var: Variable, logged: list, groups: list, array: pa.ListArray) -> bool:
+def _list_appends(out: _Records, column: int, var: Variable, logged: list,
+                  groups: list, array: pa.ListArray) -> bool:
     """A list's change records when each key's operations are appends only, as they mostly
     are (and no TTL, whose expiry may have taken elements since): one record a key, its
     appended elements the last ones of the key's put row, taken from that row's column
@@ -114,10 +127,8 @@ def _list_appends(family: "TransformWithState", state: VersionedState, column: i
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
     appended = pa.ListArray.from_arrays(offsets, array.values.take(pa.array(at)),
                                         type=var.type)
-    state.record_changes(pa.RecordBatch.from_arrays(
-        family.store_columns(var.name, [g for g, _ in logged])
-        + family.value_columns(column, appended), schema=state.schema),
-        pa.array([CHANGE_APPEND] * len(logged), pa.int8()))
+    out.record(var, column, [g for g, _ in logged], appended,
+                   [CHANGE_APPEND] * len(logged))
     return True
 
 

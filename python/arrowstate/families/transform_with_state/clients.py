@@ -10,7 +10,8 @@ from typing import Iterator
 
 from ...store.formats.files import CHANGE_APPEND, CHANGE_DELETE, CHANGE_UPDATE
 from .codec import state_error
-from .variables import NO_KEY, Variable, remove_entry
+from .context import NO_KEY
+from .variables import Variable, remove_entry
 
 
 def _deleted_client(client_class: type, errors: dict[str, str]) -> type:
@@ -54,29 +55,29 @@ class ValueClient(_Client):
 
     def exists(self) -> bool:
         var = self.var
-        key = var.family.current_group
+        key = var.context.group
         value = var.data.get(var.current_key() if key is NO_KEY else key)
         return (value if var.ttl is None else var.visible(value)) is not None
 
     def get(self):
         var = self.var
-        key = var.family.current_group
+        key = var.context.group
         value = var.data.get(var.current_key() if key is NO_KEY else key)
         return value if var.ttl is None else var.visible(value)
 
     def update(self, value) -> None:
         var = self.var
-        key = var.family.current_group
+        key = var.context.group
         if key is NO_KEY:
             key = var.current_key()
         stored = var.codec.stored(value)
-        family = var.family
+        context = var.context
         if var.ttl is None:   # the common case, inline: a dict write and its bookkeeping
             data = var.data
             if key not in data:
-                family.total += 1
+                context.total += 1
             data[key] = stored
-            family.metrics["numUpdatedStateRows"] += 1
+            context.metrics["numUpdatedStateRows"] += 1
             records = var.last_changes if key is var.last_changed_key else var.changes(key)
             records.append(CHANGE_UPDATE)
             records.append(stored)
@@ -84,7 +85,7 @@ class ValueClient(_Client):
         element = var.element(stored)
         if var.data.get(key) == element:   # with a TTL Spark writes (and counts) a change
             return
-        var.family.metrics["numUpdatedStateRows"] += 1
+        var.context.metrics["numUpdatedStateRows"] += 1
         var.indexed(key)
         var.logged(key, CHANGE_UPDATE, element)
         var.set(key, element)
@@ -93,7 +94,7 @@ class ValueClient(_Client):
         var = self.var
         key = var.current_key()
         if var.ttl is None or key in var.data:   # with a TTL Spark counts what was there
-            var.family.metrics["numRemovedStateRows"] += 1
+            var.context.metrics["numRemovedStateRows"] += 1
         var.set(key, None)
         var.logged(key, CHANGE_DELETE)
 
@@ -132,9 +133,9 @@ class ListClient(_Client):
         var.logged(key, CHANGE_UPDATE, list(stored))
         if var.ttl is None:
             # Spark's ListStateImpl.put resets the task's updated-rows count, then counts
-            var.family.metrics["numUpdatedStateRows"] = len(stored)
+            var.context.metrics["numUpdatedStateRows"] = len(stored)
         else:
-            var.family.metrics["numUpdatedStateRows"] += len(stored)
+            var.context.metrics["numUpdatedStateRows"] += len(stored)
             var.indexed(key)
 
     def append_value(self, value) -> None:
@@ -152,7 +153,7 @@ class ListClient(_Client):
         records = var.last_changes if key is var.last_changed_key else var.changes(key)
         records.append(CHANGE_APPEND)   # logged, inline: this runs per row
         records.append(element)
-        var.family.metrics["numUpdatedStateRows"] += 1
+        var.context.metrics["numUpdatedStateRows"] += 1
 
     def append_list(self, values) -> None:
         var, stored = self.var, self._checked(values)
@@ -164,7 +165,7 @@ class ListClient(_Client):
             current.extend(stored)
         var.changes(key).extend(itertools.chain.from_iterable(
             (CHANGE_APPEND, element) for element in stored))
-        var.family.metrics["numUpdatedStateRows"] += len(stored)
+        var.context.metrics["numUpdatedStateRows"] += len(stored)
         if var.ttl is not None:
             var.indexed(key)
 
@@ -174,7 +175,7 @@ class ListClient(_Client):
         removed = len(var.data.get(key, ()))
         var.set(key, None)
         var.logged(key, CHANGE_DELETE)
-        var.family.metrics["numRemovedStateRows"] += removed
+        var.context.metrics["numRemovedStateRows"] += removed
 
 
 class MapClient(_Client):
@@ -192,7 +193,7 @@ class MapClient(_Client):
     def get_value(self, key):
         var = self.var
         if var.ttl is None:   # the common case, inline: two dict reads
-            group = var.family.current_group
+            group = var.context.group
             entries = var.data.get(var.current_key() if group is NO_KEY else group)
             return None if entries is None else entries.get(var.key_codec.stored(key))
         return self._map().get(var.key_codec.stored(key))
@@ -203,17 +204,17 @@ class MapClient(_Client):
     def update_value(self, key, value) -> None:
         var = self.var
         user_key, element = var.key_codec.stored(key), var.codec.stored(value)
-        family = var.family
-        group = family.current_group
+        context = var.context
+        group = context.group
         if group is NO_KEY:
-            family.current_key()   # fails: no grouping key
+            context.key()   # fails: no grouping key
         entries = var.data.get(group)
         if var.ttl is not None:
             element = var.element(element)
             if entries is not None and entries.get(user_key) == element:
                 return   # with a TTL Spark writes (and counts) a change only
             var.indexed((group, user_key))
-        family.metrics["numUpdatedStateRows"] += 1
+        context.metrics["numUpdatedStateRows"] += 1
         records = var.last_changes if group is var.last_changed_key else var.changes(group)
         records.append(CHANGE_UPDATE)   # logged_entry, inline: this runs per row
         records.append(user_key)
@@ -222,7 +223,7 @@ class MapClient(_Client):
             var.set(group, {user_key: element})
         else:
             if user_key not in entries:
-                family.total += 1
+                context.total += 1
             entries[user_key] = element
 
     def remove_key(self, key) -> None:
@@ -233,7 +234,7 @@ class MapClient(_Client):
             remove_entry(var, group, entries, user_key)
         # Spark records it, present or not
         var.logged_entry(group, CHANGE_DELETE, user_key)
-        var.family.metrics["numRemovedStateRows"] += 1
+        var.context.metrics["numRemovedStateRows"] += 1
 
     def clear(self) -> None:
         var = self.var
@@ -242,7 +243,7 @@ class MapClient(_Client):
         for k in entries:
             var.logged_entry(group, CHANGE_DELETE, k)
         var.set(group, None)
-        var.family.metrics["numRemovedStateRows"] += len(entries)
+        var.context.metrics["numRemovedStateRows"] += len(entries)
 
     def items(self) -> list:
         return list(self._map().items())

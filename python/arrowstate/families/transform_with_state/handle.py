@@ -1,23 +1,23 @@
 """What the processor holds: pyspark's StatefulProcessorHandle, ValueState, ListState and
-MapState over the state variables and timers held here. pyspark's classes are their
+MapState over the state variables and timers held here; the handle keeps what init()
+declares through it (the variables, the timers, the deletions). pyspark's classes are their
 bases, so this module imports pyspark.sql.streaming; the family imports it when one is
 first made (as it imports pyspark's other classes), not when it is imported.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from pyspark.sql.streaming.stateful_processor import (ListState, MapState,
                                                       StatefulProcessorHandle, ValueState)
 
-from .codec import state_error
+from ...spark_state.transform_with_state import TIMER_VARIABLE
+from .clients import ListClient, MapClient, ValueClient
+from .codec import state_error, struct_schema
+from .context import OperationContext
 from .kinds import LIST, MAP, VALUE
 from .timers import Timers
-from .clients import ListClient, MapClient, ValueClient
 from .variables import Variable
-
-if TYPE_CHECKING:
-    from .family import TransformWithState
 
 
 class LocalMapState(MapState):
@@ -65,57 +65,95 @@ def _list_state(var: Variable) -> LocalListState:
                    "appendList": "append_list", "clear": "clear"})
 
 
-def _ttl_ms(family: "TransformWithState", name: str, ttl) -> int | None:
+def _ttl_ms(time_mode: str, name: str, ttl) -> int | None:
     """As Spark reads a TTLConfig: none or zero is no TTL; a TTL needs ProcessingTime."""
     if not ttl:
         return None
-    if family.time_mode != "ProcessingTime":
+    if time_mode != "ProcessingTime":
         raise state_error(f"state variable {name}: a TTL needs time mode ProcessingTime "
-                          f"(Spark: cannotProvideTTLConfigForTimeMode), not "
-                          f"{family.time_mode}")
+                          f"(Spark: cannotProvideTTLConfigForTimeMode), not {time_mode}")
     if ttl < 0:
         raise state_error(f"state variable {name}: the TTL must be positive, not {ttl}")
     return int(ttl)
 
 
-def _timers(family: "TransformWithState") -> Timers:
-    if family.timers is None:
-        raise state_error("timers need time mode ProcessingTime or EventTime (Spark: "
-                          "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_"
-                          "MODE); this query runs with time mode None")
-    return family.timers
-
-
 class LocalHandle(StatefulProcessorHandle):
-    """The processor's StatefulProcessorHandle, with state variables held here."""
+    """The processor's StatefulProcessorHandle, with state variables held here. No API
+    client (pyspark's handle needs one): the handle makes the variables itself, over the
+    task's `context`, with the schemas the JVM parsed (`parsed`: name -> value and user
+    key schemas), in the session's `timezone`, written at processing time `now` (ms).
+    After init(), `variables` (timers' included), `timers`, `deleted` (declared variables
+    deleteIfExists removed) and `deleted_undeclared` (names it removed that init() did not
+    declare) are what it declared."""
 
-    def __init__(self, family: "TransformWithState") -> None:
-        """No API client: the family holds the state (pyspark's handle needs one)."""
-        self._family = family
+    def __init__(self, context: OperationContext, parsed: dict, time_mode: str,
+                 timezone: str, now: int) -> None:
+        self._context, self._parsed, self._time_mode = context, parsed, time_mode
+        self._timezone, self._now = timezone, now
+        self.variables: dict[str, Variable | Timers] = {}
+        self.timers = None if time_mode == "None" else Timers(context)
+        self.deleted: list[Variable] = []
+        self.deleted_undeclared: list[str] = []
+        self._open = True   # init() running: deleteIfExists is refused after it
+
+    def close(self) -> None:
+        """init() returned: the declarations are complete (the timers are one more)."""
+        self._open = False
+        if self.timers is not None:
+            self.variables[TIMER_VARIABLE] = self.timers
+
+    def _declared(self, name: str, kind: str, schema, key_schema, ttl) -> Variable:
+        ttl_ms = _ttl_ms(self._time_mode, name, ttl)
+        if name in self.variables:
+            raise state_error(f"state variable {name} is defined twice")
+        parsed = self._parsed.get(name, {})
+        var = Variable(self._context, name, kind, struct_schema(schema, parsed.get("value")),
+                       None if key_schema is None
+                       else struct_schema(key_schema, parsed.get("userKey")), ttl_ms,
+                       timezone=self._timezone, now=self._now)
+        self.variables[name] = var
+        counted = {VALUE: "numValueState", LIST: "numListState", MAP: "numMapState"}[kind]
+        self._context.metrics[counted + ("Vars" if ttl_ms is None else "WithTTLVars")] += 1
+        return var
+
+    def _timers(self) -> Timers:
+        if self.timers is None:
+            raise state_error("timers need time mode ProcessingTime or EventTime (Spark: "
+                              "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_"
+                              "MODE); this query runs with time mode None")
+        return self.timers
 
     def getValueState(self, stateName, schema, ttlDurationMs=None):
-        family = self._family
-        return _value_state(family.register(stateName, VALUE, schema,
-                                            ttl_ms=_ttl_ms(family, stateName, ttlDurationMs)))
+        return _value_state(self._declared(stateName, VALUE, schema, None, ttlDurationMs))
 
     def getListState(self, stateName, schema, ttlDurationMs=None):
-        family = self._family
-        return _list_state(family.register(stateName, LIST, schema,
-                                           ttl_ms=_ttl_ms(family, stateName, ttlDurationMs)))
+        return _list_state(self._declared(stateName, LIST, schema, None, ttlDurationMs))
 
     def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
-        family = self._family
-        return _map_state(family.register(stateName, MAP, valueSchema, userKeySchema,
-                                          ttl_ms=_ttl_ms(family, stateName, ttlDurationMs)))
+        return _map_state(self._declared(stateName, MAP, valueSchema, userKeySchema,
+                                         ttlDurationMs))
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
-        _timers(self._family).register(int(expiryTimestampMs))
+        self._timers().register(int(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        _timers(self._family).delete(int(expiryTimestampMs))
+        self._timers().delete(int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:
-        return _timers(self._family).list()
+        return self._timers().list()
 
     def deleteIfExists(self, stateName):
-        self._family.delete_variable(stateName)
+        """The variable's state goes at the batch's start, and any later use of it fails.
+        Spark counts a deleted variable when its column family exists, which a getXState
+        call earlier in init() creates; one init() did not declare goes if the files hold
+        it (across_runs)."""
+        if not self._open:
+            raise state_error(f"deleteIfExists({stateName!r}) can only be called in init() "
+                              "(Spark: STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_"
+                              "INVALID_HANDLE_STATE)")
+        var = self.variables.get(stateName)
+        if var is None:
+            self.deleted_undeclared.append(stateName)
+            return
+        self.deleted.append(var)
+        self._context.metrics["numDeletedStateVars"] += 1

@@ -1,6 +1,8 @@
 """transformWithState's input, cut as pyspark's worker cuts it for the processor: rows
-arrive sorted by grouping key, and each key's rows are handed over as DataFrames of at
-most maxRecordsPerBatch rows (pandas) or as Rows (Row API).
+arrive sorted by grouping key, and each key's rows are handed over whole (a key's rows
+may span Arrow batches), as DataFrames of at most maxRecordsPerBatch rows (pandas) or as
+Rows (Row API). A batch goes one way: its grouping keys and where each key's rows start,
+its columns converted once (pandas_io, or Python values for Rows), then cut per key.
 """
 from __future__ import annotations
 
@@ -132,22 +134,12 @@ def key_bounds(key_batch: pa.RecordBatch, groups: list) -> list[int]:
     return [0] + [i for i in range(1, n) if groups[i] != groups[i - 1]] + [n]
 
 
-def rows_to_arrow(rows: list, schema: pa.Schema) -> pa.RecordBatch:
-    """The processor's output Rows as pyspark's worker converts them (each row's
-    asDict(recursive=True), then Arrow by field name), by column when every row is a Row of
-    the schema's fields in its order and no field is nested (the same values, without a
-    dict per row)."""
-    names = schema.names
-    flat = not any(pa.types.is_nested(t) for t in schema.types)
-    if flat and all(getattr(row, "__fields__", None) == names for row in rows):
-        columns = zip(*rows) if rows else [[] for _ in names]
-        return pa.RecordBatch.from_arrays(
-            [pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
-    return pa.RecordBatch.from_pylist([row.asDict(True) for row in rows], schema=schema)
+INPUT, INITIAL = "input", "initial"   # the streams of rows sorted by key a task gets
 
 
 class ProcessorInput:
-    """A batch's rows per grouping key, as the processor gets them."""
+    """A task's rows, per grouping key whole, as the processor gets them: the input rows
+    (INPUT) and the initial state's (INITIAL), each a stream sorted by key in batches."""
 
     def __init__(self, operator: dict[str, Any], io: PandasIO, row_class: type) -> None:
         self.io, self._Row = io, row_class
@@ -158,13 +150,19 @@ class ProcessorInput:
         self.max_rows = records if records > 0 else 2**31 - 1
         self.max_bytes = operator.get("maxBytesPerBatch", 2**31 - 1)
         self._seen_bytes = self._seen_rows = 0
+        # per stream, its last batch's last key: [group, key columns, key, items, whether
+        # its rows span batches]
+        self._waiting: dict[str, list | None] = {INPUT: None, INITIAL: None}
 
-    def keys_of(self, batch: pa.RecordBatch, key_indices: list[int],
-                value_indices: list[int], groups: list | None = None) -> Iterator[tuple]:
-        """Per key of a batch sorted by key: the key (hashable: `groups`' item of its rows,
-        by default the key columns' values), where its columns are, the key as the
-        processor gets it, and its rows as the processor gets them (pandas: DataFrames of
-        at most maxRecordsPerBatch rows; Row API: Rows)."""
+    def whole_keys(self, batch: pa.RecordBatch, key_indices: list[int],
+                   value_indices: list[int], groups: list | None = None,
+                   stream: str = INPUT) -> Iterator[tuple]:
+        """Per grouping key of the stream whose rows are all here, in order: the key
+        (hashable: `groups`' item of its rows, by default the key columns' values), where
+        its columns are (key batch, row), the key as the processor gets it, and its rows as
+        the processor gets them (pandas: DataFrames of at most maxRecordsPerBatch rows; Row
+        API: Rows). The batch's last key waits, its rows may go on in the stream's next
+        batch: the next key hands it over, or `rest` once the stream ends."""
         n = batch.num_rows
         if n == 0:
             return
@@ -188,17 +186,37 @@ class ProcessorInput:
             DataRow = row_class([batch.schema.names[i] for i in value_indices], self._Row)
             rows = list(map(functools.partial(tuple.__new__, DataRow), zip(*columns)))
         single = keys[0] if len(keys) == 1 else None
+        waiting, self._waiting[stream] = self._waiting[stream], None
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             items = self._chunks(frame, lo, hi) if self.pandas else rows[lo:hi]
+            group = groups[lo]
+            if waiting is not None:   # the stream's last key so far, before the batch
+                if waiting[0] == group:   # its rows go on here
+                    waiting[3].extend(items)
+                    waiting[4] = True
+                    continue
+                yield self._whole(waiting)
+                waiting = None
             key = (single[lo],) if single is not None else tuple(k[lo] for k in keys)
-            yield groups[lo], (key_batch, lo), key, items
+            if hi == n:
+                waiting = [group, (key_batch, lo), key, items, False]
+            else:
+                yield group, (key_batch, lo), key, items
+        self._waiting[stream] = waiting
 
-    def whole_key(self, items: list, spans_batches: bool) -> list:
-        """A key's rows as the processor gets them: DataFrames from two Arrow batches are
+    def rest(self, stream: str = INPUT) -> tuple | None:
+        """The stream's last key, whole, once no more of its rows come (None if none
+        waits), as `whole_keys` gives a key."""
+        waiting, self._waiting[stream] = self._waiting[stream], None
+        return None if waiting is None else self._whole(waiting)
+
+    def _whole(self, waiting: list) -> tuple:
+        """A waiting key as the processor gets it: DataFrames from two Arrow batches are
         joined and cut anew from the key's start, as pyspark's worker cuts them."""
+        group, key_columns, key, items, spans_batches = waiting
         if spans_batches and self.pandas:
-            return self._chunks(self.io.pd.concat(items, ignore_index=True), 0, None)
-        return items
+            items = self._chunks(self.io.pd.concat(items, ignore_index=True), 0, None)
+        return group, key_columns, key, items
 
     def _chunks(self, frame, lo: int, hi: int | None) -> list:
         """Rows lo..hi of a frame as the DataFrames pyspark's worker hands over."""

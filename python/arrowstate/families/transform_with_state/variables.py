@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ...store.formats.files import CHANGE_DELETE, CHANGE_UPDATE
 from .codec import Codec, TtlCodec, list_offsets
+from .context import NO_KEY, OperationContext
 from .kinds import LIST, MAP, TIMERS, VALUE
 
-if TYPE_CHECKING:
-    from .family import TransformWithState
-
-NO_KEY = object()   # no grouping key is being processed (a key may be None)
 SEQUENCE = itertools.count()   # heap entries' tie-break: unique, so keys are never compared
 
 
@@ -34,15 +30,19 @@ class Variable:
     an element expires at the batch timestamp of its last write plus the TTL: from a batch
     whose timestamp reaches that, reads skip it, and at the end of the batch it is removed
     (counted as removed rows and in numValuesRemovedDueToTTLExpiry). A heap of (expiry,
-    sequence, element key) finds what expires without a scan of the state; on the tier a
-    `TimeIndex` of grouping keys does (see working_set)."""
+    sequence, element key) finds what expires without a scan of the state; on the tier an
+    index of grouping keys does (working_set.KeyTimeIndex).
 
-    def __init__(self, family: "TransformWithState", name: str, kind: str, schema,
-                 key_schema=None, ttl_ms: int | None = None) -> None:
-        self.family, self.name, self.kind, self.ttl = family, name, kind, ttl_ms
-        self.codec = Codec(schema, family.io.timezone)
+    `context`: the key being processed and the counts its operations keep; `timezone`:
+    the session's, for timestamps; `now`: the batch's processing time (ms)."""
+
+    def __init__(self, context: OperationContext, name: str, kind: str, schema,
+                 key_schema=None, ttl_ms: int | None = None, *, timezone: str,
+                 now: int) -> None:
+        self.context, self.name, self.kind, self.ttl = context, name, kind, ttl_ms
+        self.codec = Codec(schema, timezone)
         self.store_codec = self.codec if ttl_ms is None else TtlCodec(self.codec)
-        self.key_codec = None if key_schema is None else Codec(key_schema, family.io.timezone)
+        self.key_codec = None if key_schema is None else Codec(key_schema, timezone)
         if kind == VALUE:
             self.type = self.store_codec.type
         elif kind == LIST:
@@ -52,11 +52,10 @@ class Variable:
                                             pa.field("value", self.store_codec.type)]))
         self.data: dict = {}
         self.clients: list = []   # the processor's handles on it (deleteIfExists swaps them)
-        self.now = family.timer_values.getCurrentProcessingTimeInMs()
+        self.now = now
         self.expiry = None if ttl_ms is None else self.now + ttl_ms
         self.index: list = []     # TTL: heap of (expiry, sequence, element key)
-        self.tier_index = None    # TTL on the tier: TimeIndex of (expiry, grouping key)
-        self.pending: list = []   # TTL on the tier: this batch's (expiry, grouping key)
+        self.tier = None          # TTL on the tier: KeyTimeIndex of (expiry, grouping key)
         self._indexed = 0         # TTL: heap size after its last rebuild
         # the last key `changes` gave this batch, and its operations: clients write to them
         # inline (a processor works on one key at a time)
@@ -68,8 +67,8 @@ class Variable:
     # -- what the processor calls, for the current grouping key -----------------------------
     def current_key(self):
         """The grouping key being processed (fails between keys)."""
-        key = self.family.current_group
-        return self.family.current_key() if key is NO_KEY else key
+        key = self.context.group
+        return self.context.key() if key is NO_KEY else key
 
     def changes(self, key) -> list:
         """Marks the key's value as written in this batch; its operations (see logged).
@@ -120,7 +119,7 @@ class Variable:
             self.data.pop(key, None)
         else:
             self.data[key] = value
-        self.family.total += self.entries(key) - before
+        self.context.total += self.entries(key) - before
         self.changes(key)
 
     # -- TTL ---------------------------------------------------------------------------------
@@ -136,18 +135,15 @@ class Variable:
 
     def indexed(self, element_key) -> None:
         """Notes that `element_key` holds an element written now (TTL only)."""
-        if self.tier_index is not None:
-            self.pending.append((self.expiry, element_key[0] if self.kind == MAP
-                                 else element_key))
+        if self.tier is not None:
+            self.tier.pending.append((self.expiry, element_key[0] if self.kind == MAP
+                                      else element_key))
             return
         heapq.heappush(self.index, (self.expiry, next(SEQUENCE), element_key))
 
-    def attach_tier_index(self, index) -> None:
-        self.tier_index = index
-
-    def flush(self) -> None:
-        """Indexes the keys written since the last flush (on the tier)."""
-        self.family.working.index(self.tier_index, self.pending)
+    def attach_tier(self, tier) -> None:
+        """On the tier: the index of every key's TTL elements (working_set.KeyTimeIndex)."""
+        self.tier = tier
 
     def attach_index(self, index: list) -> None:
         self.index = index
@@ -167,7 +163,7 @@ class Variable:
 
     def expire(self) -> int:
         """Removes the elements whose TTL has passed; how many (Spark's count)."""
-        if self.tier_index is not None:
+        if self.tier is not None:
             return self._expire_tiered()
         index, now, data, removed = self.index, self.now, self.data, 0
         while index and index[0][0] <= now:
@@ -193,13 +189,11 @@ class Variable:
             self._rebuild_index()
         return removed
 
-
     def _expire_tiered(self) -> int:
         """expire() on the tier: each key that comes due is loaded and all its elements
         past their TTL go (each element has an entry at its own expiry)."""
-        self.flush()
         now, data, removed = self.now, self.data, 0
-        _, groups = self.family.working.due(self.tier_index, now)
+        _, groups = self.tier.due(now)
         for group in dict.fromkeys(groups):
             value = data.get(group)
             if value is None:
@@ -269,21 +263,5 @@ def remove_entry(var: Variable, group, entries: dict, user_key) -> None:
         var.set(group, None)
     else:
         del entries[user_key]
-        var.family.total -= 1
+        var.context.total -= 1
         var.changes(group)
-
-
-def plain_key_column(key_fields: list[pa.Field]):
-    """For one grouping column of integers or strings, whose grouping keys in memory are
-    its values as they are (keys.column_values: ints; a string's bytes), the column of
-    some keys made from them directly (no gather from the batches they came in); else
-    None."""
-    if len(key_fields) != 1:
-        return None
-    t = key_fields[0].type
-    if pa.types.is_integer(t):
-        return lambda groups: pa.array(groups, t)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        raw = pa.binary() if pa.types.is_string(t) else pa.large_binary()
-        return lambda groups: pa.array(groups, raw).view(t)
-    return None
