@@ -210,3 +210,14 @@ def test_transform_with_state_in_pandas_with_ttl_and_processing_time_timers(
     assert any("timer fired" in r[2] for rows in ours.outputs.values() for r in rows)
     assert_state_reads_same(spark, native, ours, [max(ours.outputs)], ["items"],
                             timers=True, change_feed=True, masked=ttl_masked)
+
+
+@pytest.mark.parametrize("name,snapshots", [("dedup", "manifests"),
+                                            ("transformWithStateInPandas", "snapshots")])
+def test_a_late_attempts_files_under_checkpoint_format_v2(spark, spark_conf, tmp_path,
+                                                          remote_checkpoints, name, snapshots):
+    """Another attempt's deltas, snapshots and run files land after our commit, on the
+    store: no load reads them, Spark's answers (test_checkpoint_ids.py has every family on
+    the local disk)."""
+    from test_checkpoint_ids import assert_late_attempt_passed_over
+    assert_late_attempt_passed_over(spark, spark_conf, tmp_path, name, snapshots)

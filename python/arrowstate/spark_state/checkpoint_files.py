@@ -104,6 +104,25 @@ def log_ids(checkpoint: str, log: str) -> list[int]:
         if files.isdir(where) else []
 
 
+def committed_checkpoint_ids(checkpoint: str, operator: int) -> dict[int, list[str | None]]:
+    """Checkpoint format v2: per state version, the checkpoint id Spark's commit log
+    recorded for each partition of the operator (batch N commits version N + 1); the
+    versions whose entry records none (format v1) are left out. The files of those ids are
+    the ones the version is (`store.lineage`)."""
+    found: dict[int, list[str | None]] = {}
+    files = files_for(checkpoint)
+    for batch in log_ids(checkpoint, "commits"):
+        lines = files.read_text(os.path.join(checkpoint, "commits", str(batch))).splitlines()
+        try:
+            ids = json.loads(lines[1]).get("stateUniqueIds") or {}
+        except (IndexError, ValueError):
+            continue
+        partitions = ids.get(str(operator))
+        if partitions:
+            found[batch + 1] = [p[0] if p else None for p in partitions]
+    return found
+
+
 def last_committed_batch(checkpoint: str) -> int | None:
     return max(log_ids(checkpoint, "commits"), default=None)
 

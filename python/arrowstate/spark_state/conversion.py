@@ -14,7 +14,8 @@ from ..store.formats import names as file_names
 from . import filesystems
 from .checkpoint_files import (ARROWSTATE, EXPORTED, IMPORTED, CheckpointError, PartitionFiles,
                                offset_conf, offsets_with_conf, planned_batch,
-                               read_state_schema_file, write_log_entry)
+                               read_state_schema_file, write_log_entry,
+                               committed_checkpoint_ids)
 from .filesystems import files_for
 from .inventory import describe
 from .layout import HDFS_PROVIDER, PROVIDER_SETTING, ROCKSDB_PROVIDER, OperatorJob, SparkLayout
@@ -79,12 +80,14 @@ def _undeclared_variables(checkpoint: str, o: dict, last: int) -> list[str]:
     declared = {v["stateName"] for v in
                 operator_properties(op_dir, last)["stateVariables"]}
     held = set()
+    ids = committed_checkpoint_ids(checkpoint, o["operator_id"]).get(last + 1, [])
     for p in range(o["partitions"]):
         where = os.path.join(op_dir, str(p))
         source = PartitionFiles(where, f"operator {o['operator_id']}, partition {p}")
         if files_for(where).isdir(where) and any(file_names.parse_name(n) for n in source.names()):
             held.update((f.metadata or {}).get(store_files.COLUMN_NAME, b"").decode()[2:]
-                        for f in stored_schema(source, last + 1))
+                        for f in stored_schema(source, last + 1,
+                                               checkpoint_id=ids[p] if p < len(ids) else None))
     return sorted(held - declared - {"", TIMER_VARIABLE})
 
 

@@ -36,7 +36,7 @@ import re
 from ..store.formats import container, decoding, manifest, names as file_names
 from .checkpoint_files import (ARROWSTATE, HDFS, MOVED_ASIDE, ROCKSDB, CheckpointError,
                                last_committed_batch, log_ids, operator_metadata,
-                               planned_batch)
+                               planned_batch, committed_checkpoint_ids)
 from .filesystems import files_for
 from .inventory import FAMILIES, require_checkpoint
 
@@ -62,7 +62,9 @@ def _batch_timestamp(checkpoint: str, batch: int) -> int | None:
 class _Partition:
     """One partition directory's state files: per version, kind -> (file name, size)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, ids: dict[int, str | None] | None = None) -> None:
+        """`ids`: per version, the checkpoint id the commit log names for this partition
+        (format v2): another attempt's files of a version are not the version's."""
         self.where = where
         self.ours: dict[int, dict[str, tuple[str, int]]] = {}
         self.hdfs: dict[int, dict[str, tuple[str, int]]] = {}
@@ -78,7 +80,8 @@ class _Partition:
             parsed = file_names.parse_name(name)
             hdfs = _HDFS_NAME.match(name)
             rocks = _ROCKSDB_NAME.match(name)
-            if parsed is not None:
+            attempt = file_names.checkpoint_id_of(name)
+            if parsed is not None and (attempt is None or attempt == (ids or {}).get(parsed[0])):
                 self.ours.setdefault(parsed[0], {})[parsed[1]] = (name, size)
             elif hdfs is not None:
                 self.hdfs.setdefault(int(hdfs.group(1)), {})[hdfs.group(2)] = (name, size)
@@ -196,11 +199,17 @@ def _figures_of(partitions: list[_Partition], version: int, count_bytes: bool) -
     return out
 
 
-def _partitions(op_dir: str) -> list[_Partition]:
+def _partitions(op_dir: str, ids: dict[int, list] | None = None) -> list[_Partition]:
+    """The operator's partitions; `ids`: per version, each partition's checkpoint id the
+    commit log records (format v2)."""
     files = files_for(op_dir)
     names = files.listdir(op_dir) if files.isdir(op_dir) else []
-    return [_Partition(os.path.join(op_dir, n)) for n in sorted(names, key=lambda n: (len(n), n))
-            if n.isdigit()]
+    ids = ids or {}
+
+    def of(p: int) -> dict[int, str | None]:
+        return {v: found[p] for v, found in ids.items() if p < len(found)}
+    return [_Partition(os.path.join(op_dir, n), of(int(n)))
+            for n in sorted(names, key=lambda n: (len(n), n)) if n.isdigit()]
 
 
 def history(checkpoint: str) -> dict:
@@ -226,7 +235,7 @@ def history(checkpoint: str) -> dict:
         info = operator_metadata(op_dir)
         name = info["operatorInfo"]["operatorName"] if info is not None else "unknown"
         operators.append({"operatorId": op, "name": name, "family": FAMILIES.get(name)})
-        partitions[op] = _partitions(op_dir)
+        partitions[op] = _partitions(op_dir, committed_checkpoint_ids(checkpoint, op))
         aside[op] = [(name, _partitions(os.path.join(checkpoint, name, "state", str(op))))
                      for name in moved_aside]
     ended = {b: files.modified_ms(os.path.join(checkpoint, "commits", str(b)))

@@ -14,7 +14,8 @@ from .. import contract
 from ..store.formats import names as file_names
 from .checkpoint_files import (ARROWSTATE, CheckpointError, PartitionFiles,
                                last_committed_batch, offset_conf, operator_metadata,
-                               partition_engine, read_state_schema_file)
+                               partition_engine, read_state_schema_file,
+                               committed_checkpoint_ids)
 from .filesystems import files_for
 from .layouts import LAYOUTS
 from .readers import stored_state
@@ -120,7 +121,9 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
     version = None if last is None else last + 1
     rows, note = None, None
     if engine == ARROWSTATE and version is not None:
-        rows = sum(_arrowstate_rows(os.path.join(op_dir, str(p)), op, p, version)
+        ids = committed_checkpoint_ids(checkpoint, op).get(version, [])
+        rows = sum(_arrowstate_rows(os.path.join(op_dir, str(p)), op, p, version,
+                                    ids[p] if p < len(ids) else None)
                    for p in parts)
     elif engine not in ("none", ARROWSTATE):
         note = ("rows are counted for arrowstate state only; for Spark's own state, "
@@ -134,12 +137,13 @@ def _describe_operator(checkpoint: str, op: int, last: int | None,
                     None if family is None else LAYOUTS[family].holds, variables, timers)
 
 
-def _arrowstate_rows(where: str, op: int, partition: int, version: int) -> int:
+def _arrowstate_rows(where: str, op: int, partition: int, version: int,
+                     checkpoint_id: str | None = None) -> int:
     source = PartitionFiles(where, f"operator {op}, partition {partition}, version {version}")
     if not any(file_names.parse_name(n) for n in source.names()):
         return 0
-    state = stored_state(source, version)
-    state.load(source, version)
+    state = stored_state(source, version, checkpoint_id=checkpoint_id)
+    state.load(source, version, checkpoint_id=checkpoint_id)
     return len(state)
 
 

@@ -1,5 +1,12 @@
 package org.apache.spark.sql.arrowstate.store
 
+import java.nio.charset.StandardCharsets
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.json4s.{JArray, JString}
+import org.json4s.jackson.JsonMethods
+
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 
 /**
@@ -26,4 +33,29 @@ object CheckpointIds {
       CheckpointIds(Some(java.util.UUID.randomUUID().toString), base,
         if (adopted) scala.None else base)
     }
+}
+
+object CheckpointLineage {
+  /**
+   * The checkpoint id Spark's commit log recorded for `version` of an operator partition
+   * (`<checkpoint>/commits/<version - 1>`, whose batch committed that version), for a reader
+   * that hands none on (Spark's `statestore` reader of a real-time query's checkpoint):
+   * None when the log has no entry or no ids (format v1).
+   */
+  def committedId(stateRoot: String, operatorId: Long, partitionId: Int, version: Long,
+      hadoopConf: Configuration): Option[String] = {
+    val entry = new Path(new Path(new Path(stateRoot).getParent, "commits"), (version - 1).toString)
+    val fs = entry.getFileSystem(hadoopConf)
+    if (version < 1 || !fs.exists(entry)) return None
+    val in = fs.open(entry)
+    val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+    text.linesIterator.drop(1).nextOption().flatMap { json =>
+      JsonMethods.parse(json) \ "stateUniqueIds" \ operatorId.toString match {
+        case JArray(partitions) => partitions.lift(partitionId).collect {
+          case JArray(JString(id) :: _) => id
+        }
+        case _ => None
+      }
+    }
+  }
 }

@@ -15,7 +15,7 @@ import org.apache.spark.util.NextIterator
 
 import org.apache.spark.sql.arrowstate.contract.ArrowStateConf
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.store.{CheckpointLineage, StateFiles}
 import org.apache.spark.sql.arrowstate.worker.WorkerSettings
 
 /**
@@ -78,6 +78,16 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
     StateFiles.partitionDir(id.checkpointRootLocation, id.operatorId, id.partitionId),
     hadoopConf)
 
+  /** The checkpoint id of `version` (format v2): the one the reader hands on, else the
+   * commit log's where the partition's files carry ids (a reader that hands none on). */
+  private def committedId(version: Long, given: Option[String]): Option[String] =
+    given.orElse {
+      if (!files.names().exists(n => StateFiles.versionOf(n).contains(version) &&
+          StateFiles.hasCheckpointId(n))) None
+      else CheckpointLineage.committedId(id.checkpointRootLocation, id.operatorId,
+        id.partitionId, version, hadoopConf)
+    }
+
   // Spark's condition for an operation a store does not support
   private def readOnly(what: String): Nothing = throw new ArrowStateException(
     "STATE_STORE_UNSUPPORTED_OPERATION",
@@ -103,7 +113,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       case Some(p) => p.getReadStore(version, uniqueId)
       case None => new ArrowStateReadStore(id, version, keySchema, valueSchema, files,
         ArrowStateStoreProvider.workerSettings(storeConf), families,
-        encoding = storeConf.stateStoreEncodingFormat, checkpointId = uniqueId)
+        encoding = storeConf.stateStoreEncodingFormat, checkpointId = committedId(version, uniqueId))
     }
 
   override def upgradeReadStoreToWriteStore(
@@ -147,7 +157,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
       snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
     case None => new ArrowStateReadStore(id, endVersion, keySchema, valueSchema, files,
       ArrowStateStoreProvider.workerSettings(storeConf), families, Some(snapshotVersion),
-      storeConf.stateStoreEncodingFormat, endVersionStateStoreCkptId)
+      storeConf.stateStoreEncodingFormat, committedId(endVersion, endVersionStateStoreCkptId))
   }
 
   override def getStateStoreChangeDataReader(
@@ -167,7 +177,7 @@ class ArrowStateStoreProvider extends StateStoreProvider with SupportsFineGraine
         "changesFrom" -> startVersion,
         "stateEncoding" -> JString(storeConf.stateStoreEncodingFormat.toLowerCase)) ++
         family.map(name => "columnFamily" -> JString(name)) ++
-        endVersionStateStoreCkptId.map(id => "checkpointId" -> JString(id))
+        committedId(endVersion, endVersionStateStoreCkptId).map(id => "checkpointId" -> JString(id))
       val changes = new WorkerReadStream(id, files,
         ArrowStateStoreProvider.workerSettings(storeConf), keys, values, request: _*)({
           (row, key, value) =>
