@@ -134,7 +134,7 @@ object FramingTests extends UnitTests {
     out.writeInt(0)
   }
 
-  test("COMMIT is read as (name, local file) pairs, the prune-below version, the run files to delete, the schema file, then the delta streamed") {
+  test("COMMIT is read as (name, local file) pairs, the prune-below version and its snapshot, the run files to delete and to keep, the schema file, then the delta's name and bytes streamed") {
     for (size <- Seq(0, 2, 9, 12)) {   // empty, one chunk, a short last one, an exact multiple
       val delta = Array.tabulate[Byte](size)(_.toByte)
       val codec = reading { out =>
@@ -142,21 +142,27 @@ object FramingTests extends UnitTests {
         out.writeInt(2)
         str(out, "ab.arrowstate.run"); str(out, "/tmp/ab.arrowstate.run")
         str(out, "5.arrowstate.snapshot"); str(out, "/tmp/5.arrowstate.snapshot")
-        out.writeLong(4L)
+        out.writeLong(4L); str(out, "4.arrowstate.snapshot")
         out.writeInt(1); str(out, "cd.arrowstate.run")
+        out.writeInt(1); str(out, "ef.arrowstate.run")
         str(out, "ab.arrowstate.schema"); out.writeInt(2); out.write(Array[Byte](7, 8))
+        str(out, "6.arrowstate.delta")
         chunks(out, delta, 3)
         out.writeInt(Contract.Frame.Ready.tag)
       }
       val (frame, Seq(snaps: Seq[(String, String)] @unchecked, prune: Long,
-        deletes: Seq[String] @unchecked, schemaFile: String, schemaBytes: Array[Byte],
+        pruneSnapshot: String, deletes: Seq[String] @unchecked, keep: Seq[String] @unchecked,
+        schemaFile: String, schemaBytes: Array[Byte], deltaName: String,
         stream: InputStream)) = codec.read(Contract.Frame.Commit)
       assertEqual(frame, Contract.Frame.Commit)
       assertEqual(snaps, Seq("ab.arrowstate.run" -> "/tmp/ab.arrowstate.run",
         "5.arrowstate.snapshot" -> "/tmp/5.arrowstate.snapshot"))
       assertEqual(prune, 4L)
+      assertEqual(pruneSnapshot, "4.arrowstate.snapshot")
       assertEqual(deletes, Seq("cd.arrowstate.run"))
+      assertEqual(keep, Seq("ef.arrowstate.run"))
       assertEqual(schemaFile, "ab.arrowstate.schema")
+      assertEqual(deltaName, "6.arrowstate.delta")
       assertEqual(schemaBytes.toSeq, Seq[Byte](7, 8))
       val copy = new ByteArrayOutputStream()
       stream.transferTo(copy)

@@ -186,9 +186,13 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
       val out = Files.newOutputStream(temp)
       try body(out) finally out.close()
       if (neverReplaced(name)) {
-        // a hard link fails if the name exists, atomically; the temporary name then goes
-        Files.createLink(target, temp)
-        Files.delete(temp)
+        // a hard link fails if the name exists, atomically; the temporary name then goes.
+        // Where links are not supported, a move without replacing (checked, then renamed)
+        try Files.createLink(target, temp) catch {
+          case _: UnsupportedOperationException | _: java.nio.file.FileSystemException
+              if !Files.exists(target) => Files.move(temp, target)
+        }
+        Files.deleteIfExists(temp)
       } else {
         // a checksum Hadoop wrote beside an earlier file of this name would not match
         Files.deleteIfExists(local.resolve(s".$name.crc"))
