@@ -13,19 +13,20 @@ import sys
 import pytest
 
 import kafka
+import prerequisites
 from storage import StorageUnavailable
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "kafka_smoke.py")
-pytest.importorskip("confluent_kafka", reason="the Kafka harness needs confluent-kafka "
-                    "(the `test` extra)")
+prerequisites.module("confluent_kafka", "the Kafka harness produces and reads with it: the "
+                     "`test` extra")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def jars():
-    try:   # downloaded once (cached): said as the skip's reason when they cannot be had
+    try:   # downloaded once (cached)
         kafka.broker_jars(), kafka.connector_jars()
     except StorageUnavailable as e:
-        pytest.skip(str(e))
+        prerequisites.missing(f"Kafka's jars: {e}")
 
 
 def _smoke(tmp_path, *args) -> dict:
