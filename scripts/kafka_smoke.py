@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
 
 import kafka  # noqa: E402  (tests/helpers, put on the path above)
+from latency import latency_summary  # noqa: E402
 
 SOURCE_PARTITIONS, SHUFFLE_PARTITIONS = 5, 2
 
@@ -123,7 +124,7 @@ def run(stateful_query: bool, records: int, rate: float, trigger: str,
     times["total_s"] = time.monotonic() - started
     return {"sent": sent, "in": [dataclasses.asdict(a) for a in inputs],
             "out": [dataclasses.asdict(a) for a in back],
-            "latency_ms": kafka.latency_summary([a.latency_ms() for a in back]),
+            "latency_ms": latency_summary([a.latency_ms() for a in back]),
             "times": times}
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "helpers"))
 
 OUTPUT = ('{"type":"struct","fields":[{"name":"key","type":"string","nullable":true,'
-          '"metadata":{}},{"name":"produced_at_ns","type":"long","nullable":true,'
+          '"metadata":{}},{"name":"seq","type":"long","nullable":true,'
           '"metadata":{}},{"name":"count","type":"long","nullable":true,"metadata":{}}]}')
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     from bench_lib.functions import PandasLatencyCount
 
     schema = pa.schema([("key", pa.string()), ("key_", pa.string()),
-                        ("produced_at_ns", pa.int64())])
+                        ("seq", pa.int64())])
     udf = TransformWithStateInPandasUdfUtils(PandasLatencyCount(), "None").transformWithStateUDF
     operator = {
         "command": base64.b64encode(CloudPickleSerializer().dumps((udf, None))).decode(),

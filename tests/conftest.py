@@ -9,6 +9,8 @@ import pytest
 # the helpers (harness, processors, apps) import by their module names
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "helpers"))
 
+import prerequisites  # noqa: E402  (tests/helpers, put on the path above)
+
 
 def pytest_collection_modifyitems(config, items):
     """Spark-free tests run first; every test under tests/spark is marked `spark`.
@@ -37,6 +39,31 @@ def pytest_collection_modifyitems(config, items):
                     "spark" not in tests[0].keywords, -len(tests))
 
         items[:] = [t for tests in sorted(files.values(), key=rank) for t in tests]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The run ends with the tests skipped for a missing prerequisite (tests/helpers/
+    prerequisites.py), by what is missing: outside CI they are skipped, and said here apart
+    from the skips that are part of a test's design."""
+    missing: dict[str, list[str]] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = prerequisites.skip_reason(report) or ""
+        if reason.startswith(prerequisites.SKIP_PREFIX):
+            what = reason[len(prerequisites.SKIP_PREFIX):].strip().splitlines()[0]
+            missing.setdefault(what, []).append(report.nodeid)
+    if not missing:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section(f"{sum(map(len, missing.values()))} tests did not run: "
+                             f"missing prerequisites", yellow=True, bold=True)
+    for what, tests in sorted(missing.items()):
+        write(f"{len(tests)} skipped: {what}", yellow=True, bold=True)
+        for nodeid in sorted(tests)[:3]:
+            write(f"    {nodeid}")
+        if len(tests) > 3:
+            write(f"    ... and {len(tests) - 3} more")
+    write("In CI (CI=true, as .ci/run runs) each of these fails instead: .ci/run installs "
+          "them (docs/testing.md).")
 
 
 def _run_shared_dir(tmp_path_factory, name: str):
@@ -117,7 +144,7 @@ class RemoteStores:
 
     def get(self, kind: str):
         if self.unavailable:
-            pytest.skip(f"checkpoints on {kind}: {self.unavailable}")
+            prerequisites.missing(f"checkpoints on {kind}: {self.unavailable}")
         self.start(kind)
         store = self._started[kind].result()
         if isinstance(store, Exception):

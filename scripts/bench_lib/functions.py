@@ -117,7 +117,7 @@ def as_they_are(batches):
 
 
 # -- the real-time benchmark's workload (SPARK-58884): per record, the key's ValueState read
-# and updated, and one output row with the record's production time ---------------------
+# and updated, and one output row with the record's sequence number ---------------------
 
 class RowLatencyCount(StatefulProcessor):
     """transformWithState (Row API): one row per input row, the key's count after it."""
@@ -129,7 +129,7 @@ class RowLatencyCount(StatefulProcessor):
         for row in rows:
             n = (self.count.get()[0] if self.count.exists() else 0) + 1
             self.count.update((n,))
-            yield Row(key=key[0], produced_at_ns=row.produced_at_ns, count=n)
+            yield Row(key=key[0], seq=row.seq, count=n)
 
 
 class PandasLatencyCount(StatefulProcessor):
@@ -144,5 +144,5 @@ class PandasLatencyCount(StatefulProcessor):
         n = self.count.get()[0] if self.count.exists() else 0
         counts = range(n + 1, n + 1 + len(frame))
         self.count.update((n + len(frame),))
-        yield pd.DataFrame({"key": key[0], "produced_at_ns": frame["produced_at_ns"].values,
+        yield pd.DataFrame({"key": key[0], "seq": frame["seq"].values,
                             "count": list(counts)})

@@ -12,17 +12,23 @@ keys), at each of --rates records/s, for each engine and trigger mode (CASES):
 A one-node KRaft broker on loopback (tests/helpers/kafka.py: test-time downloads with mvn)
 holds the input topic (--rt-partitions partitions) and each case's output topic. Per case: the
 query starts; records go in at the rate until one comes back and for --rt-warmup seconds more
-(not measured: the first batch's start, the JIT); then for --rt-seconds the latency of each
-record is its arrival in Python minus the time Python sent it (both time.time_ns on this
-machine). A real-time batch lasts --rt-batch (longer than a case: no batch ends within the
-measured window, whose switch would pause the source). One JSON line per case: `case`,
-`engine`, `mode`, `records_per_s`, `p50_ms`, `p95_ms`, `p99_ms`, `max_ms`, the records sent
-and received, and the median latency over each tenth of the window (does it grow?).
+(not measured: the first batch's start, the JIT); then the records due within the next
+--rt-seconds are measured, each from the time the producer's schedule gave it to its first
+output's arrival in Python (both time.time_ns on this machine: tests/helpers/latency.py), so
+that a producer falling behind does not hide the wait, and those that never come back (within
+60 s of the window's end) are counted. The executed plan is checked to run the case's engine
+(an arrowstate node for arrowstate's cases, none for Spark's): a case that ran on the other
+fails the bench. A real-time batch lasts --rt-batch (longer than a case: no batch ends within
+the measured window, whose switch would pause the source). One JSON line per case: `case`,
+`engine`, `mode`, `records_per_s`, `p50_ms`, `p95_ms`, `p99_ms`, `max_ms` (of the records
+received), `due` (the records due in the window), `received`, `never_received`, `unsent`
+(of those never received, the ones the producer had not sent when the case stopped),
+`producer_max_lag_ms` (the most a record was sent after its due time), and the median
+latency over each tenth of the window (does it grow?).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -32,18 +38,20 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from arrowstate import contract
 from bench_lib import functions
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTPUT = "key string, produced_at_ns long, count long"
+# each output record carries its input record's sequence number (PacedProducer's `seq`)
+OUTPUT = "key string, seq long, count long"
 
 
 def _events(spark, bootstrap: str, topic: str):
     return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic).option("startingOffsets", "latest").load()
             .select(F.col("key").cast("string").alias("key"),
-                    F.get_json_object(F.col("value").cast("string"), "$.produced_at_ns")
-                    .cast("long").alias("produced_at_ns")))
+                    F.get_json_object(F.col("value").cast("string"), "$.seq")
+                    .cast("long").alias("seq")))
 
 
 def _python_tws(pandas_api: bool):
@@ -55,28 +63,31 @@ def _python_tws(pandas_api: bool):
         else:
             counted = grouped.transformWithState(
                 functions.RowLatencyCount(), OUTPUT, "Update", "None")
-        return counted.select("key", F.to_json(F.struct("key", "produced_at_ns", "count"))
+        return counted.select("key", F.to_json(F.struct("key", "seq", "count"))
                               .alias("value"))
     return build
 
 
 def _streamline_count(events):
-    # the newest production time of the key's records stands for the record's
+    # an update of a key's count carries the newest seq it counted: it stands for each of the
+    # key's records up to that one (latency.first_arrivals)
     counted = events.groupBy("key").agg(F.count("*").alias("count"),
-                                        F.max("produced_at_ns").alias("produced_at_ns"))
-    return counted.select("key", F.to_json(F.struct("key", "produced_at_ns", "count"))
-                          .alias("value"))
+                                        F.max("seq").alias("seq"))
+    return counted.select("key", F.to_json(F.struct("key", "seq", "count")).alias("value"))
 
 
-# case -> (engine, mode, the query's DataFrame from the events, or None: the JVM query)
+# case -> (engine, mode, the query's DataFrame from the events, or None: the JVM query,
+# whether an output stands for one input record or for its key's records so far)
 CASES = {
-    "tws_rows_real_time": ("arrowstate", "real-time", _python_tws(False)),
-    "tws_pandas_real_time": ("arrowstate", "real-time", _python_tws(True)),
-    "tws_jvm_real_time": ("spark", "real-time", None),
-    "count_real_time": ("spark", "real-time", _streamline_count),
-    "tws_rows_micro_batch_spark": ("spark", "micro-batch", _python_tws(False)),
-    "tws_rows_micro_batch": ("arrowstate", "micro-batch", _python_tws(False)),
+    "tws_rows_real_time": ("arrowstate", "real-time", _python_tws(False), "record"),
+    "tws_pandas_real_time": ("arrowstate", "real-time", _python_tws(True), "record"),
+    "tws_jvm_real_time": ("spark", "real-time", None, "record"),
+    "count_real_time": ("spark", "real-time", _streamline_count, "key"),
+    "tws_rows_micro_batch_spark": ("spark", "micro-batch", _python_tws(False), "record"),
+    "tws_rows_micro_batch": ("arrowstate", "micro-batch", _python_tws(False), "record"),
 }
+# the nodes an arrowstate plan has (one per family: contract.json)
+ARROWSTATE_NODES = sorted({f["node"] for f in contract.FAMILIES.values()})
 
 
 def add_arguments(parser) -> None:
@@ -93,10 +104,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rt-warmup", type=float, default=15)
     parser.add_argument("--rt-batch", default="10 minutes",
                         help="--real-time: a real-time batch's length (longer than a case)")
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def _bench_jar(workdir: str) -> str:
@@ -154,8 +161,9 @@ def real_time(args) -> None:
 
 def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str) -> dict:
     from kafka import PacedProducer, TopicRecorder   # (tests/helpers, on the path here)
+    from latency import percentile, schedule_latencies
 
-    engine, mode, build = CASES[name]
+    engine, mode, build, stands_for = CASES[name]
     tag = f"{name}-{rate}"
     topic_in, topic_out = f"in-{tag}", f"out-{tag}"
     broker.create_topic(topic_in, args.rt_partitions)
@@ -169,54 +177,67 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
         def failed():   # a JVM query's failure
             e = query.exception()
             return RuntimeError(e.get().toString()) if e.isDefined() else None
-        stop = query.stop
+        stop, explain = query.stop, query.explainInternal
     else:
         writer = (build(_events(spark, broker.bootstrap, topic_in)).writeStream
                   .format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
                   .option("topic", topic_out).option("checkpointLocation", checkpoint)
                   .outputMode("update"))
         query = (writer.trigger(realTime=real_time) if real_time else writer).start()
-        failed, stop = query.exception, query.stop
+        failed, stop, explain = query.exception, query.stop, query._jsq.explainInternal
     recorder = TopicRecorder(broker.bootstrap, topic_out).start()
-    # keys in a stride over all of them, each as often as the others
-    producer = PacedProducer(broker.bootstrap, topic_in, rate,
-                             make_key=lambda i: f"k{(i * 7919) % keys}")
+
+    def key_of(seq: int) -> str:   # keys in a stride over all of them, each as often
+        return f"k{(seq * 7919) % keys}"
+    producer = PacedProducer(broker.bootstrap, topic_in, rate, make_key=key_of)
     try:
         producer.start()
         # until a record comes back (the first batch's start), then --rt-warmup seconds more
         recorder.wait_for(1, timeout=180, failed=failed)
+        _check_engine(name, engine, explain(False))
         time.sleep(args.rt_warmup)
-        start, first = time.time_ns(), producer.sent
+        start = time.time_ns()
         time.sleep(args.rt_seconds)
-        end, last = time.time_ns(), producer.sent
+        due = producer.schedule.due_within(start, time.time_ns())
+
+        def measured():
+            outputs = [(a.arrived_ns, a.value["key"], a.value["seq"])
+                       for a in recorder.arrivals() if isinstance(a.value, dict)]
+            return schedule_latencies(producer.schedule, due, outputs,
+                                      key_of if stands_for == "key" else None)
         # the window's last records, on their way (seconds in micro-batch mode)
         deadline = time.monotonic() + 60
-        while (time.monotonic() < deadline and failed() is None
-               and len(_window(recorder, start, end)) < last - first):
-            time.sleep(0.2)
+        while time.monotonic() < deadline and failed() is None and measured()[1]:
+            time.sleep(1)   # (arrival times are taken as records come: not by this loop)
     finally:
         producer.stop()
         recorder.stop()
         stop()
-    window = _window(recorder, start, end)
-    ordered = sorted(a.latency_ms() for a in window)
-    tenths = [sorted(a.latency_ms() for a in window[i * len(window) // 10:
-                                                     (i + 1) * len(window) // 10])
-              for i in range(10)] if len(window) >= 10 else []
+    latencies, never = measured()
+    in_order = [latencies[s] for s in sorted(latencies)]
+    ordered = sorted(in_order)
+    tenths = [sorted(in_order[i * len(in_order) // 10:(i + 1) * len(in_order) // 10])
+              for i in range(10)] if len(in_order) >= 10 else []
     return {"case": name, "engine": engine, "mode": mode, "records_per_s": rate,
             "keys": keys, "partitions": args.rt_partitions,
             "shuffle_partitions": args.shuffle_partitions,
-            "sent": last - first, "received": len(window),
-            **({"p50_ms": round(_percentile(ordered, 50), 1),
-                "p95_ms": round(_percentile(ordered, 95), 1),
-                "p99_ms": round(_percentile(ordered, 99), 1),
+            "due": len(due), "received": len(latencies), "never_received": len(never),
+            "unsent": sum(1 for s in never if s >= producer.sent),
+            "producer_max_lag_ms": round(producer.max_lag_ms, 1),
+            **({"p50_ms": round(percentile(ordered, 50), 1),
+                "p95_ms": round(percentile(ordered, 95), 1),
+                "p99_ms": round(percentile(ordered, 99), 1),
                 "max_ms": round(ordered[-1], 1),
-                "p50_ms_by_tenth": [round(_percentile(t, 50), 1) for t in tenths if t]}
+                "p50_ms_by_tenth": [round(percentile(t, 50), 1) for t in tenths if t]}
                if ordered else {})}
 
 
-def _window(recorder, start: int, end: int) -> list:
-    """The outputs of the records sent within the window, by their production time."""
-    return sorted((a for a in recorder.arrivals() if isinstance(a.value, dict)
-                   and start <= a.value.get("produced_at_ns", 0) < end),
-                  key=lambda a: a.value["produced_at_ns"])
+def _check_engine(name: str, engine: str, plan: str) -> None:
+    """Fails the bench when the executed plan does not run the case's engine: an arrowstate
+    node for arrowstate's cases, none for Spark's."""
+    found = [node for node in ARROWSTATE_NODES if node in plan]
+    if (engine == "arrowstate") != bool(found):
+        raise RuntimeError(
+            f"case {name} is to run on {engine}, but its executed plan has "
+            + (f"arrowstate's {', '.join(found)}" if found else
+               f"no arrowstate node (none of {', '.join(ARROWSTATE_NODES)})") + f":\n{plan}")

@@ -1,10 +1,15 @@
 """Runs the differential deduplication case on a standalone cluster (one master, two
 workers on loopback), so arrowstate's operator and Python workers run inside executor JVMs
-that are not the driver's, with the input and the checkpoints on a store the executors
-reach by URI (HDFS or the object store: `where`, JSON of its root URI, Spark settings and
-the jars that reach it, shipped to the executors with spark.jars). Started by
-test_cluster.py in its own process, since a process holds one SparkContext. Prints one JSON
-line with what it saw."""
+that are not the driver's. arrowstate's run is made with its input and checkpoints at each
+of `places` (JSON: a list of {"name", "root": a store's URI, or null for the local disk,
+"settings": the Spark settings that reach it, "jars": its connector's jars, shipped to the
+executors with spark.jars, "speculation": whether to run once more with a task attempt
+speculated}), against one run of Spark's own on the local disk (its answers do not depend on
+where its checkpoint is). Started by test_cluster.py in its own process, since a process
+holds one SparkContext. Prints one JSON line with what it saw.
+
+The local disk stands for a disk every host mounts (the hosts here are one machine); the
+stores for a cluster whose hosts share no disk."""
 import datetime as dt
 import json
 import os
@@ -24,15 +29,17 @@ from harness import _as_text, run_query, scratch_dir  # noqa: E402
 INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
 
 
-def main(master: str, test_jar: str, attempt_log: str, where: str) -> None:
-    store = json.loads(where)
+def main(master: str, test_jar: str, attempt_logs: str, places: str) -> None:
+    places = json.loads(places)
+    jars = sorted({j for place in places for j in place["jars"]})
+    settings = {k: v for place in places for k, v in place["settings"].items()}
     spark = arrowstate.configure(
         SparkSession.builder.master(master).appName("arrowstate-cluster-test")
         # to the executors through the driver (no shared path); the driver's own class path
         # has them too, as Hadoop loads a filesystem's class from there
-        .config("spark.jars", ",".join([test_jar, *store["jars"]]))
-        .config("spark.driver.extraClassPath", os.pathsep.join(store["jars"]))
-        .config(map=store["settings"])
+        .config("spark.jars", ",".join([test_jar, *jars]))
+        .config("spark.driver.extraClassPath", os.pathsep.join(jars))
+        .config(map=settings)
         # a task that runs 1.5x the median of the others gets a second attempt elsewhere
         .config("spark.speculation", "true")
         .config("spark.speculation.interval", "100ms")
@@ -57,21 +64,11 @@ def main(master: str, test_jar: str, attempt_log: str, where: str) -> None:
     def build(df):
         return df.withWatermark("ts", "60 seconds").dropDuplicates(["user", "ts"])
 
-    root = store["root"]
-    harness.checkpoint_root = lambda name: f"{root}/{name}/ck" if name else root
-    harness.source_on_checkpoint_store = True
     workdir = scratch_dir("arrowstate-cluster-")
     off = run_query(spark, workdir, schema, batches, build, arrowstate=False)
-    on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
-                   custom_metrics=["stateCacheHits", "stateCacheMisses"])
-    # Speculation: partition 1's first attempt at version 3 waits 20 s (the speculative copy
-    # may first wait out locality levels, 3 s each) before writing its
-    # delta, long after the second attempt committed the same version, then writes it too.
-    spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", INJECTING)
-    spark.conf.set("arrowstate.test.attemptLog", attempt_log)
-    spark.conf.set("arrowstate.test.slowFirstAttempt", ".*/state/0/1/3\\.arrowstate\\.delta=20000")
-    # (Spark's own run writes no arrowstate files: the run above is its oracle too)
-    spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
+    seen = {"places": {place["name"]: _at_place(spark, workdir, schema, batches, build, off,
+                                                place, attempt_logs)
+                       for place in places}}
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
     # where each executor keeps its local files (Spark's block manager's directories)
     local_dirs = sorted(set(spark.sparkContext.parallelize(range(8), 8).map(
@@ -83,19 +80,50 @@ def main(master: str, test_jar: str, attempt_log: str, where: str) -> None:
     ours = [p for p in state_worker_pids()
             if app_id in parent_command(p) or parent_pid(jvm_pid(p)) == os.getpid()]
     print(json.dumps({
+        **seen,
+        "executors": executors,
+        "worker_parents": [parent_command(p) for p in ours],
+        "oracle_checkpoint": off.checkpoint,
+        "executor_local_dirs": local_dirs,
+    }))
+    spark.stop()
+
+
+def _at_place(spark, workdir, schema, batches, build, off, place, attempt_logs) -> dict:
+    """arrowstate's run with its input and checkpoint at `place`, against Spark's `off`."""
+    root = place["root"]
+    harness.checkpoint_root = None if root is None else (
+        lambda name: f"{root}/{name}/ck" if name else root)
+    harness.source_on_checkpoint_store = root is not None
+    on = run_query(spark, workdir, schema, batches, build, arrowstate=True,
+                   custom_metrics=["stateCacheHits", "stateCacheMisses"])
+    seen = {
         "same_outputs": _as_text(on.outputs) == _as_text(off.outputs),
         "same_figures": on.figures == off.figures,
         "batches": len(on.outputs),
         "arrow_node_in_plan": all("ArrowStreamingDeduplicate" in p for p in on.plans),
-        "executors": executors,
         "cache_hits": sum(c[0]["stateCacheHits"] or 0 for c in on.custom.values()),
-        "worker_parents": [parent_command(p) for p in ours],
-        "speculation_same_outputs": _as_text(spec_on.outputs) == _as_text(off.outputs),
-        "speculation_same_figures": spec_on.figures == off.figures,
-        "checkpoints": [off.checkpoint, on.checkpoint, spec_on.checkpoint],
-        "executor_local_dirs": local_dirs,
-    }))
-    spark.stop()
+        "checkpoints": [on.checkpoint],
+    }
+    if place["speculation"]:
+        # Speculation: partition 1's first attempt at version 3 waits 20 s (the speculative
+        # copy may first wait out locality levels, 3 s each) before writing its delta, long
+        # after the second attempt committed the same version, then writes it too.
+        spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", INJECTING)
+        spark.conf.set("arrowstate.test.attemptLog",
+                       os.path.join(attempt_logs, f"{place['name']}.log"))
+        spark.conf.set("arrowstate.test.slowFirstAttempt",
+                       ".*/state/0/1/3\\.arrowstate\\.delta=20000")
+        try:
+            spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
+        finally:
+            for key in ("spark.sql.streaming.checkpointFileManagerClass",
+                        "arrowstate.test.attemptLog", "arrowstate.test.slowFirstAttempt"):
+                spark.conf.unset(key)
+        seen.update(speculation_same_outputs=_as_text(spec_on.outputs) == _as_text(off.outputs),
+                    speculation_same_figures=spec_on.figures == off.figures)
+        seen["checkpoints"].append(spec_on.checkpoint)
+    return seen
 
 
 if __name__ == "__main__":

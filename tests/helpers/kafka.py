@@ -1,9 +1,11 @@
 """Kafka for the real-time benchmark and tests (test/bench time only; users bring their own):
 a one-node KRaft broker on loopback (`KafkaBroker`), Spark's Kafka connector jars for a
 session's `spark.jars` (`connector_jars()`), and, from Python through confluent-kafka (the
-`test` extra), a paced producer stamping each record with its send time (`PacedProducer`,
-`produce_paced`) and a recorder of what reaches a topic with each record's arrival time
-(`TopicRecorder`): latency = arrival - send time. scripts/kafka_smoke.py puts them together.
+`test` extra), a paced producer stamping each record with its sequence number and send time
+(`PacedProducer`, `produce_paced`, on a latency.Schedule) and a recorder of what reaches a
+topic with each record's arrival time (`TopicRecorder`): latency = arrival - send time, or,
+where the producer may fall behind, arrival - the time the schedule gave the record
+(latency.py). scripts/kafka_smoke.py puts them together.
 
 The jars are test-time downloads with `mvn` (storage.py's `maven_jars`), cached in
 ~/.cache/arrowstate/kafka-jars: the broker (kafka_2.13, with log4j's slf4j binding) on a
@@ -35,7 +37,6 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import math
 import os
 import shutil
 import socket
@@ -47,6 +48,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from latency import Schedule
 from storage import (StorageUnavailable, _artifact, _stop, _wait, free_port,
                      maven_dependency, maven_jars, maven_pom, spark_artifacts)
 
@@ -253,9 +255,11 @@ class _InThread:
 class PacedProducer(_InThread):
     """Sends `records_per_s` records a second to `topic` from a thread, for `seconds` (None:
     until stop()), each at its own time on a fixed schedule (start + i / rate: a late one is
-    sent at once, the next ones keep the schedule). A record's key is `make_key(i)`
-    (default `k<i % 16>`), its value the JSON of {"seq": i, PRODUCED_AT: send time in
-    time.time_ns(), **make_value(i)}. Each record goes out on its own (linger.ms=0)."""
+    sent at once, the next ones keep the schedule). `schedule`, set when sending starts,
+    gives each record's due time; `max_lag_ms` is the most a record was sent after it. A
+    record's key is `make_key(i)` (default `k<i % 16>`), its value the JSON of {"seq": i,
+    PRODUCED_AT: send time in time.time_ns(), **make_value(i)}. Each record goes out on its
+    own (linger.ms=0)."""
 
     def __init__(self, bootstrap: str, topic: str, records_per_s: float,
                  seconds: float | None = None, make_value=None, make_key=None,
@@ -272,13 +276,16 @@ class PacedProducer(_InThread):
         _InThread.__init__(self, f"produce-{topic}")
         self.sent = 0          # records handed to the client
         self.errors: list[str] = []   # delivery failures, as the client reports them
+        self.schedule: Schedule | None = None
+        self.max_lag_ms = 0.0   # the most a record was sent after its due time
 
     def _delivered(self, err, msg) -> None:
         if err is not None:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def _run(self) -> None:
-        start = time.monotonic()
+        start = time.monotonic()   # waits by the monotonic clock, the schedule in wall time
+        self.schedule = Schedule(time.time_ns(), self.rate)
         end = None if self.seconds is None else start + self.seconds
         i = 0
         try:
@@ -297,6 +304,7 @@ class PacedProducer(_InThread):
                         break
                     except BufferError:   # the client's queue is full: the broker lags
                         self._producer.poll(0.05)
+                self.max_lag_ms = max(self.max_lag_ms, (time.monotonic() - due) * 1000)
                 self._producer.poll(0)
                 i += 1
                 self.sent = i
@@ -430,14 +438,3 @@ def _parsed(raw: bytes | None):
         return json.loads(text)
     except ValueError:
         return text
-
-
-def latency_summary(latencies_ms: list[float]) -> dict[str, float]:
-    """count, p50, p99 and max of latencies in ms (nearest-rank percentiles)."""
-    ordered = sorted(latencies_ms)
-    if not ordered:
-        return {"count": 0}
-
-    def rank(q):
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-    return {"count": len(ordered), "p50": rank(50), "p99": rank(99), "max": ordered[-1]}

@@ -1,13 +1,13 @@
 """Real-time mode (`trigger(realTime=...)`) in tests: Spark's low-latency memory source fed
-from Python, a sink that records each output row as it comes, and the per-row state
+from Python, a sink in the JVM that records each output row as it comes, and the per-row state
 functions whose outputs per key do not depend on how rows are cut into calls (the oracle is
 the same function in micro-batch mode: only when rows are emitted may differ)."""
 import json
 import os
-import time
 
 import pandas as pd
 from pyspark.sql import DataFrame, Row
+from pyspark.sql.streaming import DataStreamWriter
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -39,16 +39,20 @@ class LowLatencySource:
 
 
 class RecordingSink:
-    """A foreach sink (allowed in real-time mode) writing each output row, with the time it
-    reached the sink, as a JSON line."""
+    """A foreach sink (allowed in real-time mode) in the session's JVM, writing each output
+    row with the time it reached the sink (`at`, epoch seconds) as a JSON line
+    (tests/jvm/ArrivalRecorder.scala, in the test jar): PySpark's own foreach sink would see
+    a real-time batch's rows only at the batch's end."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __call__(self, row) -> None:
-        line = json.dumps({**row.asDict(), "at": time.time()})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+    def writer(self, df: DataFrame) -> DataStreamWriter:
+        """`df.writeStream` into this sink."""
+        writer = df.writeStream
+        writer._jwrite.foreach(df.sparkSession._jvm.org.apache.spark.sql.arrowstate.testing
+                               .ArrivalRecorder(self.path))
+        return writer
 
     def rows(self) -> list[dict]:
         if not os.path.exists(self.path):

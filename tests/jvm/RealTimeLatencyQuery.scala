@@ -4,12 +4,12 @@ import org.apache.spark.sql.{Encoders, SparkSession}
 import org.apache.spark.sql.functions.{col, get_json_object, struct, to_json}
 import org.apache.spark.sql.streaming.{OutputMode, StatefulProcessor, StreamingQuery, TimeMode, TimerValues, Trigger, TTLConfig, ValueState}
 
-/** One input record of the real-time latency benchmark: its key and when it was produced. */
-case class LatencyEvent(key: String, producedAt: Long)
+/** One input record of the real-time latency benchmark: its key and sequence number. */
+case class LatencyEvent(key: String, seq: Long)
 
 /** What the processor emits per input record: the key's count so far, and the record's
- * production time (the consumer measures latency from it). */
-case class LatencyCount(key: String, producedAt: Long, count: Long)
+ * sequence number (the consumer measures latency from the record's scheduled send time). */
+case class LatencyCount(key: String, seq: Long, count: Long)
 
 /** The SPARK-58884 workload as a Scala processor: a ValueState read and update per row, one
  * output row per input row. Spark's JVM transformWithState runs it in real-time mode: the
@@ -26,14 +26,14 @@ class CountPerKeyProcessor extends StatefulProcessor[String, LatencyEvent, Laten
     rows.map { e =>
       val n = (if (count.exists()) count.get() else 0L) + 1
       count.update(n)
-      LatencyCount(key, e.producedAt, n)
+      LatencyCount(key, e.seq, n)
     }.toList.iterator
   }
 }
 
 /** The benchmark's query with the JVM processor, Kafka to Kafka: records whose key is the
- * state key and whose value is JSON with `produced_at_ns`, out as JSON with it, the key and
- * the count. Python starts it through py4j. */
+ * state key and whose value is JSON with `seq`, out as JSON with it, the key and the count.
+ * Python starts it through py4j. */
 object RealTimeLatencyQuery {
   def start(spark: SparkSession, bootstrap: String, inTopic: String, outTopic: String,
       checkpoint: String, realTime: String): StreamingQuery = {
@@ -42,14 +42,12 @@ object RealTimeLatencyQuery {
       .option("kafka.bootstrap.servers", bootstrap).option("subscribe", inTopic)
       .option("startingOffsets", "latest").load()
       .select(col("key").cast("string").as("key"),
-        get_json_object(col("value").cast("string"), "$.produced_at_ns").cast("long")
-          .as("producedAt"))
+        get_json_object(col("value").cast("string"), "$.seq").cast("long").as("seq"))
       .as[LatencyEvent]
     val counted = events.groupByKey(_.key)
       .transformWithState(new CountPerKeyProcessor, TimeMode.None(), OutputMode.Update())
     val writer = counted
-      .select(col("key"), to_json(struct(col("key"), col("producedAt").as("produced_at_ns"),
-        col("count"))).as("value"))
+      .select(col("key"), to_json(struct(col("key"), col("seq"), col("count"))).as("value"))
       .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
       .option("topic", outTopic).option("checkpointLocation", checkpoint).outputMode("update")
     (if (realTime.nonEmpty) writer.trigger(Trigger.RealTime(realTime)) else writer).start()

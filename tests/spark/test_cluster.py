@@ -1,7 +1,9 @@
 """arrowstate on a real multi-process cluster: a standalone master and two workers started
-on loopback with the pyspark wheel's bin/spark-class, sharing no directory with the driver
-or each other (each worker its own work and local directories; the input and the
-checkpoint on HDFS, then on the object store, as on a cluster whose hosts share no disk)."""
+on loopback with the pyspark wheel's bin/spark-class, each worker its own work and local
+directories, the driver its own. arrowstate's input and checkpoint are on the local disk (a
+disk every host mounts: the hosts here are one machine), and on the object store (and HDFS
+with ARROWSTATE_TEST_EVERY_STORE=1), as on a cluster whose hosts share no disk: one
+application runs them all (cluster_app.py), against one run of Spark's on the local disk."""
 import json
 import os
 import socket
@@ -80,33 +82,60 @@ def standalone_cluster(tmp_path_factory):
                 p.kill()
 
 
-@pytest.mark.slow
-@pytest.mark.cluster
-@pytest.mark.parametrize("kind", storage.stores_of_costly_tests())
-def test_dedup_on_standalone_cluster_matches_spark(standalone_cluster, test_jar, tmp_path,
-                                                   remote_stores, kind):
-    """Also two attempts of one task committing the same version: speculation, with the
-    first attempt held back 20 s before it writes its delta (and writing it all the same)."""
+PLACES = ["local", *storage.stores_of_costly_tests()]
+
+
+@pytest.fixture(scope="module")
+def cluster_run(standalone_cluster, test_jar, tmp_path_factory, remote_stores):
+    """What cluster_app.py saw, arrowstate's run at each place of PLACES whose store can be
+    had here (the test of one that cannot says why: remote_stores.get)."""
     master, env, logs, worker_dirs = standalone_cluster
-    store = remote_stores.get(kind)
+    attempt_logs = tmp_path_factory.mktemp("attempts")
+    places = [{"name": "local", "root": None, "settings": {}, "jars": [],
+               "speculation": False}]
+    if not remote_stores.unavailable:
+        for kind in PLACES[1:]:
+            store = remote_stores.get(kind)
+            places.append({"name": kind, "root": store.uri(f"cluster-{attempt_logs.name}"),
+                           "settings": store.spark_settings(),
+                           "jars": remote_stores.jars["s3a"], "speculation": True})
     app = os.path.join(os.path.dirname(__file__), "..", "helpers", "cluster_app.py")
-    attempt_log = tmp_path / "attempts.log"
-    where = json.dumps({"root": store.uri(f"cluster-{tmp_path.name}"),
-                        "settings": store.spark_settings(),
-                        "jars": remote_stores.jars["s3a"]})
-    done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_log), where],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, app, master, test_jar, str(attempt_logs),
+                           json.dumps(places)], env=env, capture_output=True, text=True,
+                          timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-5000:]
-    seen = json.loads(lines[-1])
-    assert seen["same_outputs"] and seen["same_figures"], seen
-    assert seen["arrow_node_in_plan"], seen
-    assert seen["executors"] == 2, seen
-    assert seen["speculation_same_outputs"] and seen["speculation_same_figures"], seen
-    attempts = {line.split()[0] for line in attempt_log.read_text().splitlines()}
+    return json.loads(lines[-1]), attempt_logs, worker_dirs
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.parametrize("place", PLACES)
+def test_dedup_on_standalone_cluster_matches_spark(cluster_run, remote_stores, place):
+    """On the stores, also two attempts of one task committing the same version:
+    speculation, with the first attempt held back 20 s before it writes its delta (and
+    writing it all the same)."""
+    seen, attempt_logs, _ = cluster_run
+    store = remote_stores.get(place) if place != "local" else None
+    got = seen["places"][place]
+    assert got["same_outputs"] and got["same_figures"], got
+    assert got["arrow_node_in_plan"], got
+    assert got["cache_hits"] > 0, "state must stay loaded in the executors' workers"
+    if store is None:
+        assert got["checkpoints"] and all("://" not in c for c in got["checkpoints"]), got
+        return
+    assert got["checkpoints"] and all(c.startswith(store.uri("")) for c in got["checkpoints"])
+    assert got["speculation_same_outputs"] and got["speculation_same_figures"], got
+    log = attempt_logs / f"{place}.log"
+    attempts = {line.split()[0] for line in log.read_text().splitlines()}
     assert {"0", "1"} <= attempts, "the slow first attempt was not speculated"
-    assert seen["cache_hits"] > 0, "state must stay loaded in the executors' workers"
-    assert seen["checkpoints"] and all(c.startswith(store.uri("")) for c in seen["checkpoints"])
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_state_workers_run_in_the_executors_of_the_workers(cluster_run):
+    seen, _, worker_dirs = cluster_run
+    assert seen["executors"] == 2, seen
     # executors keep their files in their own worker's local directory, not the driver's
     dirs = seen["executor_local_dirs"]
     assert dirs and all(any(d.startswith(w) for w in worker_dirs) for d in dirs), (

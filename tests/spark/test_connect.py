@@ -11,11 +11,13 @@ import pytest
 
 from arrowstate import EXTENSION_CLASS
 from arrowstate.shim import jar_path
+import prerequisites
 from procinfo import stop
 from test_cluster import free_port, wait_for_port
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-pytest.importorskip("grpc", reason="the Spark Connect client needs pyspark[connect]")
+prerequisites.module("grpc", "the Spark Connect client: pyspark[connect]'s, in the `test` "
+                     "extra")
 
 
 @pytest.mark.slow

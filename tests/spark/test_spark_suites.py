@@ -2,8 +2,9 @@
 that passes without arrowstate fails with it, but those scripts/spark_suites.py lists as
 expected. Runs `on` only (about 100 s): the script then runs without arrowstate just the tests
 that did not pass on (about 10 s more), which tells a regression from a test that fails anyway
-(Spark 4.2's test jar on the 4.3 runtime) without a second full run (about 100 s more). Skipped
-only if Spark's test jars are not cached and cannot be downloaded (no `mvn`, no network)."""
+(Spark 4.2's test jar on the 4.3 runtime) without a second full run (about 100 s more). Spark's
+test jars not cached and not to be downloaded (no `mvn`, no network) are a missing
+prerequisite (tests/helpers/prerequisites.py: skipped outside CI, failed in CI)."""
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import prerequisites
 from harness import QUICK_JVM
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "spark_suites.py"
@@ -24,7 +26,8 @@ def test_streaming_deduplication_suite_has_no_unexpected_regressions(tmp_path):
     prepare = subprocess.run([sys.executable, str(SCRIPT), "--prepare-only"],
                              capture_output=True, text=True, timeout=1800)
     if prepare.returncode == NO_TEST_JARS:
-        pytest.skip(f"Spark's test jars cannot be downloaded: {prepare.stderr.strip()[-600:]}")
+        prerequisites.missing(f"Spark's test jars (cannot be downloaded): "
+                              f"{prepare.stderr.strip()[-600:]}")
     assert prepare.returncode == 0, prepare.stdout + prepare.stderr
 
     out = tmp_path / "out"

@@ -26,6 +26,7 @@ import pytest
 
 from arrowstate import contract
 from harness import TEST_JAR_ENV
+import prerequisites
 from procinfo import stop
 
 TESTS = os.path.join(os.path.dirname(__file__), "..", "helpers")
@@ -255,13 +256,14 @@ def chromium() -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(chromium() is None, reason="no Chromium binary (chromium, "
-                    "chromium-browser or google-chrome) on PATH: .ci/run installs Debian's "
-                    "chromium package")
 def test_a_screenshot_of_the_sql_tab_shows_spark_names(app, history, tmp_path):
     from headless import Chromium
 
     browser = chromium()
+    if browser is None:
+        prerequisites.missing("a Chromium binary (chromium, chromium-browser or "
+                              "google-chrome) on the PATH: .ci/run installs Debian's "
+                              "chromium package")
 
     # the last micro-batch whose aggregation sent rows to Python
     saves = by_query(app["live"], queries(app))[("windowed", "ArrowStateStoreSave")]

@@ -12,6 +12,7 @@ from arrowstate.store.held import budget
 from arrowstate.store.held.budget import MemoryBudget
 from arrowstate.store.tier.tiered import TierPlace
 from arrowstate.store.tier.tiered import TieredRows
+import prerequisites
 
 
 def _header(memory, percent=50, local_dir="/tmp"):
@@ -32,7 +33,8 @@ def test_a_batch_whose_working_set_passes_the_budget_fails_naming_its_peak():
     b = MemoryBudget()
     b.configure(_header(budget.resident_bytes() + (100 << 20)))
     if not b._peak_tracked:
-        pytest.skip("this kernel cannot reset the peak resident size")
+        prerequisites.missing("a kernel that resets a process's peak resident size "
+                              "(writing 5 to /proc/self/clear_refs)")
     b.check_peak(_header(0))            # nothing big yet
     big = np.ones(200 << 20, dtype=np.uint8)   # 200 MiB touched
     with pytest.raises(ArrowStateError) as failure:

@@ -9,6 +9,7 @@ from arrowstate.store.held import states as held
 from arrowstate.store.rows.hashed import HashedRows, available as hash_table_available
 from arrowstate.store.rows.keyed import KeyedRows
 from arrowstate.store.versions.versioned import VersionedState
+import prerequisites
 
 
 def _header(key="/ck/state/0/1", max_state_bytes=0):
@@ -35,9 +36,12 @@ class _NoFiles:
         raise AssertionError("no file is read for version 0")
 
 
-@pytest.mark.skipif(not hash_table_available(), reason="no pandas hash table")
 def test_a_kept_state_moves_to_the_hash_table_once_large_and_the_family_reindexes(
         monkeypatch):
+    if not hash_table_available():
+        prerequisites.missing("pandas' Int64HashTable with the methods arrowstate uses "
+                              "(pandas._libs.hashtable; a pandas without them keeps keys in "
+                              "a dict)")
     monkeypatch.setattr(held, "HASH_TABLE_MIN_KEYS", 10)
     states, rebuilt = held.HeldStates(), []
     small, large = _committed(9, hashed=True), _committed(10, hashed=True)

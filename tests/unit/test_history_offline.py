@@ -17,6 +17,7 @@ from arrowstate.spark_state import CheckpointError, format_history, history
 from arrowstate.spark_state.transform_with_state import describe_variables
 from arrowstate.store.formats import container, encoding, names as file_names
 from arrowstate.store.formats import files as store_files
+import prerequisites
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 START = 1_700_000_000_000   # batch 0's batchTimestampMs; each batch starts 10 s later
@@ -167,7 +168,7 @@ def test_no_commits_is_a_clear_error_and_nothing_is_written(tmp_path):
 
 
 def test_text_json_and_plot(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    prerequisites.module("matplotlib", "`state history --plot` draws with it: the `test` extra")
     _checkpoint(tmp_path, committed=3)
     for v in (1, 2, 3):
         _write(str(tmp_path / "state" / "0" / "0" / f"{v}.arrowstate.delta"),
