@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -23,9 +24,10 @@ from pyspark.sql import SparkSession  # noqa: E402
 import arrowstate  # noqa: E402
 from procinfo import jvm_pid, parent_command, parent_pid, state_worker_pids  # noqa: E402
 import harness  # noqa: E402
-from harness import _as_text, run_query, scratch_dir  # noqa: E402
+from harness import _as_text, checkpoint_files, run_query, scratch_dir  # noqa: E402
 
 
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 INJECTING = "org.apache.spark.sql.arrowstate.testing.FailureInjectionFileManager"
 
 
@@ -108,18 +110,31 @@ def _at_place(spark, workdir, schema, batches, build, off, place, attempt_logs) 
     if place["speculation"]:
         # Speculation: partition 1's first attempt at version 3 waits 20 s (the speculative
         # copy may first wait out locality levels, 3 s each) before writing its delta, long
-        # after the second attempt committed the same version, then writes it too.
+        # after the second attempt committed the same version, then writes it too: a state
+        # task run twice in one batch. Under checkpoint format v2 the commit log keeps the
+        # id of the attempt that finished first, and the late one's delta lies beside it.
         spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", INJECTING)
         spark.conf.set("arrowstate.test.attemptLog",
                        os.path.join(attempt_logs, f"{place['name']}.log"))
         spark.conf.set("arrowstate.test.slowFirstAttempt",
-                       ".*/state/0/1/3\\.arrowstate\\.delta=20000")
+                       ".*/state/0/1/3(_[0-9a-f-]+)?\\.arrowstate\\.delta=20000")
+        spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", "2")
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
         try:
             spec_on = run_query(spark, workdir, schema, batches, build, arrowstate=True)
         finally:
             for key in ("spark.sql.streaming.checkpointFileManagerClass",
-                        "arrowstate.test.attemptLog", "arrowstate.test.slowFirstAttempt"):
+                        "arrowstate.test.attemptLog", "arrowstate.test.slowFirstAttempt",
+                        "spark.sql.streaming.stateStore.checkpointFormatVersion",
+                        "spark.sql.streaming.stateStore.providerClass"):
                 spark.conf.unset(key)
+        # both attempts' deltas of version 3, once the late one has written its own
+        deltas, until = [], time.monotonic() + 40
+        while len(deltas) < 2 and time.monotonic() < until:
+            time.sleep(1)
+            deltas = checkpoint_files(
+                spark, f"{spec_on.checkpoint}/state/0/1/3_*.arrowstate.delta")
+        seen["speculation_deltas"] = deltas
         seen.update(speculation_same_outputs=_as_text(spec_on.outputs) == _as_text(off.outputs),
                     speculation_same_figures=spec_on.figures == off.figures)
         seen["checkpoints"].append(spec_on.checkpoint)

@@ -112,9 +112,9 @@ def cluster_run(standalone_cluster, test_jar, tmp_path_factory, remote_stores):
 @pytest.mark.cluster
 @pytest.mark.parametrize("place", PLACES)
 def test_dedup_on_standalone_cluster_matches_spark(cluster_run, remote_stores, place):
-    """On the stores, also two attempts of one task committing the same version:
-    speculation, with the first attempt held back 20 s before it writes its delta (and
-    writing it all the same)."""
+    """On the stores, also two attempts of one task committing the same version under
+    checkpoint format v2: speculation, with the first attempt held back 20 s before it
+    writes its delta (and writing it all the same, after the commit)."""
     seen, attempt_logs, _ = cluster_run
     store = remote_stores.get(place) if place != "local" else None
     got = seen["places"][place]
@@ -129,6 +129,9 @@ def test_dedup_on_standalone_cluster_matches_spark(cluster_run, remote_stores, p
     log = attempt_logs / f"{place}.log"
     attempts = {line.split()[0] for line in log.read_text().splitlines()}
     assert {"0", "1"} <= attempts, "the slow first attempt was not speculated"
+    # checkpoint format v2: the late attempt's delta lies beside the committed one, under its
+    # own id, and no load took it (the answers above)
+    assert len(got["speculation_deltas"]) == 2, got["speculation_deltas"]
 
 
 @pytest.mark.slow
