@@ -11,7 +11,8 @@ import pytest
 from arrowstate.store.formats import manifest
 from harness import assert_runs_same, native_run, run_query
 from procinfo import kill_own_state_workers
-from test_integrity import BATCHES, EVENTS, INJECTING, NODE, await_maintenance, dedup, ev
+from test_integrity import (BATCHES, EVENTS, INJECTING, NODE, await_maintenance, dedup, ev,
+                            injection)  # noqa: F401 (a fixture)
 
 V2 = {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
       "spark.sql.streaming.stateStore.providerClass":
@@ -34,14 +35,6 @@ def _named(checkpoint):
         if made is not None:
             named |= {os.path.join(os.path.dirname(path), n) for n in made.names()}
     return named
-
-
-@pytest.fixture
-def injection(spark):
-    jvm_injection = spark._jvm.org.apache.spark.sql.arrowstate.testing.FailureInjection
-    jvm_injection.reset()
-    yield jvm_injection
-    jvm_injection.reset()
 
 
 @pytest.mark.local_checkpoints
