@@ -48,7 +48,7 @@ def run(spark, workdir, name, build, arrowstate_on, outputs):
     spark.conf.set("spark.arrowstate.enabled", str(arrowstate_on).lower())
     source = rt.LowLatencySource(spark)
     sink = rt.RecordingSink(os.path.join(workdir, f"{name}.jsonl"))
-    query = (build(source.df).writeStream.foreach(sink).outputMode("update")
+    query = (sink.writer(build(source.df)).outputMode("update")
              .trigger(realTime="1 second")
              .option("checkpointLocation", os.path.join(workdir, name)).start())
     sent = 0

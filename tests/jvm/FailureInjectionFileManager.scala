@@ -118,16 +118,16 @@ object FailureInjection {
 
   def reset(): Unit = synchronized { rules.clear(); hits.clear(); delayedStreams.clear() }
 
-  /** Sleeps `ms` even if the task is killed meanwhile (so a killed attempt still writes). */
+  /** Sleeps `ms` even if the task is killed meanwhile, and swallows the kill's interrupt,
+   * so that a killed attempt still writes its file after the commit, as a zombie whose
+   * connection came back does (with the interrupt set, the upload that follows fails). */
   def sleepThroughInterrupts(ms: Long): Unit = {
     val until = System.currentTimeMillis() + ms
-    var interrupted = false
     while (System.currentTimeMillis() < until) {
       try Thread.sleep(math.max(1L, until - System.currentTimeMillis())) catch {
-        case _: InterruptedException => interrupted = true
+        case _: InterruptedException =>
       }
     }
-    if (interrupted) Thread.currentThread().interrupt()
   }
 
   private val delayedStreams = mutable.ArrayBuffer[InjectingStream]()

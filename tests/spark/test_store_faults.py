@@ -261,3 +261,61 @@ def test_the_store_restarted_between_batches(spark, tmp_path, remote_stores):
         harness.checkpoint_root, harness.checkpoint_conf = before
     assert_runs_same(native, ours, NODE)
     assert len(restarts) == 2
+
+
+# snapshots interrupted again and again on the object store (as test_checkpoint_retention.py
+# on the local disk): each manifest's upload cut until the retries are spent, after its run
+# files went up, then the workers lost
+RETENTION_BATCHES = [[ev(f"u{(i * 7 + b) % 11}", b * 10 + i, i) for i in range(12)]
+                     for b in range(14)]
+MANIFEST_UPLOAD = r"/state/0/\d+/\d+(_[0-9a-f-]+)?\.arrowstate\.snapshot$"
+
+
+def _unnamed_run_files(spark, checkpoint: str) -> list[str]:
+    """The run files of the operator's partitions that no snapshot file there names."""
+    from arrowstate.store.formats import manifest
+    jvm = spark._jvm
+    fs, _ = _on_store(spark, checkpoint)
+    found = fs.globStatus(jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/state/0/*/*")) or []
+    paths = [s.getPath() for s in found]
+    runs = {p.toString() for p in paths if p.getName().endswith(".arrowstate.run")}
+    named = set()
+    for p in paths:
+        if p.getName().endswith(".arrowstate.snapshot"):
+            stream = fs.open(p)
+            try:
+                data = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            finally:
+                stream.close()
+            made = manifest.read(p.toString(), "", data)
+            if made is not None:
+                named |= {f"{p.getParent().toString()}/{n}" for n in made.names()}
+    return sorted(runs - named)
+
+
+def test_interrupted_snapshots_leave_no_files_behind_on_the_store(spark, spark_conf, tmp_path,
+                                                                   faulty):
+    spark_conf(**{"spark.sql.streaming.stateStore.minDeltasForSnapshot": 1,
+                  "spark.sql.streaming.minBatchesToRetain": 2,
+                  "spark.arrowstate.worker.memory": "8g",
+                  "spark.arrowstate.worker.stateMemoryPercent": "0"})
+    unnamed = []
+
+    def interrupt(i, checkpoint):
+        await_maintenance(spark)
+        unnamed.append(len(_unnamed_run_files(spark, checkpoint)))
+        faulty.clear()
+        if i < len(RETENTION_BATCHES) - 4:
+            faulty.reset_uploads(MANIFEST_UPLOAD, times=50)
+            kill_own_state_workers()
+
+    native = native_run(spark, tmp_path, EVENTS, RETENTION_BATCHES, counts,
+                        output_mode="update")
+    ours = run_query(spark, str(tmp_path), EVENTS, RETENTION_BATCHES, counts,
+                     arrowstate=True, output_mode="update", between_batches=interrupt)
+    assert_runs_same(native, ours, NODE)
+    assert faulty.injected["reset"] > 0
+    await_maintenance(spark)
+    left = _unnamed_run_files(spark, ours.checkpoint)
+    assert max(unnamed) >= 4, unnamed   # interrupted snapshots left run files unnamed...
+    assert len(left) <= 4, (left, unnamed)   # ...and retention deleted them
