@@ -216,37 +216,33 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
     wholeOrUndone(out, out.cancel())(body)
   }
 
-  /** Deletes our files of versions below `version` (of any attempt), once the snapshot
-   * file `snapshot` exists; whether it did. A file whose delete failed goes at the next
-   * prune: each lists the directory anew. */
-  def pruneBelow(version: Long, snapshot: String): Boolean = {
-    if (!fm.exists(new Path(dir, snapshot))) return false
-    ourNames().foreach { name =>
-      versionOf(name).filter(_ < version).foreach(_ => deleteLogged(name))
-    }
-    true
-  }
-
   /**
-   * Deletes the orphan run files: those not in `keep` (what retained versions and snapshots
-   * in progress name) and last modified before the snapshot file `anchor`, the oldest
-   * snapshot retention keeps. The rule is Spark's RocksDB file manager's for its orphan
-   * files (an untracked file older than what retained versions need), anchored on that
-   * snapshot: a run file written since, by this attempt or a live one elsewhere (another
-   * attempt of a later version, a snapshot shipping over commits), is newer and stays.
-   * What is left is a snapshot's run files whose manifest never came (a worker lost, a
-   * query stopped while it shipped) or a delete that failed before.
+   * Retention, from one listing of the directory: once the snapshot file `snapshot` is
+   * there, deletes our files of versions below `version` (of any attempt), the run files
+   * `gone` (no snapshot kept names them), and the orphan run files: those not in `keep`
+   * (what retained versions and snapshots in progress name) and last modified before
+   * `snapshot`, the oldest snapshot retention keeps. The orphans' rule is Spark's RocksDB
+   * file manager's (an untracked file older than what retained versions need), anchored on
+   * that snapshot: a run file written since, by this attempt or a live one elsewhere
+   * (another attempt of a later version, a snapshot shipping over commits), is newer and
+   * stays. Orphans are a snapshot's run files whose manifest never came (a worker lost, a
+   * query stopped while it shipped). A delete that fails is tried again at the next prune,
+   * which lists the directory anew. Whether the snapshot was there.
    */
-  def deleteOrphanRuns(keep: Set[String], anchor: String): Unit = {
+  def prune(version: Long, snapshot: String, gone: Seq[String], keep: Set[String]): Boolean = {
     val statuses = onStore("list", dir) {
       if (!fm.exists(dir)) Nil else fm.list(dir).toSeq.filter(_.isFile)
     }
-    statuses.find(_.getPath.getName == anchor).foreach { anchorStatus =>
-      statuses.filter { s =>
-        val name = s.getPath.getName
-        isRunFile(name) && !keep.contains(name) &&
-          s.getModificationTime < anchorStatus.getModificationTime
-      }.foreach(s => deleteLogged(s.getPath.getName))
+    statuses.find(_.getPath.getName == snapshot).exists { anchor =>
+      val goneSet = gone.toSet
+      statuses.map(s => (s.getPath.getName, s.getModificationTime)).foreach {
+        case (name, _) if versionOf(name).exists(_ < version) || goneSet(name) =>
+          deleteLogged(name)
+        case (name, modified) if isRunFile(name) && !keep(name) &&
+            modified < anchor.getModificationTime => deleteLogged(name)
+        case _ =>
+      }
+      true
     }
   }
 
@@ -257,8 +253,6 @@ class StateFiles(val dir: Path, hadoopConf: Configuration) extends Logging {
           s"tries again): ${e.getMessage}")
     }
 
-  /** Deletes these files of the directory (a missing one is no error). */
-  def delete(names: Seq[String]): Unit = names.foreach(n => fm.delete(new Path(dir, n)))
 }
 
 /**

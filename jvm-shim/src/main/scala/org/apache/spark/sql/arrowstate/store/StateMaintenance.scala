@@ -29,15 +29,14 @@ object StateMaintenance extends Logging {
   /** Copies the snapshots' files (deleted once copied or failed) into the checkpoint in
    * order, stopping at the first that fails (a manifest is written after its run files, or
    * not at all), then prunes, then deletes the run files no snapshot kept names and the
-   * orphans (`StateFiles.deleteOrphanRuns`). */
+   * orphans (`StateFiles.prune`, from one listing). */
   def submit(files: StateFiles, job: Job): Unit =
     if (job.snapshots.nonEmpty || job.pruneBelow > 0) {
       executor.execute(() => {
         try {
           job.snapshots.foreach { case (name, local) => files.copyLocal(name, local) }
-          if (job.pruneBelow > 0 && files.pruneBelow(job.pruneBelow, job.pruneSnapshot)) {
-            files.delete(job.deletes)
-            files.deleteOrphanRuns(job.keepRuns, job.pruneSnapshot)
+          if (job.pruneBelow > 0) {
+            files.prune(job.pruneBelow, job.pruneSnapshot, job.deletes, job.keepRuns)
           }
         } catch {
           case e: Exception =>
