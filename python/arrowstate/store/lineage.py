@@ -24,16 +24,11 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import ArrowStateError
 from .formats.container import TRAILER, base_id, unique_id
-from .formats.names import DELTA, SNAPSHOT, file_name
+from .formats.names import DELTA, SNAPSHOT, checkpoint_uid, file_name
 from .lifecycle.chains import MissingStateFiles, load_plans
 from .lifecycle.sources import FileSource
 
 Plan = tuple[list[str], int]   # a chain of files, applied in order, and its base version
-
-
-def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
-    """A checkpoint id (a UUID, checkpoint format v2) as a state file's unique id."""
-    return None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
 
 
 def lineage_plans(source: FileSource, names: Sequence[str], version: int,

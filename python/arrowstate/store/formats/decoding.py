@@ -5,7 +5,6 @@ without reading its rows: its state figures, its columns."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +17,7 @@ from .container import (FLAG_BASE, FORMAT_2, FORMAT_COMPACT, FORMAT_MANIFEST,
                         checked_trailer)
 from .files import (CHANGE_DELETE, COLUMN_NAME, FIGURES, FORMAT, KIND_CODE, OP_COLUMN,
                     OP_PUT, OP_REMOVE)
-from .names import DELTA, SNAPSHOT, checkpoint_id_of, name_kind
+from .names import DELTA, SNAPSHOT, id_mismatch, name_kind
 
 
 class StateColumnsChanged(ArrowStateError):
@@ -121,10 +120,9 @@ def _stream(path: str, context: str, payload, read_columns, bad) -> tuple:
         described = ("delta", "snapshot", "schema", "run")[kind_code % 4]
         raise bad(f"its trailer describes a {described} of version {file_version}, not "
                   f"this file's {kind}" + (f" of version {version}" if version else ""))
-    named = checkpoint_id_of(path.rsplit("/", 1)[-1])
-    if named is not None and uid != uuid.UUID(named).bytes:
-        raise bad(f"its trailer carries checkpoint id {uuid.UUID(bytes=uid)}, not the "
-                  f"{named} its name says (renamed, or another attempt's file)")
+    mismatch = id_mismatch(path.rsplit("/", 1)[-1], uid)
+    if mismatch is not None:
+        raise bad(mismatch)
     changes = kind == DELTA and (fmt == FORMAT_WITH_CHANGES or flags & FLAG_CHANGES)
     highest_op = CHANGE_DELETE if changes else OP_PUT
     body = memoryview(payload)[:length]

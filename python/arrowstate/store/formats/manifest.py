@@ -172,7 +172,7 @@ def encode(made: Manifest, version: int, checkpoint_id: str | None = None) -> by
         separators=(",", ":")).encode()
     end, _ = trailer(KIND_SNAPSHOT, FORMAT_MANIFEST, 0, version, made.rows, len(payload),
                      zlib.crc32(payload),
-                     None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes)
+                     names.checkpoint_uid(checkpoint_id))
     return payload + end
 
 
@@ -191,10 +191,9 @@ def read(path: str, context: str, payload) -> Manifest | None:
     if fields[2] != KIND_SNAPSHOT or version is None or fields[5] != version[0]:
         raise bad(f"its trailer describes a manifest of version {fields[5]}, not this "
                   "file's snapshot")
-    named = names.checkpoint_id_of(path.rsplit("/", 1)[-1])
-    if named is not None and fields[8] != uuid.UUID(named).bytes:
-        raise bad(f"its trailer carries checkpoint id {uuid.UUID(bytes=fields[8])}, not the "
-                  f"{named} its name says (renamed, or another attempt's file)")
+    mismatch = names.id_mismatch(path.rsplit("/", 1)[-1], fields[8])
+    if mismatch is not None:
+        raise bad(mismatch)
     try:
         body = json.loads(bytes(memoryview(payload)[:fields[7]]))
         if body.get("format") != _TAG:

@@ -16,6 +16,7 @@ version's file is found, and so what a load reads, starts here.
 from __future__ import annotations
 
 import re
+import uuid
 
 from ...contract import FILES
 
@@ -45,6 +46,22 @@ def parse_name(name: str) -> tuple[int, str] | None:
     if m is None:
         return None
     return int(m.group(1)), DELTA if m.group(3) == SUFFIX[DELTA] else SNAPSHOT
+
+
+def checkpoint_uid(checkpoint_id: str | None) -> bytes | None:
+    """A checkpoint id (a UUID, checkpoint format v2) as a state file's unique id."""
+    return None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
+
+
+def id_mismatch(name: str, uid: bytes | None) -> str | None:
+    """What is wrong when a file whose name carries a checkpoint id has another unique id
+    in its trailer (renamed, or another attempt's file); None when they agree."""
+    named = checkpoint_id_of(name)
+    if named is None or uid == checkpoint_uid(named):
+        return None
+    found = "none" if uid is None else uuid.UUID(bytes=uid)
+    return (f"its trailer carries checkpoint id {found}, not the {named} its name says "
+            "(renamed, or another attempt's file)")
 
 
 def checkpoint_id_of(name: str) -> str | None:

@@ -16,8 +16,8 @@ import pyarrow as pa
 from ..formats import decoding, files, manifest
 from .. import lineage
 from ..formats.container import TRAILER, CorruptStateFile, base_id
-from ..formats.names import (DELTA, SNAPSHOT, SUFFIX, checkpoint_id_of, file_name,
-                             is_columns_file, is_run_file)
+from ..formats.names import (DELTA, SNAPSHOT, SUFFIX, checkpoint_id_of, checkpoint_uid,
+                             file_name, is_columns_file, is_run_file)
 from ..tier.tiered import TieredRows
 from .chains import load_plans
 from .sources import FileSource, columns_reader
@@ -59,7 +59,7 @@ def load_version(state, source: FileSource, version: int, snapshot: int | None =
                 after is None or checkpoint_id_of(after) is not None):
             expected = None if after is None else checkpoint_id_of(after)
             found = base_id(path, source.context, payload)
-            if found != lineage.checkpoint_uid(expected):
+            if found != checkpoint_uid(expected):
                 raise CorruptStateFile(path, source.context, (
                     f"it records the version before it as checkpoint id "
                     f"{uuid.UUID(bytes=found) if found else 'none'}, not {expected}"))

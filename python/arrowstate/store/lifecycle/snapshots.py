@@ -13,7 +13,7 @@ import uuid
 from typing import NamedTuple
 
 from ..formats import encoding, files, manifest
-from ..formats.names import SNAPSHOT, file_name
+from ..formats.names import SNAPSHOT, checkpoint_uid, file_name
 from ..tier.runs import RunFiles
 
 
@@ -72,7 +72,7 @@ class Snapshot(threading.Thread):
 
     def _rows_file(self) -> tuple[str, bytes | str]:
         name = self.name
-        uid = None if self.checkpoint_id is None else uuid.UUID(self.checkpoint_id).bytes
+        uid = checkpoint_uid(self.checkpoint_id)
         rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
         if self.directory is None:
             data, _ = encoding.encode(self._schema, SNAPSHOT, self.version, rows,

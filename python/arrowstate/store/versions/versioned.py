@@ -9,7 +9,6 @@ and removes, in order). The rows live in a store of `rows` (a dict, a hash table
 from __future__ import annotations
 
 import secrets
-import uuid
 from typing import Callable, Hashable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -17,7 +16,7 @@ import pyarrow as pa
 
 from ... import keys as keycodec
 from ..formats import compact, encoding, evolution, files
-from ..formats.names import DELTA, file_name
+from ..formats.names import DELTA, checkpoint_uid, file_name
 from ..lifecycle.loading import load_version
 from ..lifecycle.maintenance import Lifecycle
 from ..lifecycle.sources import FileSource
@@ -273,9 +272,8 @@ class VersionedState:
         they are there). `checkpoint_id` (checkpoint format v2): the committing attempt's,
         in the delta's name and as its unique id, the delta recording the id of the version
         it builds on (`lineage`); else a new unique id and format v1's name."""
-        uid = None if checkpoint_id is None else uuid.UUID(checkpoint_id).bytes
-        base = (None if checkpoint_id is None or self.checkpoint_id is None
-                else uuid.UUID(self.checkpoint_id).bytes)
+        uid = checkpoint_uid(checkpoint_id)
+        base = None if checkpoint_id is None else checkpoint_uid(self.checkpoint_id)
         delta, self._pending_uid, columns_name = encoding.encode_delta(
             self.schema, new_version, self._changes, self._has_change_records, figures, codec,
             uid, base)
