@@ -279,12 +279,12 @@ class ObjectStore:
         reaches it (a proxy), when given.
 
         The tests read through S3A's classic input stream (`input_stream`; None: Hadoop's
-        default, 3.5.0's analytics stream, as the bench reads). Through the analytics
-        stream, Spark's `statestore` reader on the driver failed now and then (2 of about
-        8 suite runs on 2026-11-29) with `IOException: Error accessing .../_metadata/
-        metadata` caused by a RejectedExecutionException from an SDK client's terminated
-        scheduler: a closed client used for a read, inside hadoop-aws and its analytics
-        library, not in what arrowstate or the test does (docs/troubleshooting.md)."""
+        default, 3.5.0's analytics stream, as the bench reads). Spark's `statestore`
+        reader on the driver failed now and then through either stream with a
+        RejectedExecutionException from an SDK client's shut-down scheduler: hadoop-aws's
+        FileContext view (`S3A`) closes its FileSystem when finalized, under a read
+        (docs/troubleshooting.md); the tests' sessions use tests/jvm/SharedFileSystemFs
+        (harness.quick_local)."""
         b = f"spark.hadoop.fs.s3a.bucket.{bucket or self.BUCKET}"
         stream = {f"{b}.input.stream.type": input_stream} if input_stream else {}
         return {**stream, f"{b}.endpoint": endpoint or self.endpoint,
