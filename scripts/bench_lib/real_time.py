@@ -23,8 +23,11 @@ the measured window, whose switch would pause the source). One JSON line per cas
 `engine`, `mode`, `records_per_s`, `p50_ms`, `p95_ms`, `p99_ms`, `max_ms` (of the records
 received), `due` (the records due in the window), `received`, `never_received`, `unsent`
 (of those never received, the ones the producer had not sent when the case stopped),
-`producer_max_lag_ms` (the most a record was sent after its due time), and the median
-latency over each tenth of the window (does it grow?).
+`producer_max_lag_ms` (the most a record was sent after its due time), the median
+latency over each tenth of the window (does it grow?), and for arrowstate's real-time cases
+the flushes in the window and the p50 and p99 of their round trip to the worker
+(`flush_round_trip_*_ms`: from a flush posted to its answer read, in the executor:
+exec/FlushRoundTrips.scala).
 """
 from __future__ import annotations
 
@@ -186,6 +189,8 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
         query = (writer.trigger(realTime=real_time) if real_time else writer).start()
         failed, stop, explain = query.exception, query.stop, query._jsq.explainInternal
     recorder = TopicRecorder(broker.bootstrap, topic_out).start()
+    # each flush's post-to-answer time in the executor (arrowstate's real-time cases)
+    trips = spark._jvm.org.apache.spark.sql.arrowstate.exec.FlushRoundTrips
 
     def key_of(seq: int) -> str:   # keys in a stride over all of them, each as often
         return f"k{(seq * 7919) % keys}"
@@ -196,9 +201,11 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
         recorder.wait_for(1, timeout=180, failed=failed)
         _check_engine(name, engine, explain(False))
         time.sleep(args.rt_warmup)
+        trips.drain()
         start = time.time_ns()
         time.sleep(args.rt_seconds)
         due = producer.schedule.due_within(start, time.time_ns())
+        round_trips = sorted(n / 1e6 for n in trips.drain())
 
         def measured():
             outputs = [(a.arrived_ns, a.value["key"], a.value["seq"])
@@ -229,7 +236,11 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
                 "p99_ms": round(percentile(ordered, 99), 1),
                 "max_ms": round(ordered[-1], 1),
                 "p50_ms_by_tenth": [round(percentile(t, 50), 1) for t in tenths if t]}
-               if ordered else {})}
+               if ordered else {}),
+            **({"flushes": len(round_trips),
+                "flush_round_trip_p50_ms": round(percentile(round_trips, 50), 2),
+                "flush_round_trip_p99_ms": round(percentile(round_trips, 99), 2)}
+               if round_trips else {})}
 
 
 def _check_engine(name: str, engine: str, plan: str) -> None:

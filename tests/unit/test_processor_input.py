@@ -168,3 +168,88 @@ def test_a_keys_rows_are_the_frames_rows_indexed_from_zero_for_every_dtype(monke
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             rows["added"] = 1
+
+
+OUTPUT_FIELDS = [("key", "string"), ("n", "long"), ("x", "double"), ("small", "integer"),
+                 ("flag", "boolean"), ("raw", "binary")]
+
+
+def _output_io(fields, **conf):
+    import json
+
+    from arrowstate.families.pandas_io import PandasIO
+    schema = {"type": "struct", "fields": [
+        {"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields]}
+    return PandasIO({"runnerConf": {"spark.sql.session.timeZone": "UTC", **conf},
+                     "outputSchema": json.dumps(schema)})
+
+
+def _pyspark_output(io, frames):
+    """What pyspark's worker makes of the frames: their concatenation, converted."""
+    import pandas as pd
+    from pyspark.sql.conversion import PandasToArrowConversion
+    return PandasToArrowConversion.convert(
+        pd.concat(frames, ignore_index=True), io.output_schema, timezone="UTC",
+        safecheck=io.safecheck, arrow_cast=True, assign_cols_by_name=io.assign_cols_by_name,
+        int_to_decimal_coercion_enabled=False)
+
+
+def _frame(rows=3, **columns):
+    import pandas as pd
+    base = {"key": [f"k{i}" for i in range(rows)], "n": np.arange(rows),
+            "x": np.arange(rows) / 2, "small": np.arange(rows, dtype=np.int32),
+            "flag": np.arange(rows) % 2 == 0, "raw": [bytes([i]) for i in range(rows)]}
+    return pd.DataFrame({**base, **columns})
+
+
+@pytest.mark.parametrize("case", [
+    "plain", "reordered", "by_position", "nulls", "float_into_long", "nan_into_long",
+    "overflow", "overflow_safe", "not_a_string", "many_frames", "other_columns"])
+def test_output_frames_convert_as_pyspark_converts_them(case):
+    """The output's fast path (numpy values straight to Arrow) against pyspark's conversion
+    of the same frames: the same batch, or the same error."""
+    conf = {"spark.sql.execution.pandas.convertToArrowArraySafely": "true"} \
+        if case == "overflow_safe" else {}
+    if case == "by_position":
+        conf["spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName"] = "false"
+    io = _output_io(OUTPUT_FIELDS, **conf)
+    frames = {
+        "plain": [_frame()],
+        "reordered": [_frame()[["n", "raw", "key", "flag", "small", "x"]]],
+        "by_position": [_frame().set_axis(list("abcdef"), axis=1)],
+        "nulls": [_frame(key=["a", None, float("nan")], x=[1.0, float("nan"), None],
+                         raw=[b"", None, b"z"])],
+        "float_into_long": [_frame(n=[1.0, 2.0, 3.5])],
+        "nan_into_long": [_frame(n=[1.0, float("nan"), 3.0])],
+        "overflow": [_frame(small=np.array([1, 2**40, -3]))],
+        "overflow_safe": [_frame(small=np.array([1, 2**40, -3]))],
+        "not_a_string": [_frame(key=["a", 2, "c"])],
+        "many_frames": [_frame(), _frame(1), _frame(5)],
+        "other_columns": [_frame(), _frame()[["key", "n", "x", "small", "flag"]]
+                          .assign(extra=1, raw=b"r")],
+    }[case]
+    try:
+        expected = _pyspark_output(io, frames)
+    except Exception as e:   # noqa: BLE001 - the same error is what is compared
+        io.outputs = list(frames)
+        with pytest.raises(type(e)) as got:
+            io.output_batch()
+        assert str(got.value) == str(e)
+        return
+    if case in ("plain", "reordered", "by_position", "nulls", "many_frames"):
+        def not_taken(*_, **__):
+            raise AssertionError("pyspark's conversion, where the fast path was to go")
+        io._to_arrow = not_taken
+    io.outputs = list(frames)
+    got = io.output_batch()
+    assert got.schema == expected.schema and got.equals(expected), (got, expected)
+    assert io.outputs == []
+
+
+def test_output_of_a_nested_schema_takes_pysparks_conversion():
+    import pandas as pd
+    io = _output_io([("key", "string"), ("when", "timestamp")])
+    assert io._atomic_types is None
+    frame = pd.DataFrame({"key": ["a"], "when": pd.to_datetime(["2026-01-01"])})
+    io.outputs = [frame]
+    assert io.output_batch().equals(_pyspark_output(io, [frame]))

@@ -83,8 +83,11 @@ class RealTimeRows(
         if (more) gathered += 1
       }
       var out: Option[Array[Byte]] = None
-      exchange.post(encoder.finishBatch())(a => out = a)
+      val batch = encoder.finishBatch()
+      val posted = System.nanoTime()
+      exchange.post(batch)(a => out = a)
       exchange.settle()
+      FlushRoundTrips.record(System.nanoTime() - posted)
       val sent = flushed
       flushed = scala.collection.mutable.ArrayBuffer[InternalRow]()
       current = answer(sent.toSeq, out)
