@@ -80,9 +80,12 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
     commitTimeMs and allUpdatesTimeMs, summed over the tasks) of each engine over
     --small-batch-count micro-batches of --small-batch-rows rows at
     --small-batch-partitions shuffle partitions (medians of --runs runs, the engines
-    alternating, after --warmup rounds), and on an object store the requests a batch makes
-    (`requests()`: the store's so far, by type)."""
+    alternating, after --warmup rounds), the CPU a stateful task costs (a run's CPU of the
+    JVM and of the state workers over its batches x partitions: `*_cpu_ms_per_task`, the
+    JVM's including the scan stage, the same work for both engines), and on an object store
+    the requests a batch makes (`requests()`: the store's so far, by type)."""
     from bench_lib.checkpoints import per_batch
+    from procinfo import jvm_and_state_worker_cpu_seconds
     import json
     source = tempfile.mkdtemp(prefix="bench-small-")
     write_batches(source, args.small_batch_rows * args.small_batch_count,
@@ -92,7 +95,8 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
     results = []
     try:
         for name in args.cases.split(","):
-            figures = {"case": name, "partitions": args.small_batch_partitions,
+            figures = {"case": name, "checkpoint": args.checkpoint,
+                       "partitions": args.small_batch_partitions,
                        "rows_per_batch": args.small_batch_rows,
                        "batches": args.small_batch_count, "runs": args.runs}
             # the engines alternate, after --warmup rounds of each (worker start, JIT)
@@ -103,10 +107,15 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
             commits = {False: [], True: []}
             updates = {False: [], True: []}
             asked = {False: [], True: []}
+            cpu = {False: [], True: []}   # (JVM, state workers) ms per stateful task
             for i in range(args.runs):
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
-                    before = requests()
+                    before, cpu_before = requests(), jvm_and_state_worker_cpu_seconds()
                     _, progress = run_once(spark, source, cases[name], on)
+                    spent = [b - a for a, b in zip(cpu_before,
+                                                   jvm_and_state_worker_cpu_seconds())]
+                    tasks = len(progress) * args.small_batch_partitions
+                    cpu[on].append([s * 1000 / tasks for s in spent])
                     asked[on].append(per_batch(before, requests(), len(progress)))
                     steady = [p for p in progress[1:] if p["numInputRows"]]
                     triggers[on].append(statistics.median(
@@ -124,6 +133,11 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                     statistics.median(commits[on]))
                 figures[f"{engine}_update_ms_summed_over_tasks"] = round(
                     statistics.median(updates[on]))
+                figures[f"{engine}_jvm_cpu_ms_per_task"] = round(
+                    statistics.median(c[0] for c in cpu[on]), 3)
+                if on:
+                    figures["arrowstate_worker_cpu_ms_per_task"] = round(
+                        statistics.median(c[1] for c in cpu[on]), 3)
                 if asked[on][0]:
                     figures[f"{engine}_store_requests_per_batch"] = asked[on][-1]
             figures["arrowstate_vs_native_trigger"] = round(

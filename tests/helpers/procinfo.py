@@ -86,6 +86,29 @@ def descendants_cpu_seconds() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) the process itself has used (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def jvm_and_state_worker_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds of this process's own Spark JVM (its child `java`, driver and executor in
+    local mode) and of that Spark's state workers, each process's own time: across a run,
+    the difference is what each side spent (a state worker that ended within it is left
+    out: pooled workers live across runs)."""
+    me = os.getpid()
+    jvms = [int(p.split("/")[2]) for p in glob.glob("/proc/[0-9]*/stat")
+            if parent_pid(int(p.split("/")[2])) == me
+            and _args(int(p.split("/")[2]))[0].endswith(b"java")]
+    return (sum(map(own_cpu_seconds, jvms)),
+            sum(map(own_cpu_seconds, own_state_worker_pids())))
+
+
 def parent_pid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as f:
