@@ -93,6 +93,7 @@ def check_payload(payload: str, value: Any, at: str = "") -> None:
             check_payload(nested.format(**value), value[name], f"{at}.{name}" if at else name)
 
 
+@functools.lru_cache(maxsize=None)
 def python_metrics(family: str) -> frozenset[str]:
     """The metric names the Python worker may report for operators of `family`."""
     return frozenset(

@@ -111,11 +111,12 @@ def received_dir(local_dir: str) -> str:
 
 def task_family(header: dict[str, Any], input_schema: pa.Schema):
     """The task's family, made in the environment pyspark's own worker gives Python code
-    (set before any user code loads)."""
-    if header["task"] is not None:
-        environment.set_task_context(header["task"])
-    environment.set_spark_files(header["sparkFilesDir"],
-                                header["operator"].get("pythonIncludes", []))
+    (set before any user code loads; a family that runs none needs none)."""
+    if contract.FAMILIES[header["family"]].get("userCode"):
+        if header["task"] is not None:
+            environment.set_task_context(header["task"])
+        environment.set_spark_files(header["sparkFilesDir"],
+                                    header["operator"].get("pythonIncludes", []))
     return REGISTRY[header["family"]](header["operator"], input_schema)
 
 

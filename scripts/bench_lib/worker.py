@@ -7,6 +7,9 @@ through `bench_lib/worker_python` (as `spark.arrowstate.pythonExec`, see `sessio
 - ARROWSTATE_BENCH_RECORD_DIR: every task's header, input schema and the batches its family
   was handed are appended to <dir>/<pid>.pkl, for replay_tasks.py to run again without
   Spark.
+- ARROWSTATE_BENCH_PROFILE_DIR: each task is profiled by cProfile on the process's CPU clock
+  (time waiting for the JVM counts nothing), the stats so far written to <dir>/<pid>.prof
+  every 100 tasks (`python -m pstats`, or pstats.Stats over several files).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 
 SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
 RECORD_DIR = "ARROWSTATE_BENCH_RECORD_DIR"
+PROFILE_DIR = "ARROWSTATE_BENCH_PROFILE_DIR"
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_python")
 HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
 
@@ -65,6 +69,24 @@ def _recording_tasks(serve_task, directory: str):
     return serve
 
 
+def _profiled_tasks(serve_task, directory: str):
+    import cProfile
+    profile = cProfile.Profile(time.process_time)
+    served = [0]
+
+    @functools.wraps(serve_task)
+    def serve(self, f, header, input_schema):
+        profile.enable()
+        try:
+            return serve_task(self, f, header, input_schema)
+        finally:
+            profile.disable()
+            served[0] += 1
+            if served[0] % 100 == 0:
+                profile.dump_stats(os.path.join(directory, f"{os.getpid()}.prof"))
+    return serve
+
+
 def main() -> None:
     from arrowstate import worker
     from arrowstate.families import REGISTRY
@@ -76,6 +98,9 @@ def main() -> None:
     if os.environ.get(RECORD_DIR):
         worker.Worker.serve_task = _recording_tasks(worker.Worker.serve_task,
                                                     os.environ[RECORD_DIR])
+    if os.environ.get(PROFILE_DIR):
+        worker.Worker.serve_task = _profiled_tasks(worker.Worker.serve_task,
+                                                   os.environ[PROFILE_DIR])
     worker.main()
 
 

@@ -21,9 +21,12 @@ class RowChunks:
         self.chunks: list[pa.RecordBatch] = []
         self.starts: list[int] = []   # global id of each chunk's first row
         self.next_id = 0
+        # the chunks' bytes, kept as they change: a task asks after each commit, and
+        # pyarrow's nbytes walks a batch's buffers each time
+        self._bytes = 0
 
     def clear(self) -> None:
-        self.chunks, self.starts, self.next_id = [], [], 0
+        self.chunks, self.starts, self.next_id, self._bytes = [], [], 0, 0
 
     def append(self, batch: pa.RecordBatch) -> int:
         """Adds the batch's rows; returns the id of its first row."""
@@ -31,11 +34,14 @@ class RowChunks:
         self.chunks.append(batch)
         self.starts.append(start)
         self.next_id += batch.num_rows
+        self._bytes += batch.nbytes
         # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
         while len(self.chunks) >= 2 and self.chunks[-1].num_rows >= self.chunks[-2].num_rows:
             last = self.chunks.pop()
             self.starts.pop()
-            self.chunks[-1] = pa.concat_batches([self.chunks[-1], last])
+            merged = pa.concat_batches([self.chunks[-1], last])
+            self._bytes += merged.nbytes - self.chunks[-1].nbytes - last.nbytes
+            self.chunks[-1] = merged
         return start
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
@@ -46,6 +52,7 @@ class RowChunks:
         """Rewrites the rows of these ids (ascending) as one chunk: they are ids 0.. now."""
         rows = self.take(ids)
         self.chunks, self.starts, self.next_id = [rows], [0], rows.num_rows
+        self._bytes = rows.nbytes
 
     def frozen(self, ids: np.ndarray) -> "FrozenRows":
         """The rows of these ids (ascending), readable from another thread while these
@@ -53,7 +60,7 @@ class RowChunks:
         return FrozenRows(self.schema, list(self.chunks), list(self.starts), ids)
 
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.chunks)
+        return self._bytes
 
 
 class FrozenRows:
