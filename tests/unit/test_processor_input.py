@@ -253,3 +253,26 @@ def test_output_of_a_nested_schema_takes_pysparks_conversion():
     frame = pd.DataFrame({"key": ["a"], "when": pd.to_datetime(["2026-01-01"])})
     io.outputs = [frame]
     assert io.output_batch().equals(_pyspark_output(io, [frame]))
+
+
+@pytest.mark.parametrize("case", ["numeric", "strings", "nullable", "zoned", "unnamed",
+                                  "repeated", "empty"])
+def test_columns_side_by_side_as_concat_puts_them(case):
+    """PandasIO.frame_of gives what pd.concat(columns, axis=1) gives, fast path or not."""
+    import pandas as pd
+
+    from arrowstate.families.pandas_io import PandasIO
+    io = PandasIO({"runnerConf": {}, "outputSchema": '{"type":"struct","fields":[]}'})
+    n = 0 if case == "empty" else 4
+    base = [pd.Series(np.arange(n), name="a"), pd.Series(np.arange(n) / 3, name="b"),
+            pd.Series([f"s{i}" for i in range(n)], name="c", dtype=object)]
+    extra = {"numeric": [], "strings": [pd.Series([None, "x", "y", None][:n], name="d")],
+             "nullable": [pd.Series(pd.array([1, None, 3, 4][:n], dtype="Int64"), name="d")],
+             "zoned": [pd.Series(pd.date_range("2026-01-01", periods=n, tz="UTC"), name="d")],
+             "unnamed": [pd.Series(np.arange(n))],
+             "repeated": [pd.Series(np.arange(n), name="a")], "empty": []}[case]
+    columns = base + extra
+    expected = pd.concat(columns, axis=1)
+    got = io.frame_of(columns)
+    pd.testing.assert_frame_equal(got, expected)
+    assert list(got.columns) == list(expected.columns)

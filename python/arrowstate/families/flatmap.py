@@ -261,7 +261,6 @@ class FlatMapGroupsWithState(FamilyBase):
         return self.io.output_batch()
 
     def _process(self, state: VersionedState, batch: pa.RecordBatch) -> None:
-        pd = self._pd
         n = batch.num_rows
         key_batch = batch.select(self.key_indices)
         hkeys = state.keys(key_batch.columns, n)
@@ -278,7 +277,7 @@ class FlatMapGroupsWithState(FamilyBase):
         with_nulls = [i for i in range(self.value_count) if batch.column(i).null_count]
         nullable = batch.select(with_nulls) if with_nulls else None
         series = self.io.to_pandas(_nulls_filled(batch, with_nulls) if with_nulls else batch)
-        frame = pd.concat(series[: self.value_count], axis=1)
+        frame = self.io.frame_of(series[: self.value_count])
         if with_nulls:   # per group, whether each such column holds a null in its rows
             nulls = np.stack([np.concatenate([[0], np.cumsum(
                 nullable.column(j).is_null().to_numpy(zero_copy_only=False))])

@@ -59,6 +59,21 @@ class PandasIO:
             batch, timezone=self.timezone, struct_in_pandas="dict", ndarray_as_list=False,
             prefer_int_ext_dtype=self.prefer_int_ext_dtype, df_for_struct=False)
 
+    def frame_of(self, columns: list):
+        """Series side by side as one DataFrame, as `pd.concat(columns, axis=1)` makes it:
+        from their numpy values when each is a numpy column of a distinct string name on
+        the same RangeIndex (half concat's time, which is most of a small flush's), else by
+        concat."""
+        pd = self.pd
+        names = [c.name for c in columns]
+        index = columns[0].index if columns else None
+        if (columns and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+                and isinstance(index, pd.RangeIndex)
+                and all(isinstance(c.dtype, np.dtype) and c.index.equals(index)
+                        for c in columns)):
+            return pd.DataFrame({c.name: c.to_numpy() for c in columns}, index=index)
+        return pd.concat(columns, axis=1)
+
     def frame_rows(self, frame, lo: int, hi: int):
         """Rows lo..hi of `frame` as a DataFrame indexed from 0, as pyspark hands over a
         group's rows. Made from the frame's block manager, as pandas' own groupby cuts its

@@ -172,8 +172,7 @@ class ProcessorInput:
         bounds = key_bounds(key_batch, groups)
         if self.pandas:
             series = self.io.to_pandas(batch)
-            frame = _as_from_rows(self.io.pd.concat([series[i] for i in value_indices],
-                                                     axis=1))
+            frame = _as_from_rows(self.io.frame_of([series[i] for i in value_indices]))
             # as pyspark's worker makes them: Python scalars, from pandas
             keys = [series[i].tolist() for i in key_indices]
             if self.max_bytes != 2**31 - 1:
