@@ -45,18 +45,15 @@ def quick_local(builder, test_jar: str, java_options: str = ""):
     Hadoop's local filesystem without a child process per file written
     (tests/jvm/NoForkLocalFileSystem.scala: without it Hadoop forks `chmod` and `readlink`
     twice per file in pyspark, about half of a small batch's time), and S3A's FileContext
-    view over the JVM's cached FileSystem (tests/jvm/SharedFileSystemFs.scala). For the
-    tests' session and the apps whose subject is not how Spark starts or writes files;
-    `java_options` go on the driver's JVM beside QUICK_JVM."""
+    view over the JVM's cached FileSystem, which no finalizer closes under a read
+    (tests/jvm/SharedFileSystemFs.scala). For the tests' session and the apps whose subject
+    is not how Spark starts or writes files; `java_options` go on the driver's JVM."""
     testing = "org.apache.spark.sql.arrowstate.testing"
     return (builder.config("spark.driver.extraClassPath", test_jar)
             .config("spark.driver.extraJavaOptions", f"{QUICK_JVM} {java_options}".strip())
             .config("spark.hadoop.fs.file.impl", f"{testing}.NoForkLocalFileSystem")
             .config("spark.hadoop.fs.AbstractFileSystem.file.impl", f"{testing}.NoForkLocalFs")
-            # S3A's FileContext view closes its FileSystem when finalized, under a read
-            # (tests/jvm/SharedFileSystemFs.scala)
-            .config("spark.hadoop.fs.AbstractFileSystem.s3a.impl",
-                    f"{testing}.SharedFileSystemFs"))
+            .config("spark.hadoop.fs.AbstractFileSystem.s3a.impl", f"{testing}.SharedFileSystemFs"))
 
 
 STATE_FIGURES = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved",

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 
-def _atomic_types() -> tuple:
+def _spark_atomic_types() -> tuple:
     """Spark types whose pandas -> Arrow conversion in pyspark's worker is Arrow's own, from
     the column's values (pyspark's converter for them is the identity)."""
     from pyspark.sql import types as t
@@ -47,10 +47,10 @@ class PandasIO:
             "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false") == "true"
         self.output_schema = StructType.fromJson(json.loads(operator["outputSchema"]))
         # the output's Arrow types when all are atomic (_arrow_batch), made once per task
-        fields = self.output_schema.fields
+        fields, atomic = self.output_schema.fields, _spark_atomic_types()
         self._atomic_types = [to_arrow_type(f.dataType, timezone=self.timezone)
                               for f in fields] \
-            if fields and all(isinstance(f.dataType, _atomic_types()) for f in fields) else None
+            if fields and all(isinstance(f.dataType, atomic) for f in fields) else None
         self.outputs: list = []   # the function's non-empty output frames, in order
 
     def to_pandas(self, batch: pa.RecordBatch) -> list:
