@@ -383,9 +383,9 @@ def main() -> None:
     CHECKPOINTS = Checkpoints(args.checkpoint)
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
-    if args.exchange:   # before Spark starts: its workers' interpreter and environment
-        from bench_lib.worker import session_settings
-        exchange_settings = session_settings(skip=True)
+    if args.exchange or os.environ.get("ARROWSTATE_BENCH_PROFILE_DIR"):   # before Spark
+        from bench_lib.worker import session_settings   # starts: its workers' interpreter
+        exchange_settings = session_settings(skip=args.exchange)
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))

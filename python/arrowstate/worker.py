@@ -10,8 +10,11 @@ conversation (frames and their bodies in contract.json, read and written by prot
   reads state)
   END -> DATA batch* END
   [LIST_FILES: a snapshot naming earlier run files checks they are there] COMMIT snapshots
-  of earlier versions, prune-below version, run files to delete, delta -> COMMITTED (the
-  JVM wrote the delta) -> COMMITTED metrics
+  of earlier versions, prune-below version, run files to delete, delta; then, without
+  waiting for the JVM's write, COMMITTED metrics (a write that fails destroys this process,
+  and the version it holds as committed with it)
+The JVM reads READY just before its first frame after TASK, and nothing answers COMMITTED:
+a steady-state task waits on the worker only for its answers.
 A state file crosses in bounded chunks (READ_FILE's content, COMMIT's delta, IMPORT_STATE's
 snapshot): one larger than spark.arrowstate.worker.fileMemoryBytes is received into a local
 file and memory-mapped, never whole in the worker's heap.
@@ -193,8 +196,9 @@ class Worker:
     def commit(self, f: BinaryIO, family, state: VersionedState,
                header: dict[str, Any]) -> int:
         """The state's next version: its delta (with the snapshots and pruning due) sent for
-        the JVM to write, then the state marked committed and held for the next task. The
-        time the delta took to encode (ms)."""
+        the JVM to write, and the state marked committed and held for the next task without
+        waiting for that write: the JVM destroys this process when it fails, so a version
+        it did not write is never used. The time the delta took to encode (ms)."""
         version, conf = header["version"], header["conf"]
         codec = encoding.ipc_codec(conf["compressionCodec"])
         self.held.check_cap(state, header)
@@ -210,8 +214,7 @@ class Worker:
         p.send(f, "COMMIT", done.snapshots, done.prune_below, done.prune_snapshot,
                done.delete, done.keep_runs, name, content, done.delta_name,
                p.Chunks(done.delta, conf["fileChunkBytes"]))
-        f.flush()
-        p.receive(f, "COMMITTED")
+        f.flush()   # the JVM writes the delta while the version is marked committed here
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
                              os.path.join(header["localDir"], "snapshots"), codec)
         self.held.keep(state, header, family.rebuild_index)

@@ -110,13 +110,13 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
             cpu = {False: [], True: []}   # (JVM, state workers) ms per stateful task
             for i in range(args.runs):
                 for on in ((True, False) if i % 2 == 0 else (False, True)):
-                    before, cpu_before = requests(), jvm_and_state_worker_cpu_seconds()
+                    asked_before, cpu_before = requests(), jvm_and_state_worker_cpu_seconds()
                     _, progress = run_once(spark, source, cases[name], on)
                     spent = [b - a for a, b in zip(cpu_before,
                                                    jvm_and_state_worker_cpu_seconds())]
                     tasks = len(progress) * args.small_batch_partitions
                     cpu[on].append([s * 1000 / tasks for s in spent])
-                    asked[on].append(per_batch(before, requests(), len(progress)))
+                    asked[on].append(per_batch(asked_before, requests(), len(progress)))
                     steady = [p for p in progress[1:] if p["numInputRows"]]
                     triggers[on].append(statistics.median(
                         p["durationMs"]["triggerExecution"] for p in steady))

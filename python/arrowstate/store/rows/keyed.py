@@ -29,6 +29,7 @@ class KeyedRows:
         self._rows = RowChunks(schema)
         self._dead = 0
         self._key_bytes = 0.0
+        self._sampled_at = -1   # the key count when _key_bytes was last sampled
 
     def __len__(self) -> int:
         return len(self.data)
@@ -182,7 +183,12 @@ class KeyedRows:
 
     # -- memory -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk)."""
+        """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk;
+        sampled again once the key count moved by an eighth, not at every task)."""
+        count = len(self.data)
+        if abs(count - self._sampled_at) <= self._sampled_at // 8:
+            return self._rows.nbytes() + int(count * self._key_bytes)
+        self._sampled_at = count
         sample = list(itertools.islice(self.data, 32))
         if sample:
             size = sum(_deep_size(k) for k in sample) / len(sample) + 100  # slot, hash, id

@@ -34,6 +34,9 @@ class RealTimeRows(
     answer: (Seq[InternalRow], Option[Array[Byte]]) => Iterator[InternalRow])
   extends Iterator[InternalRow] {
 
+  // the state is loaded before the first row comes, not on the first flush's time
+  exchange.awaitReady()
+
   private case class Failed(cause: Throwable)
   private val End = new Object
   private val queue = new LinkedBlockingQueue[AnyRef]()

@@ -131,7 +131,7 @@ class PythonStateWorker(
     if (flush) codec.flush()
   }
 
-  /** A frame with no body (END, COMMITTED). */
+  /** A frame with no body (END). */
   def send(frame: Contract.FrameSpec): Unit = {
     codec.write(frame)
     codec.flush()
@@ -166,11 +166,9 @@ class PythonStateWorker(
     StateMaintenance.Job(snapshots, pruneBelow, pruneSnapshot, deletes, keepRuns.toSet)
   }
 
-  /** COMMITTED (the delta is written) and the worker's COMMITTED: its metrics. */
-  def confirmCommitted(): JValue = {
-    send(Contract.Frame.Committed)
-    read(Contract.Frame.Committed)._2.head.asInstanceOf[JValue]
-  }
+  /** The worker's COMMITTED after its COMMIT: the task's metrics. It sends them without
+   * waiting for the delta's write (a task whose write fails destroys the worker). */
+  def readMetrics(): JValue = read(Contract.Frame.Committed)._2.head.asInstanceOf[JValue]
 
   // -- requests outside tasks --
 

@@ -16,7 +16,7 @@ import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles, StateMa
 
 /**
  * One task's conversation with its worker about one operator partition:
- * begin (load the state version), exchange Arrow batches, end input, commit.
+ * begin (the worker loads the state version), exchange Arrow batches, end input, commit.
  * Any failure before commit destroys the worker, so no half-applied state survives.
  */
 class StateExchange(
@@ -53,13 +53,26 @@ class StateExchange(
     try body finally pythonNanos += System.nanoTime() - t0
   }
 
-  /** Sends the header and the input schema; serves the state files the worker asks for
-   * (it decides which: the store's lifecycle lives in Python) until it is ready. */
+  private var readySeen = true
+
+  /** Sends the header and the input schema. The worker loads the state meanwhile: its READY
+   * is read (`awaitReady`) just before the task's first frame, so the load overlaps the
+   * task's first input and a held state costs no wait. */
   def begin(header: JValue, inputSchemaIpc: Array[Byte]): Unit = timed {
     worker.beginTask(header, inputSchemaIpc)
+    readySeen = false
+  }
+
+  /** Serves the state files the worker asks for (it decides which: the store's lifecycle
+   * lives in Python) until it is ready. Nothing is written to the worker after TASK before
+   * this: a worker waiting for a file must find nothing else ahead of it. */
+  def awaitReady(): Unit = timed(ready())
+
+  private def ready(): Unit = if (!readySeen) {
     if (worker.serveFilesUntil(Contract.Frame.Ready, files).isDefined) {
       throw ArrowStateException.contract("DATA", "", "a batch before READY")
     }
+    readySeen = true
   }
 
   private val awaiting = mutable.Queue[Option[Array[Byte]] => Unit]()
@@ -103,6 +116,7 @@ class StateExchange(
   }
 
   private def write(frame: Contract.FrameSpec, batchIpc: Array[Byte]): Unit = timed {
+    ready()
     worker.sendBatch(frame, batchIpc)
     bytesToPython += batchIpc.length
   }
@@ -121,6 +135,7 @@ class StateExchange(
     if (ended) throw SparkException.internalError("arrowstate: input already ended")
     ended = true
     settle()
+    awaitReady()
     timed(worker.send(Contract.Frame.End))
     new Iterator[Array[Byte]] {
       private var nextBatch: Option[Array[Byte]] = fetch()
@@ -161,7 +176,7 @@ class StateExchange(
     pythonNanos -= writeNanos
     val commitMs = writeNanos / 1000000
     StateMaintenance.submit(files, maintenance)
-    val reportedJson = timed(worker.confirmCommitted())
+    val reportedJson = timed(worker.readMetrics())
     finished = true
     PythonStateWorkers.giveBack(worker)
 
