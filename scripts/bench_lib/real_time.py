@@ -27,12 +27,12 @@ received), `due` (the records due in the window), `received`, `never_received`, 
 latency over each tenth of the window (does it grow?), and for arrowstate's real-time cases
 the flushes in the window and the p50 and p99 of their round trip to the worker
 (`flush_round_trip_*_ms`: from a flush posted to its answer read, in the executor:
-exec/FlushRoundTrips.scala).
+exec/FlushRoundTrips.scala). Each case's checkpoint goes where --checkpoint says (local disk,
+HDFS or S3: bench_lib/checkpoints.py), named on its line.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -125,9 +125,11 @@ def real_time(args) -> None:
     from pyspark.sql import SparkSession
 
     import arrowstate
+    from bench_lib.checkpoints import Checkpoints
 
     cloudpickle.register_pickle_by_value(functions)
     workdir = tempfile.mkdtemp(prefix="bench-rt-")
+    checkpoints = Checkpoints(args.checkpoint)   # where each case's checkpoint goes
     cases = args.cases.split(",") if args.cases else list(CASES)
     rates = [int(r) for r in args.rates.split(",")]
     keys = args.rt_keys
@@ -148,6 +150,7 @@ def real_time(args) -> None:
                 .config("spark.sql.streaming.stateStore.providerClass",
                         "org.apache.spark.sql.execution.streaming.state."
                         "RocksDBStateStoreProvider")
+                .config(map=checkpoints.spark_settings())
                 .config(map=dict(c.split("=", 1) for c in args.conf))
             ).getOrCreate()
             spark.sparkContext.setLogLevel("OFF")
@@ -155,14 +158,15 @@ def real_time(args) -> None:
                 for rate in rates:
                     for name in cases:
                         print(json.dumps(_run_case(spark, broker, name, rate, keys, args,
-                                                   workdir)), flush=True)
+                                                   checkpoints.new())), flush=True)
             finally:
                 spark.stop()
     finally:
+        checkpoints.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str) -> dict:
+def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: str) -> dict:
     from kafka import PacedProducer, TopicRecorder   # (tests/helpers, on the path here)
     from latency import percentile, schedule_latencies
 
@@ -171,7 +175,6 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
     topic_in, topic_out = f"in-{tag}", f"out-{tag}"
     broker.create_topic(topic_in, args.rt_partitions)
     broker.create_topic(topic_out, args.rt_partitions)
-    checkpoint = os.path.join(workdir, f"ck-{tag}")
     real_time = args.rt_batch if mode == "real-time" else ""
     spark.conf.set("spark.arrowstate.enabled", str(engine == "arrowstate").lower())
     if build is None:
@@ -225,7 +228,8 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, workdir: str
     ordered = sorted(in_order)
     tenths = [sorted(in_order[i * len(in_order) // 10:(i + 1) * len(in_order) // 10])
               for i in range(10)] if len(in_order) >= 10 else []
-    return {"case": name, "engine": engine, "mode": mode, "records_per_s": rate,
+    return {"case": name, "engine": engine, "mode": mode, "checkpoint": args.checkpoint,
+            "records_per_s": rate,
             "keys": keys, "partitions": args.rt_partitions,
             "shuffle_partitions": args.shuffle_partitions,
             "due": len(due), "received": len(latencies), "never_received": len(never),
