@@ -87,10 +87,17 @@ def check_payload(payload: str, value: Any, at: str = "") -> None:
             f"the {payload} payload does not match contract.json at "
             f"{field or 'its top'}: {e.message}", payload=payload, field=field,
             reason=e.message) from None
-    for name, sub in schema.get("properties", {}).items():
-        nested = sub.get("x-payload")
-        if nested and isinstance(value.get(name), dict):
+    for name, nested in _nested_payloads(payload):
+        if isinstance(value.get(name), dict):
             check_payload(nested.format(**value), value[name], f"{at}.{name}" if at else name)
+
+
+@functools.cache
+def _nested_payloads(payload: str) -> tuple[tuple[str, str], ...]:
+    """The payload's fields checked against a payload of their own (`x-payload`)."""
+    return tuple((name, sub["x-payload"])
+                 for name, sub in PAYLOADS[payload].get("properties", {}).items()
+                 if sub.get("x-payload"))
 
 
 @functools.lru_cache(maxsize=None)

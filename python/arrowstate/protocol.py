@@ -3,7 +3,8 @@
 Every frame is a tag and a body whose fields contract.json declares (`frames`, with the types
 of `frameTypes`): integers big-endian (Java's DataOutputStream), byte strings
 length-prefixed, Arrow batches as self-contained IPC streams, JSON payloads checked against
-their schemas (`payloads`) as they cross, and files of any size as a stream of bounded
+their schemas (`payloads`) as they cross (a sharedJson text once, however often it comes),
+and files of any size as a stream of bounded
 chunks (`chunks`: sent from a `Chunks`, read as a `ChunkReader` the caller drains before
 the next frame). The shim's twin is FrameCodec.scala; both read the
 same declaration, so a field renamed or retyped on one side fails at the boundary, naming it.
@@ -146,8 +147,8 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
         for name, path in value:
             write_str(f, name)
             write_str(f, path)
-    elif kind.startswith("json:"):
-        check_payload(kind[5:], value)
+    elif kind.startswith(("json:", "sharedJson:")):
+        check_payload(kind.partition(":")[2], value)
         write_bytes(f, json.dumps(value).encode())
     else:
         raise _violation(frame, field, f"unknown field type {kind!r}")
@@ -172,7 +173,26 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
         value = json.loads(read_bytes(f))
         check_payload(kind[5:], value)
         return value
+    if kind.startswith("sharedJson:"):
+        return _shared_json(read_bytes(f), kind[11:])
     raise _violation(frame, field, f"unknown field type {kind!r}")
+
+
+_SHARED: dict[tuple[bytes, str], Any] = {}   # (text, payload) -> the value read from it
+
+
+def _shared_json(text: bytes, payload: str) -> Any:
+    """A sharedJson field's value: parsed and checked the first time its text comes, the
+    same (read-only) value after that. A handful of texts live at once (one per operator
+    and micro-batch a worker serves), so the oldest go once there are more."""
+    value = _SHARED.get((text, payload))
+    if value is None:
+        value = json.loads(text)
+        check_payload(payload, value)
+        if len(_SHARED) >= 64:
+            del _SHARED[next(iter(_SHARED))]
+        _SHARED[(text, payload)] = value
+    return value
 
 
 def _write_body(f: BinaryIO, frame: str, fields, values: tuple) -> None:
@@ -218,15 +238,42 @@ def mask_batch(keep) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
 
 
+# An `arrow` value is an IPC stream: the schema's message, the batch's, the end-of-stream
+# marker. Written and read as those messages directly, where pyarrow's stream writer and
+# reader cost three times as much for a small batch (the bytes are the same: the tests
+# compare them); a schema with dictionaries (which need messages of their own) goes the
+# long way.
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_KNOWN_SCHEMAS: list[tuple[bytes, pa.Schema]] = []   # (schema's IPC message, schema)
+
+
+def _has_dictionary(schema: pa.Schema) -> bool:
+    return any(pa.types.is_dictionary(f.type) for f in schema)
+
+
 def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as w:
-        w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    if _has_dictionary(batch.schema):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        return sink.getvalue().to_pybytes()
+    return b"".join((batch.schema.serialize(), batch.serialize(), _EOS))
 
 
 def ipc_to_batch(payload: bytes) -> pa.RecordBatch:
-    return pa.ipc.open_stream(payload).read_next_batch()
+    """The batch of an `arrow` value: read after the schema's message when that schema
+    came before (a task's batches share one or two), else by pyarrow's stream reader."""
+    for message, schema in _KNOWN_SCHEMAS:
+        if payload.startswith(message):
+            return pa.ipc.read_record_batch(pa.py_buffer(payload)[len(message):], schema)
+    reader = pa.ipc.open_stream(payload)
+    batch = reader.read_next_batch()
+    message = reader.schema.serialize().to_pybytes()
+    if payload.startswith(message) and not _has_dictionary(reader.schema):
+        if len(_KNOWN_SCHEMAS) >= 8:
+            _KNOWN_SCHEMAS.pop()
+        _KNOWN_SCHEMAS.insert(0, (message, reader.schema))
+    return batch
 
 
 def ipc_schema(payload: bytes) -> pa.Schema:

@@ -4,8 +4,8 @@ One process serves one task at a time and keeps every operator partition it has 
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
 A connection opens with HELLO both ways (protocol and package versions); then a task's
 conversation (frames and their bodies in contract.json, read and written by protocol.py):
-  TASK header, input schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it
-  needs] -> READY
+  TASK header, the operator's shared fields (read and checked once per micro-batch), input
+  schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it needs] -> READY
   (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
   reads state)
   END -> DATA batch* END
@@ -26,6 +26,7 @@ retry.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import socket
@@ -105,6 +106,12 @@ class JvmFiles:
 
     def tail(self, name: str, size: int) -> bytes:
         return p.request(self._f, "FILE_TAIL", name, size)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def input_schema(ipc: bytes) -> pa.Schema:
+    """A TASK's input schema: the same bytes for an operator's every task, read once."""
+    return p.ipc_schema(ipc)
 
 
 def received_dir(local_dir: str) -> str:
@@ -302,7 +309,9 @@ class Worker:
                     greet(f, *body)
                     greeted = True
                 elif name == "TASK":
-                    self.serve_task(f, body[0], p.ipc_schema(body[1]))
+                    header, run, schema = body
+                    self.serve_task(f, {**header, "operator": run["operator"],
+                                        "conf": run["conf"]}, input_schema(schema))
                 elif name == "DROP":
                     self.drop(f, body[0])
                 elif name == "READ_STATE":

@@ -107,43 +107,75 @@ def test_every_family_declares_its_operator_payload_and_every_frame_type_is_know
         for fields in (frame.from_jvm, frame.from_python, frame.reply):
             for _, kind in fields or ():
                 assert kind in contract.FRAME_TYPES or (
-                    kind.startswith("json:") and kind[5:] in contract.PAYLOADS), (frame, kind)
+                    kind.startswith(("json:", "sharedJson:"))
+                    and kind.partition(":")[2] in contract.PAYLOADS), (frame, kind)
 
 
-def _header(**operator):
+def _header():
     return {"family": "deduplicate", "stateKey": "/ck/state/0/1", "queryRunId": "run",
             "operatorId": 0, "partitionId": 1, "version": 3, "checkpointId": None,
             "baseCheckpointId": None, "drop": [],
+            "task": None, "sparkFilesDir": "/tmp", "localDir": "/tmp"}
+
+
+def _run(**operator):
+    """What a deduplication's tasks share (the `operatorRun` payload)."""
+    return {"family": "deduplicate",
             "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
                      "maxStateBytes": 0, "stateMemoryPercent": 50,
                      "compressionCodec": "lz4", "verifyHeldState": False,
                      "fileChunkBytes": 4 << 20, "fileMemoryBytes": 64 << 20,
                      "memoryBytes": 0},
             "operator": {"keyCount": 1, "eventTimeIndex": -1, "evictByKey": False,
-                         "withinWatermark": False, **operator},
-            "task": None, "sparkFilesDir": "/tmp", "localDir": "/tmp"}
+                         "withinWatermark": False, **operator}}
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda h: h.pop("stateKey"), "stateKey"),
-    (lambda h: h.update(version="3"), "version"),
-    (lambda h: h.update(renamed=1), "renamed"),
-    (lambda h: h["operator"].pop("keyCount"), "operator.keyCount"),
-    (lambda h: h["operator"].update(evictByKey=1), "operator.evictByKey"),
-    (lambda h: h["conf"].update(maxStateBytes=None), "conf.maxStateBytes"),
-    (lambda h: h.update(task={"stageId": 1}), "task.stageAttemptNumber"),
+@pytest.mark.parametrize("payload, change, field", [
+    ("header", lambda h: h.pop("stateKey"), "stateKey"),
+    ("header", lambda h: h.update(version="3"), "version"),
+    ("header", lambda h: h.update(renamed=1), "renamed"),
+    ("header", lambda h: h.update(task={"stageId": 1}), "task.stageAttemptNumber"),
+    ("operatorRun", lambda r: r["operator"].pop("keyCount"), "operator.keyCount"),
+    ("operatorRun", lambda r: r["operator"].update(evictByKey=1), "operator.evictByKey"),
+    ("operatorRun", lambda r: r["conf"].update(maxStateBytes=None), "conf.maxStateBytes"),
 ])
-def test_a_payload_that_does_not_match_fails_naming_the_field(change, field):
+def test_a_payload_that_does_not_match_fails_naming_the_field(payload, change, field):
     from arrowstate.errors import ArrowStateError
 
-    contract.check_payload("header", _header())
-    header = _header()
-    change(header)
+    make = _header if payload == "header" else _run
+    contract.check_payload(payload, make())
+    value = make()
+    change(value)
     with pytest.raises(ArrowStateError) as e:
-        contract.check_payload("header", header)
+        contract.check_payload(payload, value)
     assert e.value.condition == "ARROWSTATE_CONTRACT_VIOLATION"
-    assert e.value.parameters["payload"] in ("header", "operator.deduplicate", "task")
+    assert e.value.parameters["payload"] in (payload, "operator.deduplicate", "task")
     assert e.value.parameters["field"] == field
+
+
+def test_a_shared_json_text_is_checked_once_and_its_value_reused():
+    import io
+    import json
+
+    from arrowstate.errors import ArrowStateError
+
+    def task(run_text: bytes) -> bytes:
+        f = io.BytesIO()
+        protocol.write_int(f, contract.FRAMES["TASK"])
+        protocol.write_bytes(f, json.dumps(_header()).encode())
+        protocol.write_bytes(f, run_text)
+        protocol.write_bytes(f, b"")
+        return f.getvalue()
+
+    good = json.dumps(_run()).encode()
+    _, (_, first, _) = protocol.receive(io.BytesIO(task(good)), "TASK")
+    _, (_, again, _) = protocol.receive(io.BytesIO(task(good)), "TASK")
+    assert first == _run() and again is first
+    bad = _run()
+    bad["operator"].pop("keyCount")
+    with pytest.raises(ArrowStateError) as e:   # a new text is checked
+        protocol.receive(io.BytesIO(task(json.dumps(bad).encode())), "TASK")
+    assert e.value.parameters["field"] == "operator.keyCount"
 
 
 def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
@@ -184,7 +216,7 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     with pytest.raises(ArrowStateError, match="metrics"):
         protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})
     with pytest.raises(ArrowStateError, match="does not send"):
-        protocol.send(io.BytesIO(), "TASK", _header(), b"")
+        protocol.send(io.BytesIO(), "TASK", _header(), _run(), b"")
     # what the JVM sends, read back: a TASK is expected, a DATA is not
     jvm = io.BytesIO()
     protocol.write_int(jvm, contract.FRAMES["DROP"])
@@ -254,3 +286,21 @@ def test_a_connection_opens_with_hello_and_versions_must_match():
     # anything before HELLO is out of turn
     [(name, [error])] = _answers(contract.FRAMES["END"].to_bytes(4, "big"))
     assert error["condition"] == "ARROWSTATE_CONTRACT_VIOLATION"
+
+
+def test_arrow_values_are_the_streams_pyarrow_writes_and_read_back_whole():
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict({
+        "k": pa.array([1, None, 3, 4], pa.int64()), "s": pa.array(["a", None, "ccc", "d"]),
+        "l": pa.array([[1], [], None, [4, 5]]),
+        "st": pa.array([{"x": 1.5}, None, {"x": None}, {"x": 2.0}])})
+    coded = pa.array(["a", "b", "a", None]).dictionary_encode()
+    with_dictionary = pa.RecordBatch.from_arrays([coded], names=["d"])
+    for b in (batch, batch.slice(1, 2), batch.slice(0, 0), with_dictionary):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, b.schema) as w:
+            w.write_batch(b)
+        assert protocol.batch_to_ipc(b) == sink.getvalue().to_pybytes()
+        for _ in range(2):   # the first read learns the schema, the second skips it
+            assert protocol.ipc_to_batch(protocol.batch_to_ipc(b)).equals(b)

@@ -6,7 +6,7 @@ import java.nio.charset.StandardCharsets.UTF_8
 import org.json4s._
 import org.json4s.JsonDSL._
 
-import org.apache.spark.sql.arrowstate.contract.{Contract, ContractSchema}
+import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract, ContractSchema}
 import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
 import org.apache.spark.sql.arrowstate.worker.{FrameCodec, WorkerMetrics}
 
@@ -38,17 +38,21 @@ object FramingTests extends UnitTests {
     out.write(b)
   }
 
-  private def header(operator: JValue): JValue =
+  private val header: JValue =
     ("family" -> "deduplicate") ~ ("stateKey" -> "/ck/state/0/1") ~ ("queryRunId" -> "run") ~
       ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
       ("checkpointId" -> JNull) ~ ("baseCheckpointId" -> JNull) ~
-      ("drop" -> List.empty[String]) ~
+      ("drop" -> List.empty[String]) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
+      ("localDir" -> "/tmp")
+
+  /** What a deduplication's tasks share (the `operatorRun` payload) with these fields. */
+  private def run(operator: JValue): JValue =
+    ("family" -> "deduplicate") ~
       ("conf" -> (("minDeltasForSnapshot" -> 10L) ~ ("minVersionsToRetain" -> 100L) ~
         ("maxStateBytes" -> 0L) ~ ("stateMemoryPercent" -> 50L) ~ ("memoryBytes" -> 0L) ~
         ("fileChunkBytes" -> 4194304L) ~ ("fileMemoryBytes" -> 67108864L) ~
         ("compressionCodec" -> "lz4") ~ ("verifyHeldState" -> false))) ~
-      ("operator" -> operator) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
-      ("localDir" -> "/tmp")
+      ("operator" -> operator)
 
   private val dedup: JValue = ("keyCount" -> 1) ~ ("eventTimeIndex" -> -1) ~
     ("evictByKey" -> false) ~ ("withinWatermark" -> false) ~
@@ -71,27 +75,35 @@ object FramingTests extends UnitTests {
     assertEqual(in.available(), 0)
   }
 
-  test("a TASK's header is checked before it is sent; a good one crosses whole") {
-    val bytes = written(_.write(Contract.Frame.Task, header(dedup), Array[Byte](1, 2)))
+  test("a TASK's header and shared fields are checked before they are sent; good ones cross whole") {
+    val shared = new CheckedJson("operatorRun", run(dedup))
+    val bytes = written(_.write(Contract.Frame.Task, header, shared, Array[Byte](1, 2)))
     val text = new String(bytes, UTF_8)
     assertTrue(text.contains("\"keyCount\":1") && !text.contains("delayMs"), text)
+    assertTrue(text.contains("\"queryRunId\":\"run\""), text)
+    // the shared fields go as the bytes rendered once; a JValue is checked and rendered
+    assertTrue(bytes.containsSlice(shared.bytes))
+    assertEqual(written(_.write(Contract.Frame.Task, header, run(dedup), Array[Byte](1, 2)))
+      .toSeq, bytes.toSeq)
   }
 
   test("a payload that does not match fails naming the field") {
     val missing = dedup.removeField(_._1 == "keyCount")
-    assertEqual(violation(ContractSchema.check("header", header(missing)))
+    assertEqual(violation(ContractSchema.check("operatorRun", run(missing)))
       .getMessageParameters.get("field"), "operator.keyCount")
     val retyped = dedup.transformField { case ("evictByKey", _) => "evictByKey" -> JInt(1) }
-    assertEqual(violation(ContractSchema.check("header", header(retyped)))
+    assertEqual(violation(ContractSchema.check("operatorRun", run(retyped)))
       .getMessageParameters.get("field"), "operator.evictByKey")
-    val renamed = header(dedup) merge (("stateKeyy" -> "x"): JValue)
+    val renamed = header merge (("stateKeyy" -> "x"): JValue)
     assertEqual(violation(ContractSchema.check("header", renamed))
       .getMessageParameters.get("field"), "stateKeyy")
-    val wrongTask = header(dedup).transformField { case ("task", _) => "task" -> ("cpus" -> 1) }
+    val wrongTask = header.transformField { case ("task", _) => "task" -> ("cpus" -> 1) }
     assertEqual(violation(ContractSchema.check("header", wrongTask))
       .getMessageParameters.get("field"), "task.stageId")
-    // and the codec refuses to send it
-    violation(written(_.write(Contract.Frame.Task, header(missing), Array.emptyByteArray)))
+    // and the codec refuses to send them, or to make the shared fields at all
+    violation(written(_.write(Contract.Frame.Task, wrongTask, run(dedup), Array.emptyByteArray)))
+    violation(written(_.write(Contract.Frame.Task, header, run(missing), Array.emptyByteArray)))
+    violation(new CheckedJson("operatorRun", run(missing)))
   }
 
   test("a value of the wrong type for a frame field fails naming the field") {

@@ -97,3 +97,11 @@ object JsonText {
   def compact(value: JValue): String =
     org.json4s.jackson.JsonMethods.compact(org.json4s.jackson.JsonMethods.render(value))
 }
+
+/** A `sharedJson:<payload>` value: checked against the payload and rendered once, where it
+ * is made (on the driver), then sent as these bytes by every task that ships it. */
+final class CheckedJson(val payload: String, value: JValue) extends Serializable {
+  ContractSchema.check(payload, value)
+  val bytes: Array[Byte] =
+    JsonText.compact(value).getBytes(java.nio.charset.StandardCharsets.UTF_8)
+}

@@ -9,11 +9,11 @@ import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOpera
 import org.apache.spark.sql.arrowstate.store.CheckpointIds
 import org.apache.spark.sql.arrowstate.worker.LocalStateDir
 
-/** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent). */
+/** A task's header (contract.json's `header` payload; FrameCodec checks it as it is sent).
+ * What the operator's tasks share goes apart: StatePartitionOpener.run. */
 object StateHeader {
   def apply(family: String, info: StatefulOperatorStateInfo, partitionId: Int, stateKey: String,
-      drop: Seq[String], conf: Map[String, JValue], operator: JValue, task: JValue,
-      localDir: String, checkpointIds: CheckpointIds): JValue =
+      drop: Seq[String], task: JValue, localDir: String, checkpointIds: CheckpointIds): JValue =
     ("family" -> family) ~
       ("stateKey" -> stateKey) ~
       ("queryRunId" -> info.queryRunId.toString) ~
@@ -24,8 +24,6 @@ object StateHeader {
       ("checkpointId" -> checkpointIds.next.map(JString(_)).getOrElse(JNull)) ~
       ("baseCheckpointId" -> checkpointIds.checkedBase.map(JString(_)).getOrElse(JNull)) ~
       ("drop" -> drop.toList) ~
-      ("conf" -> conf) ~
-      ("operator" -> operator) ~
       ("task" -> task) ~
       ("sparkFilesDir" -> SparkFiles.getRootDirectory()) ~
       ("localDir" -> LocalStateDir.path(localDir))

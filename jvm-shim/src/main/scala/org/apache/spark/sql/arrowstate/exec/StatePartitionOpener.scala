@@ -1,6 +1,7 @@
 package org.apache.spark.sql.arrowstate.exec
 
 import org.json4s.JsonAST.{JBool, JLong, JObject, JString, JValue}
+import org.json4s.JsonDSL._
 
 import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.sql.SparkSession
@@ -10,7 +11,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.SerializableConfiguration
 
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
-import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles}
 import org.apache.spark.sql.arrowstate.tools.StateConversion
 import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
@@ -39,6 +40,11 @@ case class StatePartitionOpener(
     case _ => this
   }
 
+  /** What every task of this operator in this micro-batch shares (the `operatorRun`
+   * payload): checked and rendered once, on the driver (StateTasks.rdd reads it there). */
+  lazy val run: CheckedJson = new CheckedJson("operatorRun",
+    ("family" -> family) ~ ("conf" -> storeConf) ~ ("operator" -> operator))
+
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
     val files = new StateFiles(dir, hadoopConf.value.value)
@@ -58,8 +64,8 @@ case class StatePartitionOpener(
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            storeConf, operator, TaskEnvironment.current(), localDir, exchange.checkpointIds),
-          encoder.schemaIpc)
+            TaskEnvironment.current(), localDir, exchange.checkpointIds),
+          run, encoder.schemaIpc)
       } finally encoder.close()
     }
   }

@@ -39,6 +39,7 @@ object StateTasks {
     val conf = plan.session.sessionState.conf
     val mode = TriggerMode.of(plan)
     val inMode = opener.in(mode)
+    inMode.run   // checked and rendered here, on the driver, once for all the tasks
     val info = opener.info
     val batchSize = math.max(1, conf.arrowMaxRecordsPerBatch)
     val flushNanos = mode match {

@@ -7,7 +7,7 @@ import org.json4s.JValue
 import org.json4s.jackson.JsonMethods
 
 import org.apache.spark.sql.arrowstate.contract.Contract.FrameSpec
-import org.apache.spark.sql.arrowstate.contract.{Contract, ContractSchema, JsonText}
+import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract, ContractSchema, JsonText}
 import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
 
 /**
@@ -18,7 +18,8 @@ import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePy
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], namedFiles Seq[(String, String)], json:* JValue; chunks (a file of any
+ * Seq[String], namedFiles Seq[(String, String)], json:* JValue, sharedJson:* a CheckedJson
+ * (checked and rendered once where it was made) or a JValue; chunks (a file of any
  * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
  * they come, which the caller reads to its end before the next frame.
  */
@@ -92,9 +93,11 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
           case other => throw ArrowStateException.contract(frame, field,
             s"a namedFiles item must be (String, String), not $other")
         }
-      case (json, v: JValue) if json.startsWith("json:") =>
-        ContractSchema.check(json.stripPrefix("json:"), v)
+      case (json, v: JValue) if json.startsWith("json:") || json.startsWith("sharedJson:") =>
+        ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
         writeBytes(JsonText.compact(v).getBytes(UTF_8))
+      case (shared, v: CheckedJson) if shared == s"sharedJson:${v.payload}" =>
+        writeBytes(v.bytes)
       case _ => throw ArrowStateException.contract(frame, field,
         s"must be $kind, not ${Option(value).map(_.getClass.getName).orNull}")
     }
@@ -117,9 +120,9 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
       val stream = new ChunkedInput(frame, field)
       streaming = Some(stream)
       stream
-    case json if json.startsWith("json:") =>
+    case json if json.startsWith("json:") || json.startsWith("sharedJson:") =>
       val v = JsonMethods.parse(new String(readBytes(), UTF_8))
-      ContractSchema.check(json.stripPrefix("json:"), v)
+      ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
       v
     case other => throw ArrowStateException.contract(frame, field, s"unknown type $other")
   }

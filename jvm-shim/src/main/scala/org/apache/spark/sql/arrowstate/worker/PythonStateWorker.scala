@@ -10,7 +10,7 @@ import org.json4s.JValue
 import org.apache.spark.api.python.{PythonWorker, PythonWorkerHandle}
 import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.{StateFiles, StateMaintenance}
 
@@ -107,9 +107,10 @@ class PythonStateWorker(
 
   // -- a task (python/arrowstate/worker.py's docstring: TASK ... COMMITTED) --
 
-  /** TASK: the header (checked against contract.json) and the schema of the rows sent. */
-  def beginTask(header: JValue, inputSchemaIpc: Array[Byte]): Unit = {
-    codec.write(Contract.Frame.Task, header, inputSchemaIpc)
+  /** TASK: the header (checked against contract.json), what the operator's tasks share
+   * (checked once) and the schema of the rows sent. */
+  def beginTask(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte]): Unit = {
+    codec.write(Contract.Frame.Task, header, run, inputSchemaIpc)
     codec.flush()
   }
 

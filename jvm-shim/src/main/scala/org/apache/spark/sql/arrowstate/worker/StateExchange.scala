@@ -10,7 +10,7 @@ import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
 
-import org.apache.spark.sql.arrowstate.contract.Contract
+import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles, StateMaintenance}
 
@@ -58,8 +58,8 @@ class StateExchange(
   /** Sends the header and the input schema. The worker loads the state meanwhile: its READY
    * is read (`awaitReady`) just before the task's first frame, so the load overlaps the
    * task's first input and a held state costs no wait. */
-  def begin(header: JValue, inputSchemaIpc: Array[Byte]): Unit = timed {
-    worker.beginTask(header, inputSchemaIpc)
+  def begin(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte]): Unit = timed {
+    worker.beginTask(header, run, inputSchemaIpc)
     readySeen = false
   }
 
