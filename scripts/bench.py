@@ -383,9 +383,9 @@ def main() -> None:
     CHECKPOINTS = Checkpoints(args.checkpoint)
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
-    if args.exchange or os.environ.get("ARROWSTATE_BENCH_PROFILE_DIR"):   # before Spark
-        from bench_lib.worker import session_settings   # starts: its workers' interpreter
-        exchange_settings = session_settings(skip=args.exchange)
+    from bench_lib.worker import PROFILE_DIR, RECORD_DIR, session_settings
+    if args.exchange or os.environ.get(PROFILE_DIR) or os.environ.get(RECORD_DIR):   # before
+        exchange_settings = session_settings(skip=args.exchange)   # Spark: workers' python
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))

@@ -77,6 +77,7 @@ def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -
     from arrowstate import protocol
     from arrowstate.families import REGISTRY
     from arrowstate.store.held.budget import MemoryBudget
+    from arrowstate.store.formats.container import STATE_FIGURES
     from arrowstate.store.held.states import new_state
 
     budget = MemoryBudget()
@@ -102,7 +103,9 @@ def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -
             collections.deque(family.finish(state), maxlen=0)
             timing["finish"] += time.perf_counter() - start
             start = time.perf_counter()
-            state.commit_files(version + 1, int(conf["minVersionsToRetain"]), {})
+            family.metrics.setdefault("numTotalStateRows", len(state))   # as the worker
+            state.commit_files(version + 1, int(conf["minVersionsToRetain"]),
+                               {k: family.metrics.get(k, 0) for k in STATE_FIGURES})
             timing["commit"] += time.perf_counter() - start
             state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]), snapshots)
             if state.move_to_hash_table(hash_table_min_keys):   # as the worker does

@@ -268,8 +268,10 @@ def ipc_to_batch(payload: bytes) -> pa.RecordBatch:
             return pa.ipc.read_record_batch(pa.py_buffer(payload)[len(message):], schema)
     reader = pa.ipc.open_stream(payload)
     batch = reader.read_next_batch()
-    message = reader.schema.serialize().to_pybytes()
-    if payload.startswith(message) and not _has_dictionary(reader.schema):
+    # the schema's message as this writer wrote it (Arrow Java pads it otherwise than
+    # pyarrow): the continuation marker, the metadata's length, the metadata
+    message = payload[:8 + int.from_bytes(payload[4:8], "little")]
+    if payload[:4] == _EOS[:4] and not _has_dictionary(reader.schema):
         if len(_KNOWN_SCHEMAS) >= 8:
             _KNOWN_SCHEMAS.pop()
         _KNOWN_SCHEMAS.insert(0, (message, reader.schema))

@@ -18,6 +18,7 @@ from .container import (FORMAT_2, FORMAT_COMPACT, KIND_COLUMNS, KIND_DELTA, STAT
 from .names import columns_file_name
 
 FLAG_CHANGES = 1               # the trailer's flag: change records among the rows
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"   # an Arrow stream's end
 _HEAD = struct.Struct("<16sI")   # columns file id, length of the messages
 _MADE: dict[int, tuple] = {}   # id(schema) -> (schema, what file_schema made of it)
 
@@ -63,16 +64,20 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
     """A compact delta's bytes, its unique id (`uid` if given), and the name of the columns
     file it needs; `base`: the checkpoint id of the version it builds on (FLAG_BASE)."""
     with_op, message, name = file_schema(schema)
-    sink = pa.BufferOutputStream()
-    rows = 0
-    with pa.ipc.new_stream(sink, with_op) as writer:
-        for b in batches:
-            writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=with_op))
-            rows += b.num_rows
-    stream = sink.getvalue()
-    if not stream.slice(0, message.size).equals(message):   # what `stream` puts back
-        raise AssertionError("an Arrow stream that does not begin with its schema message")
-    messages = stream.slice(message.size)
+    rows = sum(b.num_rows for b in batches)
+    if any(pa.types.is_dictionary(f.type) for f in with_op):   # dictionaries: a message each
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, with_op) as writer:
+            for b in batches:
+                writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=with_op))
+        stream = sink.getvalue()
+        if not stream.slice(0, message.size).equals(message):   # what `stream` puts back
+            raise AssertionError("an Arrow stream that does not begin with its schema message")
+        messages = stream.slice(message.size)
+    else:   # the stream's messages after the schema's, made directly (the same bytes)
+        messages = pa.py_buffer(b"".join(
+            [pa.RecordBatch.from_arrays(b.columns, schema=with_op).serialize() for b in batches]
+            + [_EOS]))
     counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
     payload = b"".join([_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
                         bytes([len(counted)]), *counted,
