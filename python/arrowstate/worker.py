@@ -13,8 +13,10 @@ conversation (frames and their bodies in contract.json, read and written by prot
   of earlier versions, prune-below version, run files to delete, delta; then, without
   waiting for the JVM's write, COMMITTED metrics (a write that fails destroys this process,
   and the version it holds as committed with it)
-The JVM reads READY just before its first frame after TASK, and nothing answers COMMITTED:
-a steady-state task waits on the worker only for its answers.
+The JVM reads READY just before its first frame after TASK, sends END before it reads the
+last answers, and nothing answers COMMITTED; the worker's frames go out when it waits for
+the JVM (arrowstate.connection). So a steady-state task costs one round trip, two where an
+aggregation's restore reads state before its save.
 A state file crosses in bounded chunks (READ_FILE's content, COMMIT's delta, IMPORT_STATE's
 snapshot): one larger than spark.arrowstate.worker.fileMemoryBytes is received into a local
 file and memory-mapped, never whole in the worker's heap.
@@ -40,6 +42,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from . import contract, environment, errors
+from .connection import Connection
 from . import protocol as p
 from ._version import __version__
 from .errors import ArrowStateError
@@ -147,8 +150,7 @@ class Worker:
                                                 f"{header['version']}",
                          received_dir(header["localDir"]), header["conf"]["fileMemoryBytes"])
         state, metrics = self.ready_state(family, header, files)
-        p.send(f, "READY")
-        f.flush()
+        p.send(f, "READY")   # (sent once the worker waits: arrowstate.connection)
         self.answer_batches(f, family, state)
         commit_ms = self.commit(f, family, state, header)
         self.report(f, family, state, header, metrics, commit_ms)
@@ -195,7 +197,6 @@ class Worker:
                 p.send(f, "NO_DATA")
             else:
                 p.send(f, "DATA", p.batch_to_ipc(answer))
-            f.flush()
         for batch in family.finish(state):
             p.send(f, "DATA", p.batch_to_ipc(batch))
         p.send(f, "END")
@@ -221,7 +222,6 @@ class Worker:
         p.send(f, "COMMIT", done.snapshots, done.prune_below, done.prune_snapshot,
                done.delete, done.keep_runs, name, content, done.delta_name,
                p.Chunks(done.delta, conf["fileChunkBytes"]))
-        f.flush()   # the JVM writes the delta while the version is marked committed here
         state.mark_committed(version + 1, int(conf["minDeltasForSnapshot"]),
                              os.path.join(header["localDir"], "snapshots"), codec)
         self.held.keep(state, header, family.rebuild_index)
@@ -242,7 +242,6 @@ class Worker:
         self.reported[operator] = header["version"]
         contract.check_reported(family.name, metrics)
         p.send(f, "COMMITTED", metrics)
-        f.flush()
 
     def read_state(self, f: BinaryIO, request: dict[str, Any]) -> None:
         """READ_STATE: one committed version of a partition (or the changes up to it), for
@@ -396,7 +395,7 @@ def main() -> None:
     no_delay(sock)
     p.write_int(sock_file, os.getpid())
     sock_file.flush()
-    sys.exit(run(sock_file, fault_log))
+    sys.exit(run(Connection(sock), fault_log))
 
 
 def no_delay(sock: socket.socket) -> None:
@@ -406,7 +405,8 @@ def no_delay(sock: socket.socket) -> None:
 
 
 def run(sock_file: BinaryIO, fault_log: Any) -> int:
-    """Serves the JVM on a connected worker socket until it closes; the exit code."""
+    """Serves the JVM on a connected worker socket (a Connection: what the worker writes
+    goes out when it waits for the JVM) until it closes; the exit code."""
     exit_with_parent()
     gc.set_threshold(*GC_THRESHOLDS)
     try:

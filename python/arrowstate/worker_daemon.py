@@ -27,6 +27,7 @@ from pyspark import daemon
 from pyspark.serializers import UTF8Deserializer, write_with_length
 
 from . import environment, worker
+from .connection import Connection
 
 
 def serve_forked(sock: socket.socket, authenticated: bool) -> int:
@@ -44,7 +45,7 @@ def serve_forked(sock: socket.socket, authenticated: bool) -> int:
         sock_file.flush()
         if not ok:
             os._exit(1)
-    code = worker.run(sock_file, fault_log)   # every answer it sends is flushed
+    code = worker.run(Connection(sock), fault_log)   # (sock_file is read no further)
     # exits here: pyspark's manager would serve the closed connection again when
     # SPARK_REUSE_WORKER is set
     os._exit(code)

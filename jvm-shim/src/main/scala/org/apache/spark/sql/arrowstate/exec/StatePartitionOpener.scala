@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import org.json4s.JsonAST.{JBool, JLong, JObject, JString, JValue}
+import org.json4s.JsonAST.{JBool, JLong, JNull, JObject, JString, JValue}
 import org.json4s.JsonDSL._
 
 import org.apache.spark.broadcast.Broadcast
@@ -64,7 +64,10 @@ case class StatePartitionOpener(
       try {
         exchange.begin(
           StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
-            TaskEnvironment.current(), localDir, exchange.checkpointIds),
+            // pyspark's TaskContext, for user code only: its local properties (every SQL
+            // setting of a streaming query's session) are kilobytes a task
+            if (Contract.family(family).userCode) TaskEnvironment.current() else JNull,
+            localDir, exchange.checkpointIds),
           run, encoder.schemaIpc)
       } finally encoder.close()
     }

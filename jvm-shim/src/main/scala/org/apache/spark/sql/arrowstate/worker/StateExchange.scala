@@ -134,9 +134,11 @@ class StateExchange(
   def endInput(): Iterator[Array[Byte]] = {
     if (ended) throw SparkException.internalError("arrowstate: input already ended")
     ended = true
-    settle()
     awaitReady()
+    // END goes before the last answers are read: the worker sends them with its last
+    // batches, COMMIT and metrics in one go (it flushes only when it waits for us)
     timed(worker.send(Contract.Frame.End))
+    settle()
     new Iterator[Array[Byte]] {
       private var nextBatch: Option[Array[Byte]] = fetch()
       private def fetch(): Option[Array[Byte]] = timed(received(none = Contract.Frame.End))
