@@ -10,6 +10,7 @@ rule that keeps the conversation free of deadlock).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 
@@ -28,10 +29,8 @@ class _Reads(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         if _DONTWAIT is not None:
-            try:
+            with contextlib.suppress(BlockingIOError, InterruptedError):   # nothing has come
                 return self._sock.recv_into(buffer, 0, _DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                pass
         self._pending.flush()   # about to wait for the JVM: what it may wait for goes first
         return self._sock.recv_into(buffer)
 
