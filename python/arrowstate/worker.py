@@ -11,8 +11,10 @@ conversation (frames and their bodies in contract.json, read and written by prot
   END -> DATA batch* END
   [LIST_FILES: a snapshot naming earlier run files checks they are there] COMMIT snapshots
   of earlier versions, prune-below version, run files to delete, delta; then, without
-  waiting for the JVM's write, COMMITTED metrics (a write that fails destroys this process,
-  and the version it holds as committed with it)
+  waiting for the JVM's write, COMMITTED metrics (a write that fails makes the JVM destroy
+  this process, or, where it took the whole delta and let the worker go before writing it,
+  have it drop that partition's state with its next task: a version the JVM did not write
+  is never used)
 The JVM reads READY just before its first frame after TASK, sends END before it reads the
 last answers, and nothing answers COMMITTED; the worker's frames go out when it waits for
 the JVM (arrowstate.connection). So a steady-state task costs one round trip, two where an
@@ -205,8 +207,8 @@ class Worker:
                header: dict[str, Any]) -> int:
         """The state's next version: its delta (with the snapshots and pruning due) sent for
         the JVM to write, and the state marked committed and held for the next task without
-        waiting for that write: the JVM destroys this process when it fails, so a version
-        it did not write is never used. The time the delta took to encode (ms)."""
+        waiting for that write: when it fails, the JVM destroys this process or has it
+        drop the partition's state, so a version it did not write is never used. The time the delta took to encode (ms)."""
         version, conf = header["version"], header["conf"]
         codec = encoding.ipc_codec(conf["compressionCodec"])
         self.held.check_cap(state, header)

@@ -45,8 +45,9 @@ class Checkpoints:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
     def requests(self) -> dict[str, int]:
-        """The object store's requests so far, by type (none counted elsewhere)."""
-        return self.store.requests() if self.kind == "s3" else {}
+        """The object store's requests so far, by type, or the name node's calls, by
+        method (none counted on the local disk)."""
+        return self.store.requests() if self.store is not None else {}
 
     def stop(self) -> None:
         if self.store is not None:

@@ -345,6 +345,7 @@ class Hdfs:
         self.jars = jars
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="arrowstate-hdfs-"))
         self.port: int | None = None
+        self.http_port: int | None = None
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Hdfs":
@@ -353,10 +354,11 @@ class Hdfs:
         classpath = os.pathsep.join([*self.jars, str(spark_jars_dir() / "*")])
         details = self.workdir / "details.json"
         log = self.workdir / "minidfs.log"
+        self.http_port = free_port()
         cmd = [java, "-Xmx384m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                f"-Dtest.build.data={self.workdir / 'data'}", "-cp", classpath,
                "org.apache.hadoop.test.MiniDFSClusterManager", "-format", "-datanodes", "1",
-               "-nnport", str(free_port()), "-httpport", str(free_port()),
+               "-nnport", str(free_port()), "-httpport", str(self.http_port),
                "-writeDetails", str(details),
                "-D", "dfs.namenode.rpc-bind-host=127.0.0.1",
                "-D", "dfs.datanode.address=127.0.0.1:0",
@@ -377,6 +379,17 @@ class Hdfs:
 
     def uri(self, name: str) -> str:
         return f"hdfs://127.0.0.1:{self.port}/{name}"
+
+    def requests(self) -> dict[str, int]:
+        """The name node's client calls so far, by method (create, rename, getFileInfo,
+        getListing, addBlock, complete, ...), from its RPC metrics (JMX over HTTP)."""
+        bean = f"Hadoop:service=NameNode,name=RpcDetailedActivityForPort{self.port}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/jmx?qry={bean}",
+                                    timeout=5) as answer:
+            beans = json.loads(answer.read().decode())["beans"]
+        # each method twice: as itself and as "Overall<method>"
+        return {name[:-len("NumOps")]: int(value) for b in beans for name, value in b.items()
+                if name.endswith("NumOps") and not name.startswith("Overall") and value}
 
     def spark_settings(self) -> dict[str, str]:
         # a one-node cluster: no replacement data node to look for on a failed write; a

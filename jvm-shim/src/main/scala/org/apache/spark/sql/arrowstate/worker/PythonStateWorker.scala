@@ -147,12 +147,13 @@ class PythonStateWorker(
 
   /** COMMIT: the files of snapshots the worker finished meanwhile (name, the local file it
    * wrote), the version below which files may be pruned and the run files to delete after;
-   * the schema file the delta needs, if the partition lacks it, goes to `writeFile` (name,
-   * bytes) first; then the new version's delta, named by the worker, as it comes, to
-   * `writeDelta` (which reads it to its end). Before it, the worker may list the partition's files (a snapshot that
-   * names earlier run files checks they are there). */
-  def readCommit(files: StateFiles)(writeFile: (String, Array[Byte]) => Unit)(
-      writeDelta: (String, InputStream) => Unit): StateMaintenance.Job = {
+   * the columns file the delta needs, if the partition lacks it; then the new version's
+   * delta, named by the worker. A delta of at most `holdBytes` is read whole here
+   * (`Commit.held`), so the worker is free before it is written; a larger one is read as
+   * it is written (`Commit.delta`, to its end), and the worker's COMMITTED only after.
+   * Before COMMIT, the worker may list the partition's files (a snapshot that names
+   * earlier run files checks they are there). */
+  def readCommit(files: StateFiles, holdBytes: Int): PythonStateWorker.Commit = {
     import Contract.Frame._
     var frame = read(Commit, ListFiles)
     while (frame._1 != Commit) {
@@ -162,9 +163,17 @@ class PythonStateWorker(
     val Seq(snapshots: Seq[(String, String)] @unchecked, pruneBelow: Long, pruneSnapshot: String,
       deletes: Seq[String] @unchecked, keepRuns: Seq[String] @unchecked, schemaFile: String,
       schemaBytes: Array[Byte], deltaName: String, delta: InputStream) = frame._2
-    if (schemaFile.nonEmpty) writeFile(schemaFile, schemaBytes)
-    streamed(writeDelta(deltaName, delta))
-    StateMaintenance.Job(snapshots, pruneBelow, pruneSnapshot, deletes, keepRuns.toSet)
+    // one byte past the bound tells a delta that ends within it from one that goes on
+    val head = streamed(delta.readNBytes(holdBytes + 1))
+    val held = head.length <= holdBytes
+    val rest = if (held) new ByteArrayInputStream(head) else new SequenceInputStream(
+      new ByteArrayInputStream(head), new FilterInputStream(delta) {
+        override def read(): Int = streamed(super.read())
+        override def read(b: Array[Byte], off: Int, len: Int): Int = streamed(super.read(b, off, len))
+      })
+    PythonStateWorker.Commit(
+      Option(schemaFile).filter(_.nonEmpty).map(_ -> schemaBytes), deltaName, rest, held,
+      StateMaintenance.Job(snapshots, pruneBelow, pruneSnapshot, deletes, keepRuns.toSet))
   }
 
   /** The worker's COMMITTED after its COMMIT: the task's metrics. It sends them without
@@ -223,4 +232,13 @@ class PythonStateWorker(
     }
     codec.flush()
   }
+}
+
+object PythonStateWorker {
+  /** What a worker's COMMIT has the task write: the columns file (name, bytes) the delta
+   * needs, if the partition lacks it, then the delta; whether the delta is `held` whole in
+   * memory (else `delta` reads the rest of it from the worker's connection); and the
+   * maintenance handed on after the write. */
+  final case class Commit(columnsFile: Option[(String, Array[Byte])], deltaName: String,
+      delta: InputStream, held: Boolean, maintenance: StateMaintenance.Job)
 }

@@ -9,8 +9,9 @@ import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId
+import org.apache.spark.sql.internal.SQLConf
 
-import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract}
+import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
 import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles, StateMaintenance}
 
@@ -33,8 +34,9 @@ class StateExchange(
     context.addTaskCompletionListener[Unit] { _ =>
       if (!finished) PythonStateWorkers.destroy(worker)
     }
-    // a task that fails after its commit is run again, maybe elsewhere, and its delta may be
-    // rewritten: the state this executor keeps of it is not to be reused
+    // a task that fails after its commit (its delta's write included, when the worker went
+    // back before it) is run again, maybe elsewhere, and its delta may be rewritten: the
+    // state this executor keeps of it is not to be reused
     context.addTaskFailureListener { (_, _) =>
       if (finished) PythonStateWorkers.distrust(stateKey)
     }
@@ -153,34 +155,40 @@ class StateExchange(
 
   /**
    * Writes the new version's delta atomically, hands the snapshots the worker finished
-   * meanwhile and its pruning to the maintenance thread, tells the worker it is committed
-   * and adds the worker's metrics to the operator's SQL metrics.
+   * meanwhile and its pruning to the maintenance thread, and adds the worker's metrics to
+   * the operator's SQL metrics. A delta of at most one chunk
+   * (spark.arrowstate.worker.fileChunkBytes) is in memory whole before its write, so the
+   * worker goes back to the pool first: the task writing to the checkpoint (a namenode's
+   * round trips, an object store's PUT) no longer holds up the next task of the
+   * partitions that worker holds. A write that fails then has the worker drop this
+   * partition's state (the task's failure listener), where a worker still in the
+   * conversation is destroyed.
    */
   def commit(newVersion: Long, metrics: Map[String, SQLMetric], family: String,
       countsInstance: Boolean = true): Unit = {
-    // the delta is written as it comes from the worker: the write's time is the commit's,
-    // the wait for the worker before it the worker's
-    var writeNanos = 0L
-    def writing(body: => Unit): Unit = {
-      val start = System.nanoTime()
-      body
-      writeNanos += System.nanoTime() - start
+    val done = timed(worker.readCommit(files, ArrowStateConf.fileChunkBytes(SQLConf.get)))
+    if (!StateFiles.versionOf(done.deltaName).contains(newVersion)) {
+      throw ArrowStateException.contract("COMMIT", "deltaName",
+        s"${done.deltaName} is not a delta of version $newVersion")
     }
-    val maintenance = timed(worker.readCommit(files) { (name, content) =>
-      writing(files.write(name, new java.io.ByteArrayInputStream(content)))
-    } { (name, delta) =>
-      if (!StateFiles.versionOf(name).contains(newVersion)) {
-        throw ArrowStateException.contract("COMMIT", "deltaName",
-          s"$name is not a delta of version $newVersion")
+    // the write's time is the commit's (a delta read as it is written included), the wait
+    // for the worker before it the worker's
+    var commitNanos = 0L
+    def write(): Unit = {
+      val start = System.nanoTime()
+      done.columnsFile.foreach { case (name, content) =>
+        files.write(name, new java.io.ByteArrayInputStream(content))
       }
-      writing(files.write(name, delta))
-    })
-    pythonNanos -= writeNanos
-    val commitMs = writeNanos / 1000000
-    StateMaintenance.submit(files, maintenance)
+      files.write(done.deltaName, done.delta)
+      commitNanos = System.nanoTime() - start
+      StateMaintenance.submit(files, done.maintenance)
+    }
+    if (!done.held) write()
     val reportedJson = timed(worker.readMetrics())
     finished = true
     PythonStateWorkers.giveBack(worker)
+    if (done.held) write()
+    val commitMs = commitNanos / 1000000
 
     val reported = WorkerMetrics.parse(reportedJson, family)
     // a figure goes to its SQL metric (Spark's name for one Spark's Python operators show);
