@@ -124,8 +124,13 @@ def _micro_batch_run(spark, tmp_path, build):
     return rows, checkpoint
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_python_state_functions_run_in_real_time_mode(spark, real_time_conf, tmp_path, family):
+# spark.arrowstate.realTime.flushMs: 0 (the default) sends a row at once when no flush is in
+# flight (from the input's thread); above 0 the task's thread gathers a flush that long
+@pytest.mark.parametrize("family,flush_ms", [*((f, 0) for f in sorted(FAMILIES)),
+                                             ("transformWithState", 20)])
+def test_python_state_functions_run_in_real_time_mode(spark, spark_conf, real_time_conf,
+                                                      tmp_path, family, flush_ms):
+    spark_conf(**{"spark.arrowstate.realTime.flushMs": flush_ms})
     build, node = FAMILIES[family]
     expected, native_checkpoint = _micro_batch_run(spark, tmp_path, build)
     rows, plans, checkpoint = _real_time_run(spark, tmp_path, build)
