@@ -124,8 +124,8 @@ def _micro_batch_run(spark, tmp_path, build):
     return rows, checkpoint
 
 
-# spark.arrowstate.realTime.flushMs: 0 (the default) sends a row at once when no flush is in
-# flight (from the input's thread); above 0 the task's thread gathers a flush that long
+# spark.arrowstate.realTime.flushMs: 0 (the default) sends the rows queued when the worker
+# is free; above 0 a flush waits that long after its first row for more
 @pytest.mark.parametrize("family,flush_ms", [*((f, 0) for f in sorted(FAMILIES)),
                                              ("transformWithState", 20)])
 def test_python_state_functions_run_in_real_time_mode(spark, spark_conf, real_time_conf,
