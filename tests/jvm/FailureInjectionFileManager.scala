@@ -21,7 +21,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCh
  * `FailureInjection.arm(op, pathRegex, times)`, op one of createAtomic, write, close (the
  * rename that publishes the file), afterClose (published, then the call fails), delayClose
  * (the close fails and the file is published later, by `releaseDelayed`: a late attempt's
- * file), open, list, delete. On a cluster, whose executors are other JVMs, the Hadoop configuration carries
+ * file), open, list, delete; and lentAtClose, which fails nothing (`recordLent`). On a
+ * cluster, whose executors are other JVMs, the Hadoop configuration carries
  * the one rule used there: `arrowstate.test.slowFirstAttempt` = `<path regex>=<ms>` makes
  * the first attempt of a task wait (uninterruptibly) before it creates a matching file, and
  * `arrowstate.test.attemptLog` names a local file where each such creation is logged.
@@ -89,6 +90,7 @@ class InjectingStream(underlying: CancellableFSDataOutputStream, path: Path)
       throw new IOException(s"injected failure: close of $path delayed (the file is " +
         "published later, by FailureInjection.releaseDelayed)")
     }
+    FailureInjection.recordLent(path)
     underlying.close()
     FailureInjection.check("afterClose", path)
   }
@@ -116,7 +118,30 @@ object FailureInjection {
     if (op == "*") hits.values.sum else hits(op)
   }
 
-  def reset(): Unit = synchronized { rules.clear(); hits.clear(); delayedStreams.clear() }
+  def reset(): Unit = synchronized {
+    rules.clear(); hits.clear(); delayedStreams.clear(); lent.clear()
+  }
+
+  private val lent = mutable.ArrayBuffer[Int]()
+
+  /** A `lentAtClose` rule (no failure): records how many state workers are lent to tasks
+   * as a matching file is published (`lentAtCloses`). */
+  private[testing] def recordLent(path: Path): Unit = {
+    val armed = synchronized {
+      rules.find(r => r.op == "lentAtClose" && r.remaining > 0 &&
+        path.toString.matches(r.pattern)).map { r => r.remaining -= 1; r }
+    }
+    armed.foreach { _ =>
+      // the shim's classes are the task's class loader's (spark.jars), not this jar's
+      val workers = Class.forName("org.apache.spark.sql.arrowstate.worker.PythonStateWorkers$",
+        true, Thread.currentThread().getContextClassLoader)
+      val n = workers.getMethod("lent").invoke(workers.getField("MODULE$").get(null))
+        .asInstanceOf[Int]
+      synchronized(lent += n)
+    }
+  }
+
+  def lentAtCloses(): Array[Int] = synchronized(lent.toArray)
 
   /** Sleeps `ms` even if the task is killed meanwhile, and swallows the kill's interrupt,
    * so that a killed attempt still writes its file after the commit, as a zombie whose

@@ -107,6 +107,23 @@ def _assert_same_with_failures(spark, injection, tmp_path, op, pattern, times):
     assert_every_file_verifies(str(tmp_path / "run*-on" / "ck"))
 
 
+@pytest.mark.local_checkpoints
+def test_the_worker_goes_back_before_the_delta_is_written(spark, spark_conf, injection,
+                                                          tmp_path):
+    """A small delta is read whole into the JVM, and its worker goes back to the pool before
+    the checkpoint's filesystem writes it: the next task of any partition that worker holds
+    does not wait for the write (on HDFS most of a task). One partition, so one task at a
+    time: no worker is lent as each delta is published. The answers are Spark's."""
+    spark_conf(**{"spark.sql.shuffle.partitions": 1,
+                  "spark.sql.streaming.checkpointFileManagerClass": INJECTING})
+    injection.arm("lentAtClose", r".*/state/0/0/\d+\.arrowstate\.delta", 100)
+    native = native_run(spark, tmp_path, EVENTS, BATCHES, dedup)
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, dedup, arrowstate=True)
+    assert_runs_same(native, ours, NODE)
+    lent = list(injection.lentAtCloses())
+    assert len(lent) >= len(BATCHES) and set(lent) == {0}, lent
+
+
 # run files of snapshots that name runs (state on the tier): written by the maintenance
 # thread, so a failure loses a snapshot, never a commit
 RUN_FILE_FAILURES = [("createAtomic", 3), ("afterClose", 3), ("delete", 50)]

@@ -141,6 +141,9 @@ object PythonStateWorkers extends Logging {
    * drops it with its next task. */
   def distrust(stateKey: String): Unit = synchronized(current.foreach(_.distrust(stateKey)))
 
+  /** How many of this executor's workers are lent to tasks now (tests). */
+  def lent: Int = synchronized(current.map(p => p.all.size - p.idle.size).getOrElse(0))
+
   def giveBack(worker: PythonStateWorker): Unit = synchronized {
     worker.idleSince = System.currentTimeMillis()
     current.filter(_.all.contains(worker)).foreach(_.idle += worker)
