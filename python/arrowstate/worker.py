@@ -208,7 +208,8 @@ class Worker:
         """The state's next version: its delta (with the snapshots and pruning due) sent for
         the JVM to write, and the state marked committed and held for the next task without
         waiting for that write: when it fails, the JVM destroys this process or has it
-        drop the partition's state, so a version it did not write is never used. The time the delta took to encode (ms)."""
+        drop the partition's state, so a version it did not write is never used. The time
+        the delta took to encode (ms)."""
         version, conf = header["version"], header["conf"]
         codec = encoding.ipc_codec(conf["compressionCodec"])
         self.held.check_cap(state, header)

@@ -127,11 +127,7 @@ object FailureInjection {
   /** A `lentAtClose` rule (no failure): records how many state workers are lent to tasks
    * as a matching file is published (`lentAtCloses`). */
   private[testing] def recordLent(path: Path): Unit = {
-    val armed = synchronized {
-      rules.find(r => r.op == "lentAtClose" && r.remaining > 0 &&
-        path.toString.matches(r.pattern)).map { r => r.remaining -= 1; r }
-    }
-    armed.foreach { _ =>
+    take("lentAtClose", path).foreach { _ =>
       // the shim's classes are the task's class loader's (spark.jars), not this jar's
       val workers = Class.forName("org.apache.spark.sql.arrowstate.worker.PythonStateWorkers$",
         true, Thread.currentThread().getContextClassLoader)
@@ -161,10 +157,8 @@ object FailureInjection {
    * suite's createAtomicDelayCloseRegex): the writer sees its close fail, and the file
    * appears only when the test releases it, as a late attempt's file does. */
   private[testing] def delays(stream: InjectingStream, path: Path): Boolean = synchronized {
-    val rule = rules.find(r => r.op == "delayClose" && r.remaining > 0 &&
-      path.toString.matches(r.pattern))
-    rule.foreach { r =>
-      r.remaining -= 1
+    val rule = take("delayClose", path)
+    rule.foreach { _ =>
       hits("delayClose") += 1
       delayedStreams += stream
     }
@@ -179,10 +173,13 @@ object FailureInjection {
   }
 
   def check(op: String, path: Path): Unit = {
-    val fail = synchronized {
-      rules.find(r => r.op == op && r.remaining > 0 && path.toString.matches(r.pattern))
-        .map { r => r.remaining -= 1; hits(op) += 1; r }
-    }
+    val fail = synchronized(take(op, path).map { r => hits(op) += 1; r })
     fail.foreach(r => throw new IOException(s"injected failure: $op of $path (${r.pattern})"))
+  }
+
+  /** The first armed rule of `op` that matches `path`, one of its times used. */
+  private def take(op: String, path: Path): Option[Rule] = synchronized {
+    rules.find(r => r.op == op && r.remaining > 0 && path.toString.matches(r.pattern))
+      .map { r => r.remaining -= 1; r }
   }
 }
