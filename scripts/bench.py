@@ -383,8 +383,8 @@ def main() -> None:
     CHECKPOINTS = Checkpoints(args.checkpoint)
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
-    from bench_lib.worker import PROFILE_DIR, RECORD_DIR, session_settings
-    if args.exchange or os.environ.get(PROFILE_DIR) or os.environ.get(RECORD_DIR):   # before
+    from bench_lib.worker import PROFILE_DIR, RECORD_DIR, WIRE_DIR, session_settings
+    if args.exchange or any(map(os.environ.get, (PROFILE_DIR, RECORD_DIR, WIRE_DIR))):   # before
         exchange_settings = session_settings(skip=args.exchange)   # Spark: workers' python
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")

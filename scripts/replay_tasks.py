@@ -5,6 +5,7 @@ phase (a second or two a replay, where a profiled Spark run takes a minute).
     python scripts/replay_tasks.py record DIR --case session_window_append [--rows 1000000]
                                    [--batches 5] [--keys 50000]
     python scripts/replay_tasks.py replay DIR [--repeat 3] [--profile 30]
+    python scripts/replay_tasks.py wire DIR [--repeat 3] [--profile 30]
 
 `record` runs the case once with arrowstate on, its state workers started by bench_lib.worker
 (ARROWSTATE_BENCH_RECORD_DIR): Spark's SQL operators' cases only (a user function's workers
@@ -13,6 +14,11 @@ version, as the worker runs it with its state kept in memory between tasks: the 
 made from the task's header, each lookup and process call with the recorded batch, finish,
 and the commit's file encoding (no checkpoint is written). It prints the seconds per phase
 for each repeat, and with --profile the functions with the most own time under cProfile.
+
+`wire` serves again what the JVM sent each worker of a run (recorded with
+ARROWSTATE_BENCH_WIRE_DIR, any case or bench mode): each <pid>.wire through a Worker of its
+own in this process, its answers dropped, the CPU seconds a task of the whole worker (the
+frames, headers, families, commits and metrics; not the socket's system calls).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import argparse
 import collections
 import cProfile
 import glob
+import io
 import json
 import os
 import pickle
@@ -117,9 +124,46 @@ def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -
         shutil.rmtree(snapshots, ignore_errors=True)
 
 
+def replay_wire(paths: list[str]) -> tuple[int, float]:
+    """Each recorded worker's conversation served again: the tasks and the CPU seconds."""
+    from arrowstate import worker
+
+    class Recorded:
+        def __init__(self, data: bytes) -> None:
+            self.read = io.BytesIO(data).read
+
+        def write(self, b) -> None:
+            return None
+
+        def flush(self) -> None:
+            return None
+
+    local = tempfile.mkdtemp(prefix="replay-wire-")
+    served = [0]
+    serve_task = worker.Worker.serve_task
+
+    def task(self, f, header, schema):
+        served[0] += 1
+        return serve_task(self, f, {**header, "localDir": local}, schema)
+
+    worker.Worker.serve_task = task
+    spent = 0.0
+    try:
+        for path in paths:
+            with open(path, "rb") as f:
+                conversation = Recorded(f.read())
+            start = time.process_time()
+            worker.Worker().serve(conversation)
+            spent += time.process_time() - start
+    finally:
+        worker.Worker.serve_task = serve_task
+        shutil.rmtree(local, ignore_errors=True)
+    return served[0], spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=("record", "replay"))
+    parser.add_argument("what", choices=("record", "replay", "wire"))
     parser.add_argument("dir")
     parser.add_argument("--case", default="session_window_append")
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -135,6 +179,21 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.what == "record":
         record(args)
+        return
+    if args.what == "wire":
+        paths = sorted(glob.glob(os.path.join(args.dir, "*.wire")))
+        for _ in range(args.repeat):
+            tasks, spent = replay_wire(paths)
+            print(json.dumps({"workers": len(paths), "tasks": tasks,
+                              "cpu_s": round(spent, 3),
+                              "cpu_ms_per_task": round(spent * 1000 / max(tasks, 1), 3)}),
+                  flush=True)
+        if args.profile:
+            profile = cProfile.Profile(time.process_time)
+            profile.enable()
+            replay_wire(paths)
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
         return
     if args.hash_table_min_keys is None:
         from arrowstate.store.held.states import HASH_TABLE_MIN_KEYS

@@ -7,6 +7,9 @@ through `bench_lib/worker_python` (as `spark.arrowstate.pythonExec`, see `sessio
 - ARROWSTATE_BENCH_RECORD_DIR: every task's header, input schema and the batches its family
   was handed are appended to <dir>/<pid>.pkl, for replay_tasks.py to run again without
   Spark.
+- ARROWSTATE_BENCH_WIRE_DIR: every byte a worker reads from the JVM is appended to
+  <dir>/<pid>.wire, for `replay_tasks.py wire` to serve again in one process, the whole
+  worker (frames, headers, families, commits, metrics) but the socket's system calls.
 - ARROWSTATE_BENCH_PROFILE_DIR: each task is profiled by cProfile on the process's CPU clock
   (time waiting for the JVM counts nothing), the stats so far written to <dir>/<pid>.prof
   every 100 tasks (`python -m pstats`, or pstats.Stats over several files).
@@ -23,17 +26,21 @@ import time
 SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
 RECORD_DIR = "ARROWSTATE_BENCH_RECORD_DIR"
 PROFILE_DIR = "ARROWSTATE_BENCH_PROFILE_DIR"
+WIRE_DIR = "ARROWSTATE_BENCH_WIRE_DIR"
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_python")
 HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
 
 
-def session_settings(skip: bool = False, record_dir: str | None = None) -> dict:
+def session_settings(skip: bool = False, record_dir: str | None = None,
+                     wire_dir: str | None = None) -> dict:
     """The Spark settings of a session whose state workers are these, and their environment
     (set here: call it before Spark starts). Returns the settings."""
     if skip:
         os.environ[SKIP_FILE] = os.path.join(tempfile.mkdtemp(prefix="bench-skip-"), "skip")
     if record_dir:
         os.environ[RECORD_DIR] = record_dir
+    if wire_dir:
+        os.environ[WIRE_DIR] = wire_dir
     os.environ["ARROWSTATE_BENCH_PYTHON"] = sys.executable
     return {"spark.arrowstate.pythonExec": WRAPPER}
 
@@ -87,6 +94,22 @@ def _profiled_tasks(serve_task, directory: str):
     return serve
 
 
+def _recording_wire(directory: str) -> None:
+    """The connection's reads teed to <directory>/<pid>.wire as they come (flushed each time:
+    Spark may kill an idle worker without a word)."""
+    from arrowstate import connection
+    out = open(os.path.join(directory, f"{os.getpid()}.wire"), "ab")
+
+    class Teed(connection._Reads):
+        def readinto(self, buffer) -> int:
+            n = super().readinto(buffer)
+            out.write(memoryview(buffer)[:n])
+            out.flush()
+            return n
+
+    connection._Reads = Teed
+
+
 def main() -> None:
     from arrowstate import worker
     from arrowstate.families import REGISTRY
@@ -98,6 +121,8 @@ def main() -> None:
     if os.environ.get(RECORD_DIR):
         worker.Worker.serve_task = _recording_tasks(worker.Worker.serve_task,
                                                     os.environ[RECORD_DIR])
+    if os.environ.get(WIRE_DIR):
+        _recording_wire(os.environ[WIRE_DIR])
     if os.environ.get(PROFILE_DIR):
         worker.Worker.serve_task = _profiled_tasks(worker.Worker.serve_task,
                                                    os.environ[PROFILE_DIR])
