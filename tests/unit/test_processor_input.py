@@ -276,3 +276,50 @@ def test_columns_side_by_side_as_concat_puts_them(case):
     got = io.frame_of(columns)
     pd.testing.assert_frame_equal(got, expected)
     assert list(got.columns) == list(expected.columns)
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+@pytest.mark.parametrize("prefer_int_ext_dtype", [False, True])
+def test_plain_columns_convert_as_pysparks_conversion(nulls, prefer_int_ext_dtype):
+    """A batch's value frame and key values from Arrow directly (PandasIO.plain_frame and
+    plain_values) are those pyspark's conversion gives, nulls included; another type, a
+    repeated name or pyspark's integer extension types take pyspark's conversion."""
+    import pandas as pd
+
+    from arrowstate.families.pandas_io import PandasIO
+    conf = {"spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype":
+            str(prefer_int_ext_dtype).lower()}
+    io = PandasIO({"runnerConf": conf, "outputSchema": '{"type":"struct","fields":[]}'})
+    cut = ProcessorInput({"pandas": True, "maxRecordsPerBatch": 10}, io, Row)
+    gap = [None] if nulls else [1]
+    columns = {"k": pa.array(["a", "a", "b"]), "n": pa.array([1, 2] + gap, pa.int64()),
+               "x": pa.array([0.5, float("nan")] + gap, pa.float64()),
+               "flag": pa.array([True, False] + [None if nulls else True]),
+               "s": pa.array(["u", "v"] + [None if nulls else "w"]),
+               "big": pa.array(["u", "v", "w"], pa.large_string()),
+               "small": pa.array([1, 2, 3], pa.int32()),
+               "kn": pa.array([7, 7] + gap, pa.int64())}
+    batch = pa.record_batch(list(columns.values()), names=list(columns))
+    index = {name: i for i, name in enumerate(columns)}
+
+    def pyspark_way(values, keys):
+        series = io.to_pandas(batch)
+        from arrowstate.families.transform_with_state.processor_input import _as_from_rows
+        return (_as_from_rows(io.frame_of([series[i] for i in values])),
+                [series[i].tolist() for i in keys])
+
+    for values, keys, plain in [
+            (["n", "x", "flag", "s", "big"], ["k"], not prefer_int_ext_dtype),
+            (["n"], ["kn", "k"], not prefer_int_ext_dtype),
+            (["n", "small"], ["k"], False), (["n", "n"], ["k"], False)]:
+        values, keys = [index[v] for v in values], [index[k] for k in keys]
+        assert (io.plain_frame(batch, values) is not None) == plain
+        frame, key_values = cut._pandas_columns(batch, keys, values)
+        expected_frame, expected_keys = pyspark_way(values, keys)
+        pd.testing.assert_frame_equal(frame, expected_frame)
+        # the same values of the same types (repr: a NaN key equals itself)
+        assert [list(map(type, k)) for k in key_values] == [list(map(type, k))
+                                                            for k in expected_keys]
+        assert repr(key_values) == repr(expected_keys)
+        frame.iloc[0, 0] = frame.iloc[1, 0]   # the function's to change, not Arrow's buffers
+    assert batch.column(1)[0].as_py() == 1

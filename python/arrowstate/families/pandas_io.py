@@ -18,6 +18,13 @@ def _spark_atomic_types() -> tuple:
             t.BooleanType, t.StringType, t.BinaryType)
 
 
+# Arrow types whose column pyspark's worker turns into the pandas values Arrow's own
+# `to_numpy` gives (numpy int64, float64 and bool; Python str in an object array; a null as
+# NaN, or None in an object array), already as wide as pyspark's frames have them: columns of
+# only these go to a DataFrame from those values at once (`plain_frame`)
+_PLAIN_TYPES = frozenset({pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.large_string()})
+
+
 def _rows_from_blocks(pd, frame, lo: int, hi: int):
     rows = frame._mgr.get_slice(slice(lo, hi), axis=1)
     rows.axes[1] = pd.RangeIndex(hi - lo)
@@ -58,6 +65,30 @@ class PandasIO:
         return self._to_pandas_columns(
             batch, timezone=self.timezone, struct_in_pandas="dict", ndarray_as_list=False,
             prefer_int_ext_dtype=self.prefer_int_ext_dtype, df_for_struct=False)
+
+    def plain_frame(self, batch: pa.RecordBatch, indices: list[int]):
+        """The columns at `indices` as one DataFrame, the one `frame_of(to_pandas(...))`
+        makes, from the columns' values directly when each is of a _PLAIN_TYPES type under a
+        name of its own (and pyspark's integer extension types are not asked for): 80 us
+        against 300 for a small batch, where pyspark's conversion sets up each column
+        apart. None otherwise."""
+        schema = batch.schema
+        names = [schema.names[i] for i in indices]
+        if (not indices or self.prefer_int_ext_dtype or len(set(names)) != len(names)
+                or any(schema.types[i] not in _PLAIN_TYPES for i in indices)):
+            return None
+        return self.pd.DataFrame({name: batch.column(i).to_numpy(zero_copy_only=False)
+                                  for name, i in zip(names, indices)})
+
+    def plain_values(self, batch: pa.RecordBatch, indices: list[int]) -> list | None:
+        """The columns at `indices` as the Python values `to_pandas(...)[i].tolist()` gives,
+        from Arrow directly when each is of a _PLAIN_TYPES type and has no null (pandas
+        would give an integer column's null as a float NaN); None otherwise."""
+        if self.prefer_int_ext_dtype or any(
+                batch.schema.types[i] not in _PLAIN_TYPES or batch.column(i).null_count
+                for i in indices):
+            return None
+        return [batch.column(i).to_pylist() for i in indices]
 
     def frame_of(self, columns: list):
         """Series side by side as one DataFrame, as `pd.concat(columns, axis=1)` makes it:

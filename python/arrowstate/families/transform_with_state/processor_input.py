@@ -171,10 +171,7 @@ class ProcessorInput:
             groups = keycodec.rows(key_batch.columns, n)
         bounds = key_bounds(key_batch, groups)
         if self.pandas:
-            series = self.io.to_pandas(batch)
-            frame = _as_from_rows(self.io.frame_of([series[i] for i in value_indices]))
-            # as pyspark's worker makes them: Python scalars, from pandas
-            keys = [series[i].tolist() for i in key_indices]
+            frame, keys = self._pandas_columns(batch, key_indices, value_indices)
             if self.max_bytes != 2**31 - 1:
                 self._seen_bytes += sum(b.size for c in batch.columns for b in c.buffers()
                                         if b is not None)
@@ -202,6 +199,21 @@ class ProcessorInput:
             else:
                 yield group, (key_batch, lo), key, items
         self._waiting[stream] = waiting
+
+    def _pandas_columns(self, batch: pa.RecordBatch, key_indices: list[int],
+                        value_indices: list[int]) -> tuple[Any, list]:
+        """The batch's value columns as one DataFrame and its key columns' values, as
+        pyspark's worker makes them (Python scalars, from pandas): from Arrow directly for
+        the plain types (PandasIO.plain_frame), else through pyspark's conversion."""
+        frame = self.io.plain_frame(batch, value_indices)
+        if frame is None:
+            series = self.io.to_pandas(batch)
+            frame = _as_from_rows(self.io.frame_of([series[i] for i in value_indices]))
+            return frame, [series[i].tolist() for i in key_indices]
+        keys = self.io.plain_values(batch, key_indices)
+        if keys is None:
+            keys = [s.tolist() for s in self.io.to_pandas(batch.select(key_indices))]
+        return frame, keys
 
     def rest(self, stream: str = INPUT) -> tuple | None:
         """The stream's last key, whole, once no more of its rows come (None if none
