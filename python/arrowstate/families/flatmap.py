@@ -276,14 +276,18 @@ class FlatMapGroupsWithState(FamilyBase):
         # without one, and per group for the groups with one.
         with_nulls = [i for i in range(self.value_count) if batch.column(i).null_count]
         nullable = batch.select(with_nulls) if with_nulls else None
-        series = self.io.to_pandas(_nulls_filled(batch, with_nulls) if with_nulls else batch)
-        frame = self.io.frame_of(series[: self.value_count])
+        filled = _nulls_filled(batch, with_nulls) if with_nulls else batch
+        frame = self.io.plain_frame(filled, list(range(self.value_count)))
+        series = None   # the columns through pyspark's conversion, where they are needed
+        if frame is None:
+            series = self.io.to_pandas(filled)
+            frame = self.io.frame_of(series[: self.value_count])
         if with_nulls:   # per group, whether each such column holds a null in its rows
             nulls = np.stack([np.concatenate([[0], np.cumsum(
                 nullable.column(j).is_null().to_numpy(zero_copy_only=False))])
                 for j in range(len(with_nulls))])
             group_nulls = (nulls[:, boundaries[1:]] - nulls[:, boundaries[:-1]]) > 0
-        if any(i in with_nulls for i in self.key_indices):   # the keys as they are
+        if series is None or any(i in with_nulls for i in self.key_indices):   # as they are
             key_arrays = [c.array for c in self.io.to_pandas(batch.select(self.key_indices))]
         else:
             key_arrays = [series[i].array for i in self.key_indices]
