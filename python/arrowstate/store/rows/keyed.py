@@ -184,9 +184,10 @@ class KeyedRows:
     # -- memory -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
         """Arrow chunks plus an estimate of the dict (sampled key sizes, never a full walk;
-        sampled again once the key count moved by an eighth, not at every task)."""
+        sampled again once the key count moved by an eighth and by more than 32 keys, not at
+        every task of a small state that grows)."""
         count = len(self.data)
-        if abs(count - self._sampled_at) <= self._sampled_at // 8:
+        if self._key_bytes and abs(count - self._sampled_at) <= max(self._sampled_at // 8, 32):
             return self._rows.nbytes() + int(count * self._key_bytes)
         self._sampled_at = count
         sample = list(itertools.islice(self.data, 32))
