@@ -156,6 +156,9 @@ class Worker:
         self.answer_batches(f, family, state)
         commit_ms = self.commit(f, family, state, header)
         self.report(f, family, state, header, metrics, commit_ms)
+        if state.snapshot_waits():   # a small one, made once the task's answers went
+            f.flush()
+            state.make_waiting_snapshot()
 
     def ready_state(self, family, header: dict[str, Any],
                     files: JvmFiles) -> tuple[VersionedState, dict[str, int]]:

@@ -110,6 +110,44 @@ def test_delta_and_snapshot_chain_loads_each_version():
                                                           4 if target >= 4 else 0)
 
 
+@pytest.mark.parametrize("worker_makes_it", [True, False])
+def test_a_small_states_snapshot_waits_for_the_worker_a_large_ones_has_a_thread(
+        monkeypatch, worker_makes_it):
+    """A snapshot of a state within INLINE_MAX_BYTES starts no thread: the worker makes it
+    once its task's answers went (or, had it not, the next commit does), and it ships with
+    the next commit as a threaded one does; a larger state's is made in a thread at once."""
+    from arrowstate.store.lifecycle import snapshots
+    started = []
+    thread = snapshots.threading.Thread
+    monkeypatch.setattr(snapshots.threading, "Thread",
+                        lambda *a, **k: started.append(k["name"]) or thread(*a, **k))
+    state, written = _state(), {}
+
+    def commit(version):
+        _put(state, (f"k{version}", _ts(version)), version)
+        done = state.commit_files(version, min_versions_to_retain=100)
+        written.update(done.written())
+        written.update(done.snapshots)
+        state.mark_committed(version, min_deltas_for_snapshot=2)
+        return [name for name, _ in done.snapshots]
+
+    assert commit(1) == [] and not state.snapshot_waits()
+    assert commit(2) == [] and state.snapshot_waits()
+    if worker_makes_it:
+        state.make_waiting_snapshot()
+        assert not state.snapshot_waits()
+    assert commit(3) == ["2.arrowstate.snapshot"] and started == []
+    monkeypatch.setattr(snapshots, "INLINE_MAX_BYTES", 0)
+    assert commit(4) == [] and not state.snapshot_waits()
+    assert started == ["arrowstate-snapshot-4"]
+    state.lifecycle.wait_for_snapshot()
+    assert commit(5) == ["4.arrowstate.snapshot"]
+    loaded = _state()
+    loaded.load(DictFiles({n: c for n, c in written.items() if "delta" not in n or
+                           n.startswith("5.")}), 5)
+    assert _contents(loaded) == _contents(state)
+
+
 def test_load_chain_takes_newest_snapshot_and_names_missing_deltas():
     names = ["1.arrowstate.delta", "2.arrowstate.delta", "2.arrowstate.snapshot",
              "3.arrowstate.delta", "5.arrowstate.delta", "2.delta", "x.arrowstate.delta"]

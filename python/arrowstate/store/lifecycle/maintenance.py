@@ -47,25 +47,34 @@ class Lifecycle:
 
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
                   directory: str | None = None, codec: str = "lz4",
-                  seeds: tuple[int, int] = (0, 0), checkpoint_id: str | None = None
-                  ) -> None:
-        """After `version` is committed: makes its snapshot in a thread when one is due (in
-        files in `directory`, else as bytes; compressed with `codec`). `rows_of` is called
-        only then (it freezes the live rows); a tier's frozen runs make a manifest, whose
-        keys follow the hash `seeds`. `checkpoint_id`: the version's, under checkpoint
-        format v2 (the snapshot's name carries it)."""
+                  seeds: tuple[int, int] = (0, 0), checkpoint_id: str | None = None,
+                  threaded: bool = True) -> None:
+        """After `version` is committed: makes its snapshot when one is due (in files in
+        `directory`, else as bytes; compressed with `codec`), in a thread, or unthreaded
+        when `make_waiting_snapshot` is called. `rows_of` is called only then (it freezes
+        the live rows); a tier's frozen runs make a manifest, whose keys follow the hash
+        `seeds`. `checkpoint_id`: the version's, under checkpoint format v2 (the snapshot's
+        name carries it)."""
         self._spread = max(1, min_deltas_for_snapshot)
         due = version - self.last_snapshot_version >= self._spread
         if due and self._pending is None and self._shipping is None:
             self._pending = Snapshot(rows_of(), schema, version, directory, codec, seeds,
-                                     checkpoint_id)
+                                     checkpoint_id, threaded)
             self.last_snapshot_version = version
+
+    def snapshot_waits(self) -> bool:
+        """Whether an unthreaded snapshot is due to be made."""
+        return self._pending is not None and self._pending.waits()
+
+    def make_waiting_snapshot(self) -> None:
+        if self._pending is not None and self._pending.waits():
+            self._pending.make()
 
     def discard(self) -> None:
         """The state is dropped: a snapshot made but not shipped is deleted."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.join()
+        if pending is not None and not pending.waits():   # (one that waits made nothing)
+            pending.make()
             pending.delete_local()
         shipping, self._shipping = self._shipping, None
         if shipping is not None:
@@ -92,7 +101,7 @@ class Lifecycle:
         snapshots ships only when `list_names` (the partition's files) shows them all
         there: one whose write failed leaves its runs to be written again by the next."""
         if (self._shipping is None and self._pending is not None
-                and not self._pending.is_alive()):
+                and not self._pending.busy()):
             pending, self._pending = self._pending, None
             try:
                 made = pending.result()
@@ -166,7 +175,7 @@ class Lifecycle:
 
     def wait_for_snapshot(self) -> None:
         if self._pending is not None:
-            self._pending.join()
+            self._pending.make()
 
 
 class Maintenance(NamedTuple):

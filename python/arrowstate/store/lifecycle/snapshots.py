@@ -1,9 +1,12 @@
-"""A snapshot of one committed version, encoded in a thread of its own off the micro-batch's
-path: every live row as one snapshot file, or for a tier a manifest naming its runs' files
-(`formats.manifest`), only the runs no earlier snapshot wrote. A worker writes it to local
-files a batch at a time (the JVM copies them into the checkpoint), so a large snapshot is
-never whole in memory; without a directory (offline tools, tests) it is encoded to bytes.
-When it is written and what retention keeps is `maintenance`'s."""
+"""A snapshot of one committed version, encoded off the micro-batch's path: every live row as
+one snapshot file, or for a tier a manifest naming its runs' files (`formats.manifest`),
+only the runs no earlier snapshot wrote. A large one is encoded in a thread of its own while
+tasks go on; a small one (at most INLINE_MAX_BYTES of state) by the worker once its task's
+answers went, before it waits for the next task: a thread costs more than such a snapshot
+(its start, and the interpreter's lock passed back and forth with the task's thread). A
+worker writes it to local files a batch at a time (the JVM copies them into the checkpoint),
+so a large snapshot is never whole in memory; without a directory (offline tools, tests) it
+is encoded to bytes. When it is written and what retention keeps is `maintenance`'s."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +19,8 @@ from ..formats import encoding, files, manifest
 from ..formats.names import SNAPSHOT, checkpoint_uid, file_name
 from ..tier.runs import RunFiles
 
+INLINE_MAX_BYTES = 1 << 20   # a state this small is snapshot without a thread
+
 
 class Made(NamedTuple):
     """A finished snapshot: its files in order, and for a manifest what it wrote."""
@@ -23,14 +28,15 @@ class Made(NamedTuple):
     written: manifest.Written | None
 
 
-class Snapshot(threading.Thread):
+class Snapshot:
     """Encodes a snapshot of one committed version, to local files in `directory` (their
     paths are the result) or to bytes: every live row, or for a tier a manifest and the
-    runs not written before; Arrow's take and IPC release the GIL."""
+    runs not written before. `threaded`: in a thread started now (Arrow's take and IPC
+    release the GIL), else when `make` (or `result`) is called."""
 
     def __init__(self, rows, schema, version: int, directory: str | None, codec: str,
-                 seeds: tuple[int, int], checkpoint_id: str | None = None) -> None:
-        super().__init__(name=f"arrowstate-snapshot-{version}", daemon=True)
+                 seeds: tuple[int, int], checkpoint_id: str | None = None,
+                 threaded: bool = True) -> None:
         self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
         # under checkpoint format v2 the version's id names the snapshot (`lineage`): only
         # the attempt the commit log names for it can have made one of that name
@@ -49,9 +55,30 @@ class Snapshot(threading.Thread):
         self._made: Made | None = None
         self._local: list[str] = []
         self._error: BaseException | None = None
-        self.start()
+        self._ran = False
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self.run, daemon=True,
+                                            name=f"arrowstate-snapshot-{version}")
+            self._thread.start()
+
+    def busy(self) -> bool:
+        """Whether its thread is still encoding it."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def waits(self) -> bool:
+        """Whether it is an unthreaded snapshot not made yet."""
+        return self._thread is None and not self._ran
+
+    def make(self) -> None:
+        """Makes it now if it waits; else waits for its thread."""
+        if self._thread is not None:
+            self._thread.join()
+        elif not self._ran:
+            self.run()
 
     def run(self) -> None:
+        self._ran = True
         try:
             if self.directory is not None:
                 os.makedirs(self.directory, exist_ok=True)
@@ -89,7 +116,7 @@ class Snapshot(threading.Thread):
         return name, path
 
     def result(self) -> Made:
-        self.join()
+        self.make()
         if self._error is not None:
             raise self._error
         return self._made

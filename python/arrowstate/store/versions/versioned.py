@@ -17,6 +17,7 @@ import pyarrow as pa
 from ... import keys as keycodec
 from ..formats import compact, encoding, evolution, files
 from ..formats.names import DELTA, checkpoint_uid, file_name
+from ..lifecycle import snapshots
 from ..lifecycle.loading import load_version
 from ..lifecycle.maintenance import Lifecycle
 from ..lifecycle.sources import FileSource
@@ -307,9 +308,19 @@ class VersionedState:
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
+        threaded = (isinstance(self.rows, TieredRows)
+                    or self.rows.memory_bytes() > snapshots.INLINE_MAX_BYTES)
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
                                  min_deltas_for_snapshot, snapshot_dir, codec, self.seeds,
-                                 self.checkpoint_id)
+                                 self.checkpoint_id, threaded)
+
+    def snapshot_waits(self) -> bool:
+        """Whether a small snapshot waits to be made (`lifecycle.snapshots`: the worker makes
+        it once a task's answers went, with make_waiting_snapshot)."""
+        return self.lifecycle.snapshot_waits()
+
+    def make_waiting_snapshot(self) -> None:
+        self.lifecycle.make_waiting_snapshot()
 
     def load(self, source: FileSource, version: int, snapshot: int | None = None,
              checkpoint_id: str | None = None) -> None:
