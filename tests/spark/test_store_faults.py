@@ -169,6 +169,10 @@ def test_faults_outlasting_the_retries_fail_clearly_and_lose_nothing(spark, tmp_
 
     def restart(i, checkpoint):
         kill_own_state_workers()
+        # Spark's own store keeps the versions it loaded in the executor until its
+        # maintenance unloads a stopped query's providers, whenever that runs: unloaded here,
+        # its restart reads its deltas, as arrowstate's does with its workers gone
+        spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
         faulty.throttle(DELTA, methods=("GET",))
 
     def recover(failure):

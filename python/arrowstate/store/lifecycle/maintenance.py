@@ -48,18 +48,18 @@ class Lifecycle:
     def committed(self, rows_of, schema, version: int, min_deltas_for_snapshot: int,
                   directory: str | None = None, codec: str = "lz4",
                   seeds: tuple[int, int] = (0, 0), checkpoint_id: str | None = None,
-                  threaded: bool = True) -> None:
+                  threaded: Callable[[], bool] = lambda: True) -> None:
         """After `version` is committed: makes its snapshot when one is due (in files in
-        `directory`, else as bytes; compressed with `codec`), in a thread, or unthreaded
-        when `make_waiting_snapshot` is called. `rows_of` is called only then (it freezes
-        the live rows); a tier's frozen runs make a manifest, whose keys follow the hash
-        `seeds`. `checkpoint_id`: the version's, under checkpoint format v2 (the snapshot's
-        name carries it)."""
+        `directory`, else as bytes; compressed with `codec`), in a thread when `threaded()`
+        says so, else when `make_waiting_snapshot` is called. `rows_of` and `threaded` are
+        called only then (`rows_of` freezes the live rows); a tier's frozen runs make a
+        manifest, whose keys follow the hash `seeds`. `checkpoint_id`: the version's, under
+        checkpoint format v2 (the snapshot's name carries it)."""
         self._spread = max(1, min_deltas_for_snapshot)
         due = version - self.last_snapshot_version >= self._spread
         if due and self._pending is None and self._shipping is None:
             self._pending = Snapshot(rows_of(), schema, version, directory, codec, seeds,
-                                     checkpoint_id, threaded)
+                                     checkpoint_id, threaded())
             self.last_snapshot_version = version
 
     def snapshot_waits(self) -> bool:

@@ -308,11 +308,14 @@ class VersionedState:
         self._changes.clear()
         self._has_change_records = False
         self.rows.compact_if_sparse()
-        threaded = (isinstance(self.rows, TieredRows)
-                    or self.rows.memory_bytes() > snapshots.INLINE_MAX_BYTES)
         self.lifecycle.committed(self.rows.frozen, self.schema, new_version,
                                  min_deltas_for_snapshot, snapshot_dir, codec, self.seeds,
-                                 self.checkpoint_id, threaded)
+                                 self.checkpoint_id, self._snapshot_threaded)
+
+    def _snapshot_threaded(self) -> bool:
+        """Whether a snapshot due now is encoded in a thread (`lifecycle.snapshots`)."""
+        return (isinstance(self.rows, TieredRows)
+                or self.rows.memory_bytes() > snapshots.INLINE_MAX_BYTES)
 
     def snapshot_waits(self) -> bool:
         """Whether a small snapshot waits to be made (`lifecycle.snapshots`: the worker makes
