@@ -36,12 +36,17 @@ class RowChunks:
         self.next_id += batch.num_rows
         self._bytes += batch.nbytes
         # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
-        while len(self.chunks) >= 2 and self.chunks[-1].num_rows >= self.chunks[-2].num_rows:
-            last = self.chunks.pop()
-            self.starts.pop()
-            merged = pa.concat_batches([self.chunks[-1], last])
-            self._bytes += merged.nbytes - self.chunks[-1].nbytes - last.nbytes
-            self.chunks[-1] = merged
+        # The chunks a cascade of pairwise merges would join are joined in one concat.
+        first, rows = len(self.chunks) - 1, batch.num_rows
+        while first > 0 and rows >= self.chunks[first - 1].num_rows:
+            first -= 1
+            rows += self.chunks[first].num_rows
+        if first < len(self.chunks) - 1:
+            parts = self.chunks[first:]
+            merged = pa.concat_batches(parts)
+            self._bytes += merged.nbytes - sum(p.nbytes for p in parts)
+            del self.chunks[first + 1:], self.starts[first + 1:]
+            self.chunks[first] = merged
         return start
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
