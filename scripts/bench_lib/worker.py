@@ -31,16 +31,13 @@ WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_pytho
 HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
 
 
-def session_settings(skip: bool = False, record_dir: str | None = None,
-                     wire_dir: str | None = None) -> dict:
+def session_settings(skip: bool = False, record_dir: str | None = None) -> dict:
     """The Spark settings of a session whose state workers are these, and their environment
     (set here: call it before Spark starts). Returns the settings."""
     if skip:
         os.environ[SKIP_FILE] = os.path.join(tempfile.mkdtemp(prefix="bench-skip-"), "skip")
     if record_dir:
         os.environ[RECORD_DIR] = record_dir
-    if wire_dir:
-        os.environ[WIRE_DIR] = wire_dir
     os.environ["ARROWSTATE_BENCH_PYTHON"] = sys.executable
     return {"spark.arrowstate.pythonExec": WRAPPER}
 

@@ -72,10 +72,8 @@ class PandasIO:
         name of its own (and pyspark's integer extension types are not asked for): 80 us
         against 300 for a small batch, where pyspark's conversion sets up each column
         apart. None otherwise."""
-        schema = batch.schema
-        names = [schema.names[i] for i in indices]
-        if (not indices or self.prefer_int_ext_dtype or len(set(names)) != len(names)
-                or any(schema.types[i] not in _PLAIN_TYPES for i in indices)):
+        names = [batch.schema.names[i] for i in indices]
+        if not indices or len(set(names)) != len(names) or not self._plain(batch, indices):
             return None
         return self.pd.DataFrame({name: batch.column(i).to_numpy(zero_copy_only=False)
                                   for name, i in zip(names, indices)})
@@ -84,11 +82,15 @@ class PandasIO:
         """The columns at `indices` as the Python values `to_pandas(...)[i].tolist()` gives,
         from Arrow directly when each is of a _PLAIN_TYPES type and has no null (pandas
         would give an integer column's null as a float NaN); None otherwise."""
-        if self.prefer_int_ext_dtype or any(
-                batch.schema.types[i] not in _PLAIN_TYPES or batch.column(i).null_count
-                for i in indices):
+        if not self._plain(batch, indices) or any(batch.column(i).null_count for i in indices):
             return None
         return [batch.column(i).to_pylist() for i in indices]
+
+    def _plain(self, batch: pa.RecordBatch, indices: list[int]) -> bool:
+        """Whether the columns at `indices` are all of _PLAIN_TYPES types, and pyspark's
+        integer extension types are not asked for."""
+        types = batch.schema.types
+        return not self.prefer_int_ext_dtype and all(types[i] in _PLAIN_TYPES for i in indices)
 
     def frame_of(self, columns: list):
         """Series side by side as one DataFrame, as `pd.concat(columns, axis=1)` makes it:

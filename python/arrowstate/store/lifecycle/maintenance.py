@@ -67,7 +67,7 @@ class Lifecycle:
         return self._pending is not None and self._pending.waits()
 
     def make_waiting_snapshot(self) -> None:
-        if self._pending is not None and self._pending.waits():
+        if self.snapshot_waits():
             self._pending.make()
 
     def discard(self) -> None:
