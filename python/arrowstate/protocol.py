@@ -11,6 +11,7 @@ same declaration, so a field renamed or retyped on one side fails at the boundar
 """
 from __future__ import annotations
 
+import collections
 import json
 import struct
 from typing import Any, BinaryIO, Iterator, NamedTuple
@@ -214,7 +215,10 @@ def send(f: BinaryIO, name: str, *values: Any) -> None:
 
 def receive(f: BinaryIO, *expected: str) -> tuple[str, list[Any]]:
     """The JVM's next frame, one of `expected`: its name and its body's values."""
-    tag = read_int(f)
+    return _frame(f, read_int(f), expected)
+
+
+def _frame(f: BinaryIO, tag: int, expected: tuple[str, ...]) -> tuple[str, list[Any]]:
     frame = _BY_TAG.get(tag)
     if frame is None or frame.name not in expected or frame.from_jvm is None:
         raise _violation(frame.name if frame else str(tag), "",
@@ -223,11 +227,24 @@ def receive(f: BinaryIO, *expected: str) -> tuple[str, list[Any]]:
     return frame.name, [_read_value(f, frame.name, n, k) for n, k in frame.from_jvm]
 
 
-def request(f: BinaryIO, name: str, *values: Any) -> list[Any]:
-    """Sends request `name` and reads the JVM's untagged reply to it."""
+# What a task's JVM may send before it reads the worker's READY (it does not wait for it):
+# a request's reply comes after these, which the task then reads first.
+TASK_INPUT = ("DATA", "LOOKUP", "INITIAL_STATE", "END")
+
+
+def request(f: BinaryIO, name: str, *values: Any,
+            early: collections.deque | None = None) -> list[Any]:
+    """Sends request `name` and reads the JVM's reply to it (tagged with the request's tag).
+    The task's input frames that came before the reply go to `early`, in order (None: none
+    may come)."""
     send(f, name, *values)
     f.flush()
-    return [_read_value(f, name, n, k) for n, k in FRAME_SPECS[name].reply]
+    spec = FRAME_SPECS[name]
+    while (tag := read_int(f)) != spec.tag:
+        if early is None:
+            raise _violation(name, "", f"expected the JVM's reply to {name}, got tag {tag}")
+        early.append(_frame(f, tag, TASK_INPUT + (f"the reply to {name}",)))
+    return [_read_value(f, name, n, k) for n, k in spec.reply]
 
 
 MASK_SCHEMA = pa.schema([pa.field("keep", pa.bool_(), nullable=False)])

@@ -8,16 +8,18 @@ conversation (frames and their bodies in contract.json, read and written by prot
   schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it needs] -> READY
   (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
   reads state)
-  END -> DATA batch* END
+  END (with the last batch) -> DATA batch* END
   [LIST_FILES: a snapshot naming earlier run files checks they are there] COMMIT snapshots
   of earlier versions, prune-below version, run files to delete, delta; then, without
   waiting for the JVM's write, COMMITTED metrics (a write that fails makes the JVM destroy
   this process, or, where it took the whole delta and let the worker go before writing it,
   have it drop that partition's state with its next task: a version the JVM did not write
   is never used)
-The JVM reads READY just before its first frame after TASK, sends END before it reads the
-last answers, and nothing answers COMMITTED; the worker's frames go out when it waits for
-the JVM (arrowstate.connection). So a steady-state task costs one round trip, two where an
+The JVM does not wait for READY to send the task's input (a reply to the worker's request
+is tagged, and the input frames that came before it are read first: protocol.request); it
+sends TASK with the first frame where this worker holds the partition, END with the last
+batch, and nothing answers COMMITTED; the worker's frames go out when it waits for the JVM
+(arrowstate.connection). So a steady-state task costs one round trip, two where an
 aggregation's restore reads state before its save.
 A state file crosses in bounded chunks (READ_FILE's content, COMMIT's delta, IMPORT_STATE's
 snapshot): one larger than spark.arrowstate.worker.fileMemoryBytes is received into a local
@@ -29,6 +31,7 @@ retry.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -95,22 +98,24 @@ def received_file(reader: p.ChunkReader, memory_bytes: int, directory: str
 
 class JvmFiles:
     """The partition's state files, listed and read through the JVM (Hadoop's filesystem);
-    a file over `memory_bytes` is received into `local_dir` (received_file)."""
+    a file over `memory_bytes` is received into `local_dir` (received_file). A task's input
+    that comes before a request's reply goes to `early` (None outside a task's load)."""
 
     def __init__(self, f: BinaryIO, where: str, context: str, local_dir: str,
-                 memory_bytes: int) -> None:
+                 memory_bytes: int, early: collections.deque | None = None) -> None:
         self._f, self.where, self.context = f, where, context
         self._local_dir, self._memory_bytes = local_dir, memory_bytes
+        self.early = early
 
     def names(self) -> list[str]:
-        return p.request(self._f, "LIST_FILES")[0]
+        return p.request(self._f, "LIST_FILES", early=self.early)[0]
 
     def read(self, name: str) -> bytes | memoryview:
-        return received_file(p.request(self._f, "READ_FILE", name)[0], self._memory_bytes,
-                             self._local_dir)
+        return received_file(p.request(self._f, "READ_FILE", name, early=self.early)[0],
+                             self._memory_bytes, self._local_dir)
 
     def tail(self, name: str, size: int) -> bytes:
-        return p.request(self._f, "FILE_TAIL", name, size)[0]
+        return p.request(self._f, "FILE_TAIL", name, size, early=self.early)[0]
 
 
 @functools.lru_cache(maxsize=64)
@@ -150,10 +155,11 @@ class Worker:
         files = JvmFiles(f, header["stateKey"], f"operator {header['operatorId']}, partition "
                                                 f"{header['partitionId']}, version "
                                                 f"{header['version']}",
-                         received_dir(header["localDir"]), header["conf"]["fileMemoryBytes"])
+                         received_dir(header["localDir"]), header["conf"]["fileMemoryBytes"],
+                         early=collections.deque())
         state, metrics = self.ready_state(family, header, files)
         p.send(f, "READY")   # (sent once the worker waits: arrowstate.connection)
-        self.answer_batches(f, family, state)
+        self.answer_batches(f, family, state, files.early)
         commit_ms = self.commit(f, family, state, header)
         self.report(f, family, state, header, metrics, commit_ms)
         if state.snapshot_waits():   # a small one, made once the task's answers went
@@ -191,12 +197,14 @@ class Worker:
         metrics["stateLoadTimeMs"] = int((time.perf_counter() - start) * 1000)
         return state, metrics
 
-    def answer_batches(self, f: BinaryIO, family, state: VersionedState) -> None:
-        """Each DATA, LOOKUP and INITIAL_STATE frame answered until END; then the family's
-        last batches (evictions, timeouts, output held back)."""
+    def answer_batches(self, f: BinaryIO, family, state: VersionedState,
+                       early: collections.deque) -> None:
+        """Each DATA, LOOKUP and INITIAL_STATE frame answered until END (those that came
+        while the state loaded, `early`, first); then the family's last batches (evictions,
+        timeouts, output held back)."""
         handlers = {"DATA": family.process, "LOOKUP": family.lookup,
                     "INITIAL_STATE": family.initial_state}
-        while (frame := p.receive(f, "DATA", "LOOKUP", "INITIAL_STATE", "END"))[0] != "END":
+        while (frame := early.popleft() if early else p.receive(f, *p.TASK_INPUT))[0] != "END":
             answer = handlers[frame[0]](state, p.ipc_to_batch(frame[1][0]))
             if answer is None:
                 p.send(f, "NO_DATA")

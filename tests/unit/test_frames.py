@@ -142,11 +142,17 @@ def test_a_received_file_that_cannot_be_written_locally_names_the_path_and_setti
     assert "not-a-directory" in e.value.parameters["path"]
 
 
-class _Jvm:
-    """The JVM's end of READ_FILE: answers one request with a file's chunks."""
+def _tag(name: str) -> bytes:
+    return contract.FRAMES[name].to_bytes(4, "big")
 
-    def __init__(self, data: bytes, chunk: int) -> None:
-        self.inbox, self.outbox = io.BytesIO(_sent(data, chunk)), io.BytesIO()
+
+class _Jvm:
+    """The JVM's end of READ_FILE: answers one request with a file's chunks (after the
+    task's input it sent before reading the request: `before`)."""
+
+    def __init__(self, data: bytes, chunk: int, before: bytes = b"") -> None:
+        self.inbox = io.BytesIO(before + _tag("READ_FILE") + _sent(data, chunk))
+        self.outbox = io.BytesIO()
 
     def read(self, n):
         return self.inbox.read(n)
@@ -169,3 +175,33 @@ def test_the_worker_reads_a_state_file_through_the_jvm_in_chunks(tmp_path):
     assert request[8:] == b"3.arrowstate.delta"
     assert jvm.inbox.read() == b""   # read to its end: the next frame is the next one's
     assert os.listdir(tmp_path / "received") == []
+
+
+def _input_frame(name: str, batch: pa.RecordBatch | None = None) -> bytes:
+    f = io.BytesIO()
+    f.write(_tag(name))
+    if batch is not None:
+        protocol.write_bytes(f, protocol.batch_to_ipc(batch))
+    return f.getvalue()
+
+
+def test_the_tasks_input_sent_before_a_reply_is_kept_for_the_task_in_order(tmp_path):
+    """The JVM sends a task's input without waiting for READY: a file request's reply comes
+    after it, and the task reads that input first."""
+    import collections
+
+    schema, batch, data, _ = _file(rows=10)
+    keys = pa.record_batch([pa.array([1, 2], pa.int64())], names=["k"])
+    before = _input_frame("LOOKUP", keys) + _input_frame("DATA", batch) + _input_frame("END")
+    early = collections.deque()
+    source = JvmFiles(_Jvm(data, 256, before), "/ck/state/0/1", "test",
+                      str(tmp_path / "received"), 1024, early=early)
+    assert source.read("3.arrowstate.delta") == data
+    assert [name for name, _ in early] == ["LOOKUP", "DATA", "END"]
+    assert protocol.ipc_to_batch(early[0][1][0]).equals(keys)
+    assert protocol.ipc_to_batch(early[1][1][0]).equals(batch)
+    # outside a task's load (a state read, a commit), nothing may come before a reply
+    source = JvmFiles(_Jvm(data, 256, _input_frame("END")), "/ck/state/0/1", "test",
+                      str(tmp_path / "received"), 1024)
+    with pytest.raises(ArrowStateError, match="reply to READ_FILE"):
+        source.read("3.arrowstate.delta")

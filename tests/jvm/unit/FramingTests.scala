@@ -128,8 +128,12 @@ object FramingTests extends UnitTests {
     for ((size, lengths) <- Seq(0 -> Seq(0), 10 -> Seq(4, 4, 2, 0), 12 -> Seq(4, 4, 4, 0),
         3 -> Seq(3, 0))) {
       val file = Array.tabulate[Byte](size)(i => (i * 7).toByte)
-      val bytes = written(_.reply(Contract.Frame.ReadFile,
+      val reply = written(_.reply(Contract.Frame.ReadFile,
         FrameCodec.Chunks(new ByteArrayInputStream(file), 4)))
+      // tagged with the request's tag (the worker tells it from input sent before it)
+      assertEqual(new DataInputStream(new ByteArrayInputStream(reply)).readInt(),
+        Contract.Frame.ReadFile.tag)
+      val bytes = reply.drop(4)
       assertEqual(chunkLengths(bytes), lengths, s"a file of $size bytes")
       val back = new ByteArrayOutputStream()
       val in = new DataInputStream(new ByteArrayInputStream(bytes))

@@ -55,6 +55,20 @@ object WorkerBookTests extends UnitTests {
     assertTrue(w1.staleStateKeys.isEmpty, "and only once")
   }
 
+  test("a worker holds a partition's state from its assignment until another takes it or it is distrusted") {
+    val (w1, w2) = (new Fake(1), new Fake(2))
+    val b = book(w1, w2)
+    assertTrue(!b.holds("p0", w1), "nobody holds a new partition")
+    b.assign("p0", provider, w1)
+    assertTrue(b.holds("p0", w1))
+    assertTrue(!b.holds("p0", w2))
+    b.assign("p0", provider, w2)
+    assertTrue(!b.holds("p0", w1), "taken over: w1's copy is stale")
+    assertTrue(b.holds("p0", w2))
+    b.distrust("p0")
+    assertTrue(!b.holds("p0", w2), "distrusted: reloaded")
+  }
+
   test("a distrusted partition (its task failed after committing) is dropped, then reloaded") {
     val w1 = new Fake(1)
     val b = book(w1)

@@ -22,7 +22,7 @@ object Contract {
   val ProtocolVersion: Int = (spec \ "protocolVersion").extract[Int]
 
   /** A frame: its tag and the (name, type) fields of its body as each side sends it (None:
-   * that side never sends it) and of the JVM's untagged reply to it. */
+   * that side never sends it) and of the JVM's reply to it (tagged with the request's tag). */
   case class FrameSpec(
       name: String, tag: Int, fromJvm: Option[Seq[(String, String)]],
       fromPython: Option[Seq[(String, String)]], reply: Option[Seq[(String, String)]])

@@ -12,7 +12,8 @@ import org.apache.spark.sql.arrowstate.worker.StateExchange
  * batch in flight so the worker works on it while the next is encoded. Rows are copied into
  * Arrow as they pass. Yields, in order: each input row as it passes when `passInput`; and
  * what `answer` makes of each batch's rows (kept, as copies, only when `keepInput`) and the
- * worker's answer to that batch.
+ * worker's answer to that batch. The input's end ends the exchange's input: END goes with
+ * the last batch (the task's `endInput` then reads what the worker sends after it).
  */
 class PostedRows(
     rows: Iterator[InternalRow],
@@ -31,9 +32,9 @@ class PostedRows(
   private var batch = mutable.ArrayBuffer[InternalRow]()
   private var pending = 0
 
-  private def flush(): Unit = {
+  private def flush(last: Boolean): Unit = {
     val sent = batch
-    exchange.post(encoder.finishBatch())(a => ready.enqueue(answer(sent.toSeq, a)))
+    exchange.post(encoder.finishBatch(), last)(a => ready.enqueue(answer(sent.toSeq, a)))
     batch = mutable.ArrayBuffer[InternalRow]()
     pending = 0
     exchange.settle(inFlight = 1)
@@ -49,10 +50,11 @@ class PostedRows(
         if (keepInput) batch += row.copy()
         pending += 1
         if (passInput) passed = row
-        if (pending >= batchSize) flush()
+        if (pending >= batchSize) flush(last = false)
       } else if (pending > 0) {
-        flush()
+        flush(last = true)
       } else if (exchange.outstanding > 0) {
+        exchange.sendEnd()   // (sent already, unless the input ended on a full batch)
         exchange.settle()
       } else {
         return false

@@ -38,10 +38,14 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     writeBody(frame, fields, values)
   }
 
-  /** The untagged reply to the worker's request `frame`, unflushed. */
-  def reply(frame: FrameSpec, values: Any*): Unit =
-    writeBody(frame, frame.reply.getOrElse(throw ArrowStateException.contract(
-      frame.name, "", "this frame has no reply")), values)
+  /** The reply to the worker's request `frame`, unflushed: tagged with the request's tag, so
+   * the worker tells it from the task's input sent before it. */
+  def reply(frame: FrameSpec, values: Any*): Unit = {
+    val fields = frame.reply.getOrElse(throw ArrowStateException.contract(
+      frame.name, "", "this frame has no reply"))
+    out.writeInt(frame.tag)
+    writeBody(frame, fields, values)
+  }
 
   def flush(): Unit = out.flush()
 

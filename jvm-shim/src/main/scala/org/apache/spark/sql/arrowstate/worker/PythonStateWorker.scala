@@ -108,11 +108,15 @@ class PythonStateWorker(
   // -- a task (python/arrowstate/worker.py's docstring: TASK ... COMMITTED) --
 
   /** TASK: the header (checked against contract.json), what the operator's tasks share
-   * (checked once) and the schema of the rows sent. */
-  def beginTask(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte]): Unit = {
+   * (checked once) and the schema of the rows sent; flushed, or left to go with the task's
+   * first frame. */
+  def beginTask(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte],
+      flush: Boolean): Unit = {
     codec.write(Contract.Frame.Task, header, run, inputSchemaIpc)
-    codec.flush()
+    if (flush) codec.flush()
   }
+
+  def flush(): Unit = codec.flush()
 
   /** Serves the state files the worker reads until it sends `until` (None) or a DATA
    * batch (that batch). */
@@ -132,10 +136,10 @@ class PythonStateWorker(
     if (flush) codec.flush()
   }
 
-  /** A frame with no body (END). */
-  def send(frame: Contract.FrameSpec): Unit = {
+  /** A frame with no body (END); flushed or not. */
+  def send(frame: Contract.FrameSpec, flush: Boolean = true): Unit = {
     codec.write(frame)
-    codec.flush()
+    if (flush) codec.flush()
   }
 
   /** The next answer: DATA's batch, or None for `none` (NO_DATA, or END after the input). */

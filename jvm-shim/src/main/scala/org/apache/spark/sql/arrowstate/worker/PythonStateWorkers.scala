@@ -91,14 +91,17 @@ object PythonStateWorkers extends Logging {
     "PYTHON_FAULTHANDLER_DIR" -> FaultLogDir.getAbsolutePath,
     "ARROWSTATE_WORKER" -> "1")
 
+  /** A worker lent for a partition: the state keys it must forget first, and whether it
+   * holds the partition's state already (as the pool knows). */
+  final case class Lent(worker: PythonStateWorker, drops: Seq[String], holdsState: Boolean)
+
   /**
-   * Returns a live worker for `stateKey` and the state keys that worker must forget first.
-   * When the worker holding the state is busy with another task, waits up to
-   * `affinityWaitMs` for it: reloading state costs more than waiting for one task, the
-   * longest such a wait lasts. Only then another worker takes over.
+   * Returns a live worker for `stateKey`. When the worker holding the state is busy with
+   * another task, waits up to `affinityWaitMs` for it: reloading state costs more than
+   * waiting for one task, the longest such a wait lasts. Only then another worker takes over.
    */
   def borrow(stateKey: String, provider: StateStoreProviderId, settings: WorkerSettings)
-    : (PythonStateWorker, Seq[String]) = {
+    : Lent = {
     val chosen = synchronized {
       val p = pool
       updateSettings(p, settings)
@@ -110,7 +113,10 @@ object PythonStateWorkers extends Logging {
       p.lend(stateKey, settings.owner)
     }
     val worker = chosen.getOrElse(create(settings.owner, settings.function))
-    synchronized((worker, pool.assign(stateKey, provider, worker)))
+    synchronized {
+      val holds = pool.holds(stateKey, worker)
+      Lent(worker, pool.assign(stateKey, provider, worker), holds)
+    }
   }
 
   /** A worker for a request that leaves no state behind in it (reading state for Spark's

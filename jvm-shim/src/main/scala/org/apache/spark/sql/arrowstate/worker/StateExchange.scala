@@ -24,7 +24,8 @@ class StateExchange(
     stateKey: String, files: StateFiles, provider: StateStoreProviderId,
     settings: WorkerSettings) extends Logging {
 
-  private val (worker, drops) = PythonStateWorkers.borrow(stateKey, provider, settings)
+  private val PythonStateWorkers.Lent(worker, drops, holdsState) =
+    PythonStateWorkers.borrow(stateKey, provider, settings)
   private var finished = false
   private var pythonNanos = 0L
   private var bytesToPython = 0L
@@ -57,20 +58,22 @@ class StateExchange(
 
   private var readySeen = true
 
-  /** Sends the header and the input schema. The worker loads the state meanwhile: its READY
-   * is read (`awaitReady`) just before the task's first frame, so the load overlaps the
-   * task's first input and a held state costs no wait. */
+  /** Sends the header and the input schema. The task's frames follow without waiting for the
+   * worker's READY (its requests' replies are tagged: python/arrowstate/protocol.py), which
+   * is read before the first answer. A worker that must load the state gets TASK at once, so
+   * the load overlaps the task's first input; one that holds it gets TASK with the first
+   * frame, one send and one wake-up fewer. */
   def begin(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte]): Unit = timed {
-    worker.beginTask(header, run, inputSchemaIpc)
+    worker.beginTask(header, run, inputSchemaIpc, flush = !holdsState)
     readySeen = false
   }
 
   /** Serves the state files the worker asks for (it decides which: the store's lifecycle
-   * lives in Python) until it is ready. Nothing is written to the worker after TASK before
-   * this: a worker waiting for a file must find nothing else ahead of it. */
+   * lives in Python) until it is ready. */
   def awaitReady(): Unit = timed(ready())
 
   private def ready(): Unit = if (!readySeen) {
+    worker.flush()
     if (worker.serveFilesUntil(Contract.Frame.Ready, files).isDefined) {
       throw ArrowStateException.contract("DATA", "", "a batch before READY")
     }
@@ -82,17 +85,27 @@ class StateExchange(
   /**
    * Sends one Arrow batch of input without waiting for the worker's answer; `onAnswer` gets
    * it (if the worker has one) when `settle` reads it. Answers come back in order. Keeping
-   * one batch in flight lets the worker process it while this task encodes the next.
+   * one batch in flight lets the worker process it while this task encodes the next. The
+   * `last` batch goes with END, in one send.
    */
-  def post(batchIpc: Array[Byte])(onAnswer: Option[Array[Byte]] => Unit): Unit = {
-    write(Contract.Frame.Data, batchIpc)
+  def post(batchIpc: Array[Byte], last: Boolean = false)(
+      onAnswer: Option[Array[Byte]] => Unit): Unit = {
+    write(Contract.Frame.Data, batchIpc, flush = !last)
     awaiting.enqueue(onAnswer)
+    if (last) sendEnd()
   }
 
   def outstanding: Int = awaiting.size
 
   private var ended = false
+  private var endSent = false
   def inputEnded: Boolean = ended
+
+  /** END: no more input (its answers are read by `endInput`). */
+  def sendEnd(): Unit = if (!endSent) {
+    timed(worker.send(Contract.Frame.End))
+    endSent = true
+  }
 
   /** Reads answers until at most `inFlight` batches are still unanswered. */
   def settle(inFlight: Int = 0): Unit =
@@ -117,14 +130,17 @@ class StateExchange(
     timed(readAnswer())
   }
 
-  private def write(frame: Contract.FrameSpec, batchIpc: Array[Byte]): Unit = timed {
-    ready()
-    worker.sendBatch(frame, batchIpc)
+  private def write(frame: Contract.FrameSpec, batchIpc: Array[Byte],
+      flush: Boolean = true): Unit = timed {
+    if (endSent) throw SparkException.internalError(s"arrowstate: ${frame.name} after END")
+    worker.sendBatch(frame, batchIpc, flush)
     bytesToPython += batchIpc.length
   }
 
-  /** A batch the worker sent (None: `none`), counted. */
+  /** A batch the worker sent (None: `none`), counted; its READY (and the file requests
+   * before it) read first. */
   private def received(none: Contract.FrameSpec): Option[Array[Byte]] = {
+    ready()
     val answer = worker.readBatch(none)
     answer.foreach(b => bytesFromPython += b.length)
     answer
@@ -136,10 +152,9 @@ class StateExchange(
   def endInput(): Iterator[Array[Byte]] = {
     if (ended) throw SparkException.internalError("arrowstate: input already ended")
     ended = true
-    awaitReady()
     // END goes before the last answers are read: the worker sends them with its last
     // batches, COMMIT and metrics in one go (it flushes only when it waits for us)
-    timed(worker.send(Contract.Frame.End))
+    sendEnd()
     settle()
     new Iterator[Array[Byte]] {
       private var nextBatch: Option[Array[Byte]] = fetch()

@@ -46,6 +46,11 @@ class WorkerBook[W <: PooledWorker] {
     w
   }
 
+  /** Whether `worker` holds `stateKey`'s state as this book knows it (not gone stale): its
+   * next task of that partition most likely needs no file. */
+  def holds(stateKey: String, worker: W): Boolean =
+    holderOf.get(stateKey).exists(_ eq worker) && !worker.staleStateKeys(stateKey)
+
   /** `worker` now holds `stateKey`'s state: a previous holder's copy goes stale. Returns the
    * state keys `worker` must forget first (its own stale copies). */
   def assign(stateKey: String, provider: StateStoreProviderId, worker: W): Seq[String] = {
