@@ -22,7 +22,8 @@ PROTOCOL_VERSION: int = _SPEC["protocolVersion"]
 
 class Frame(NamedTuple):
     """A frame: its tag and the (name, type) fields of its body as each side sends it
-    (None: that side never sends it) and of the JVM's reply to it (tagged with the request's tag)."""
+    (None: that side never sends it) and of the JVM's reply to it (tagged with the
+    request's tag)."""
     name: str
     tag: int
     from_jvm: tuple[tuple[str, str], ...] | None

@@ -136,10 +136,10 @@ class PythonStateWorker(
     if (flush) codec.flush()
   }
 
-  /** A frame with no body (END); flushed or not. */
-  def send(frame: Contract.FrameSpec, flush: Boolean = true): Unit = {
+  /** A frame with no body (END). */
+  def send(frame: Contract.FrameSpec): Unit = {
     codec.write(frame)
-    if (flush) codec.flush()
+    codec.flush()
   }
 
   /** The next answer: DATA's batch, or None for `none` (NO_DATA, or END after the input). */
