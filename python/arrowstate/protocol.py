@@ -145,9 +145,10 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
             write_str(f, s)
     elif kind == "namedFiles":
         write_int(f, len(value))
-        for name, path in value:
+        for name, content in value:   # a local file's path, or a small file's bytes
             write_str(f, name)
-            write_str(f, path)
+            write_str(f, content if isinstance(content, str) else "")
+            write_bytes(f, b"" if isinstance(content, str) else content)
     elif kind.startswith(("json:", "sharedJson:")):
         check_payload(kind.partition(":")[2], value)
         write_bytes(f, json.dumps(value).encode())
@@ -169,7 +170,8 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
     if kind == "strings":
         return [read_str(f) for _ in range(read_int(f))]
     if kind == "namedFiles":
-        return [(read_str(f), read_str(f)) for _ in range(read_int(f))]
+        return [(name, path or content) for name, path, content in
+                ((read_str(f), read_str(f), read_bytes(f)) for _ in range(read_int(f)))]
     if kind.startswith("json:"):
         value = json.loads(read_bytes(f))
         check_payload(kind[5:], value)

@@ -184,19 +184,28 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     from arrowstate.errors import ArrowStateError
 
     f = io.BytesIO()
-    protocol.send(f, "COMMIT", [("3.arrowstate.snapshot", "/tmp/3.arrowstate.snapshot")], 2,
+    snapshots = [("3.arrowstate.snapshot", "/tmp/3.arrowstate.snapshot"),
+                 ("5.arrowstate.snapshot", b"small")]
+    protocol.send(f, "COMMIT", snapshots, 2,
                   "2.arrowstate.snapshot", ["a.arrowstate.run"], [], "s.schema", b"xy",
                   "4.arrowstate.delta", protocol.Chunks(b"delta", 3))
     protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
     raw = f.getvalue()
-    # the declared layout: tag, one (name, local path), prune-below and the snapshot that
+    # the declared layout: tag, two (name, local path, content): a local file's path and no
+    # content, then a small file's content and no path; prune-below and the snapshot that
     # must exist first, the run files to delete and to keep, the schema file's name and
     # bytes, the delta's name and chunks
     name, path = b"3.arrowstate.snapshot", b"/tmp/3.arrowstate.snapshot"
     assert raw[:4] == contract.FRAMES["COMMIT"].to_bytes(4, "big", signed=True)
-    assert raw[4:8] == (1).to_bytes(4, "big")
+    assert raw[4:8] == (2).to_bytes(4, "big")
     assert raw[8:12 + len(name)] == len(name).to_bytes(4, "big") + name
-    prune_at = 12 + len(name) + 4 + len(path)
+    small_at = 12 + len(name) + 4 + len(path) + 4
+    assert raw[small_at - 8 - len(path):small_at] == (
+        len(path).to_bytes(4, "big") + path + bytes(4))
+    assert raw[small_at:small_at + 4 + len(name) + 4 + 4 + 5] == (
+        len(name).to_bytes(4, "big") + b"5.arrowstate.snapshot" + bytes(4)
+        + (5).to_bytes(4, "big") + b"small")
+    prune_at = small_at + 4 + len(name) + 4 + 4 + 5
     assert raw[prune_at:prune_at + 8 + 4 + 21] == (
         (2).to_bytes(8, "big") + (21).to_bytes(4, "big") + b"2.arrowstate.snapshot")
     deletes_at = prune_at + 8 + 4 + 21

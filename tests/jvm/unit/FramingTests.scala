@@ -8,6 +8,7 @@ import org.json4s.JsonDSL._
 
 import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract, ContractSchema}
 import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
+import org.apache.spark.sql.arrowstate.store.StateMaintenance
 import org.apache.spark.sql.arrowstate.worker.{FrameCodec, WorkerMetrics}
 
 /** FrameCodec writes and reads every frame as contract.json declares it; ContractSchema
@@ -150,14 +151,15 @@ object FramingTests extends UnitTests {
     out.writeInt(0)
   }
 
-  test("COMMIT is read as (name, local file) pairs, the prune-below version and its snapshot, the run files to delete and to keep, the schema file, then the delta's name and bytes streamed") {
+  test("COMMIT is read as (name, local file, content) items, the prune-below version and its snapshot, the run files to delete and to keep, the schema file, then the delta's name and bytes streamed") {
     for (size <- Seq(0, 2, 9, 12)) {   // empty, one chunk, a short last one, an exact multiple
       val delta = Array.tabulate[Byte](size)(_.toByte)
       val codec = reading { out =>
         out.writeInt(Contract.Frame.Commit.tag)
         out.writeInt(2)
-        str(out, "ab.arrowstate.run"); str(out, "/tmp/ab.arrowstate.run")
-        str(out, "5.arrowstate.snapshot"); str(out, "/tmp/5.arrowstate.snapshot")
+        str(out, "ab.arrowstate.run"); str(out, "/tmp/ab.arrowstate.run"); out.writeInt(0)
+        str(out, "5.arrowstate.snapshot"); str(out, ""); out.writeInt(2)   // a small one's bytes
+        out.write(Array[Byte](5, 6))
         out.writeLong(4L); str(out, "4.arrowstate.snapshot")
         out.writeInt(1); str(out, "cd.arrowstate.run")
         out.writeInt(1); str(out, "ef.arrowstate.run")
@@ -166,13 +168,14 @@ object FramingTests extends UnitTests {
         chunks(out, delta, 3)
         out.writeInt(Contract.Frame.Ready.tag)
       }
-      val (frame, Seq(snaps: Seq[(String, String)] @unchecked, prune: Long,
+      val (frame, Seq(snaps: Seq[StateMaintenance.NamedFile] @unchecked, prune: Long,
         pruneSnapshot: String, deletes: Seq[String] @unchecked, keep: Seq[String] @unchecked,
         schemaFile: String, schemaBytes: Array[Byte], deltaName: String,
         stream: InputStream)) = codec.read(Contract.Frame.Commit)
       assertEqual(frame, Contract.Frame.Commit)
-      assertEqual(snaps, Seq("ab.arrowstate.run" -> "/tmp/ab.arrowstate.run",
-        "5.arrowstate.snapshot" -> "/tmp/5.arrowstate.snapshot"))
+      assertEqual(snaps.map(f => (f.name, f.localPath, f.content.toSeq)),
+        Seq(("ab.arrowstate.run", "/tmp/ab.arrowstate.run", Seq.empty[Byte]),
+          ("5.arrowstate.snapshot", "", Seq[Byte](5, 6))))
       assertEqual(prune, 4L)
       assertEqual(pruneSnapshot, "4.arrowstate.snapshot")
       assertEqual(deletes, Seq("cd.arrowstate.run"))

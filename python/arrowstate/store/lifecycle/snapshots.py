@@ -4,9 +4,11 @@ only the runs no earlier snapshot wrote. A large one is encoded in a thread of i
 tasks go on; a small one (at most INLINE_MAX_BYTES of state) by the worker once its task's
 answers went, before it waits for the next task: a thread costs more than such a snapshot
 (its start, and the interpreter's lock passed back and forth with the task's thread). A
-worker writes it to local files a batch at a time (the JVM copies them into the checkpoint),
-so a large snapshot is never whole in memory; without a directory (offline tools, tests) it
-is encoded to bytes. When it is written and what retention keeps is `maintenance`'s."""
+worker writes a large one to local files a batch at a time (the JVM copies them into the
+checkpoint), so it is never whole in memory; a small one, and any without a directory
+(offline tools, tests), is encoded to bytes, which COMMIT carries: on a small state a local
+file's creation, the JVM's copy and its deletion cost more than the snapshot's encoding.
+When it is written and what retention keeps is `maintenance`'s."""
 from __future__ import annotations
 
 import contextlib
@@ -32,12 +34,13 @@ class Snapshot:
     """Encodes a snapshot of one committed version, to local files in `directory` (their
     paths are the result) or to bytes: every live row, or for a tier a manifest and the
     runs not written before. `threaded`: in a thread started now (Arrow's take and IPC
-    release the GIL), else when `make` (or `result`) is called."""
+    release the GIL), else, to bytes, when `make` (or `result`) is called."""
 
     def __init__(self, rows, schema, version: int, directory: str | None, codec: str,
                  seeds: tuple[int, int], checkpoint_id: str | None = None,
                  threaded: bool = True) -> None:
-        self.version, self.directory, self._codec, self._seeds = version, directory, codec, seeds
+        self.version, self._codec, self._seeds = version, codec, seeds
+        self.directory = directory if threaded else None   # (a small one: bytes)
         # under checkpoint format v2 the version's id names the snapshot (`lineage`): only
         # the attempt the commit log names for it can have made one of that name
         self.checkpoint_id = checkpoint_id

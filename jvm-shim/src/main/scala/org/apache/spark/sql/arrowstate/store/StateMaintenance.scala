@@ -1,5 +1,6 @@
 package org.apache.spark.sql.arrowstate.store
 
+import java.io.{ByteArrayInputStream, File}
 import java.util.concurrent.{Executors, ThreadFactory}
 
 import org.apache.spark.internal.Logging
@@ -18,23 +19,30 @@ object StateMaintenance extends Logging {
     }
   })
 
-  /** A commit's maintenance: the snapshots' files (name, local file the worker wrote) in
-   * the order to write them; the version below which files may go, once the snapshot file
-   * `pruneSnapshot` exists; the run files to delete then; and the run files that retained
-   * versions or snapshots in progress name (`keepRuns`: any other run file older than
-   * `pruneSnapshot` is an orphan). */
-  case class Job(snapshots: Seq[(String, String)], pruneBelow: Long, pruneSnapshot: String,
+  /** A file to write under `name`: from the local file `localPath` the worker wrote, or
+   * (an empty path) from `content`, a small file whole (the frames' `namedFiles` item). */
+  final case class NamedFile(name: String, localPath: String, content: Array[Byte])
+
+  /** A commit's maintenance: the snapshots' files in the order to write them; the version
+   * below which files may go, once the snapshot file `pruneSnapshot` exists; the run files
+   * to delete then; and the run files that retained versions or snapshots in progress name
+   * (`keepRuns`: any other run file older than `pruneSnapshot` is an orphan). */
+  case class Job(snapshots: Seq[NamedFile], pruneBelow: Long, pruneSnapshot: String,
       deletes: Seq[String], keepRuns: Set[String])
 
-  /** Copies the snapshots' files (deleted once copied or failed) into the checkpoint in
-   * order, stopping at the first that fails (a manifest is written after its run files, or
-   * not at all), then prunes, then deletes the run files no snapshot kept names and the
-   * orphans (`StateFiles.prune`, from one listing). */
+  /** Writes the snapshots' files into the checkpoint (a local one deleted once copied or
+   * failed) in order, stopping at the first that fails (a manifest is written after its
+   * run files, or not at all), then prunes, then deletes the run files no snapshot kept
+   * names and the orphans (`StateFiles.prune`, from one listing). */
   def submit(files: StateFiles, job: Job): Unit =
     if (job.snapshots.nonEmpty || job.pruneBelow > 0) {
       executor.execute(() => {
         try {
-          job.snapshots.foreach { case (name, local) => files.copyLocal(name, local) }
+          job.snapshots.foreach {
+            case NamedFile(name, "", content) =>
+              files.write(name, new ByteArrayInputStream(content))
+            case NamedFile(name, local, _) => files.copyLocal(name, local)
+          }
           if (job.pruneBelow > 0) {
             files.prune(job.pruneBelow, job.pruneSnapshot, job.deletes, job.keepRuns)
           }
@@ -43,7 +51,7 @@ object StateMaintenance extends Logging {
             logWarning(s"arrowstate: state maintenance of ${files.dir} failed; its deltas " +
               "stay, so nothing is lost", e)
         } finally {
-          job.snapshots.foreach { case (_, local) => new java.io.File(local).delete() }
+          job.snapshots.filter(_.localPath.nonEmpty).foreach(f => new File(f.localPath).delete())
         }
       })
     }

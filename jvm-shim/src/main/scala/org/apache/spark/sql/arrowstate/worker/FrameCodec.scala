@@ -9,6 +9,7 @@ import org.json4s.jackson.JsonMethods
 import org.apache.spark.sql.arrowstate.contract.Contract.FrameSpec
 import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract, ContractSchema, JsonText}
 import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
+import org.apache.spark.sql.arrowstate.store.StateMaintenance.NamedFile
 
 /**
  * The JVM side's one codec of the conversation with a Python state worker: every frame is a
@@ -18,7 +19,7 @@ import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePy
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], namedFiles Seq[(String, String)], json:* JValue, sharedJson:* a CheckedJson
+ * Seq[String], namedFiles Seq[NamedFile], json:* JValue, sharedJson:* a CheckedJson
  * (checked and rendered once where it was made) or a JValue; chunks (a file of any
  * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
  * they come, which the caller reads to its end before the next frame.
@@ -92,10 +93,11 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
       case ("namedFiles", v: Seq[_]) =>
         out.writeInt(v.size)
         v.foreach {
-          case (name: String, path: String) =>
-            writeBytes(name.getBytes(UTF_8)); writeBytes(path.getBytes(UTF_8))
+          case NamedFile(name, localPath, content) =>
+            writeBytes(name.getBytes(UTF_8)); writeBytes(localPath.getBytes(UTF_8))
+            writeBytes(content)
           case other => throw ArrowStateException.contract(frame, field,
-            s"a namedFiles item must be (String, String), not $other")
+            s"a namedFiles item must be a NamedFile, not $other")
         }
       case (json, v: JValue) if json.startsWith("json:") || json.startsWith("sharedJson:") =>
         ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
@@ -119,7 +121,8 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     case "string" => new String(readBytes(), UTF_8)
     case "strings" => Seq.fill(in.readInt())(new String(readBytes(), UTF_8))
     case "namedFiles" =>
-      Seq.fill(in.readInt())(new String(readBytes(), UTF_8) -> new String(readBytes(), UTF_8))
+      Seq.fill(in.readInt())(NamedFile(new String(readBytes(), UTF_8),
+        new String(readBytes(), UTF_8), readBytes()))
     case "chunks" =>
       val stream = new ChunkedInput(frame, field)
       streaming = Some(stream)

@@ -150,13 +150,13 @@ class PythonStateWorker(
     }
 
   /** COMMIT: the files of snapshots the worker finished meanwhile (name, the local file it
-   * wrote), the version below which files may be pruned and the run files to delete after;
-   * the columns file the delta needs, if the partition lacks it; then the new version's
-   * delta, named by the worker. A delta of at most `holdBytes` is read whole here
-   * (`Commit.held`), so the worker is free before it is written; a larger one is read as
-   * it is written (`Commit.delta`, to its end), and the worker's COMMITTED only after.
-   * Before COMMIT, the worker may list the partition's files (a snapshot that names
-   * earlier run files checks they are there). */
+   * wrote, or a small one's content), the version below which files may be pruned and the
+   * run files to delete after; the columns file the delta needs, if the partition lacks it;
+   * then the new version's delta, named by the worker. A delta of at most `holdBytes` is
+   * read whole here (`Commit.held`), so the worker is free before it is written; a larger
+   * one is read as it is written (`Commit.delta`, to its end), and the worker's COMMITTED
+   * only after. Before COMMIT, the worker may list the partition's files (a snapshot that
+   * names earlier run files checks they are there). */
   def readCommit(files: StateFiles, holdBytes: Int): PythonStateWorker.Commit = {
     import Contract.Frame._
     var frame = read(Commit, ListFiles)
@@ -164,7 +164,8 @@ class PythonStateWorker(
       serveFileRequest(frame._1, frame._2, files)
       frame = read(Commit, ListFiles)
     }
-    val Seq(snapshots: Seq[(String, String)] @unchecked, pruneBelow: Long, pruneSnapshot: String,
+    val Seq(snapshots: Seq[StateMaintenance.NamedFile] @unchecked, pruneBelow: Long,
+      pruneSnapshot: String,
       deletes: Seq[String] @unchecked, keepRuns: Seq[String] @unchecked, schemaFile: String,
       schemaBytes: Array[Byte], deltaName: String, delta: InputStream) = frame._2
     // one byte past the bound tells a delta that ends within it from one that goes on
