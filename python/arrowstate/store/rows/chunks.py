@@ -21,8 +21,8 @@ class RowChunks:
         self.chunks: list[pa.RecordBatch] = []
         self.starts: list[int] = []   # global id of each chunk's first row
         self.next_id = 0
-        # the chunks' bytes, kept as they change: a task asks after each commit, and
-        # pyarrow's nbytes walks a batch's buffers each time
+        # the chunks' bytes (their buffers' sizes), kept as they change: a task asks after
+        # each commit; pyarrow's nbytes would walk every array's ranges (10 us a batch)
         self._bytes = 0
 
     def clear(self) -> None:
@@ -34,7 +34,7 @@ class RowChunks:
         self.chunks.append(batch)
         self.starts.append(start)
         self.next_id += batch.num_rows
-        self._bytes += batch.nbytes
+        self._bytes += batch.get_total_buffer_size()
         # Binary-counter merging keeps O(log n) chunks; each row is copied O(log n) times.
         # The chunks a cascade of pairwise merges would join are joined in one concat.
         first, rows = len(self.chunks) - 1, batch.num_rows
@@ -44,7 +44,8 @@ class RowChunks:
         if first < len(self.chunks) - 1:
             parts = self.chunks[first:]
             merged = pa.concat_batches(parts)
-            self._bytes += merged.nbytes - sum(p.nbytes for p in parts)
+            self._bytes += merged.get_total_buffer_size() - sum(
+                p.get_total_buffer_size() for p in parts)
             del self.chunks[first + 1:], self.starts[first + 1:]
             self.chunks[first] = merged
         return start
@@ -57,7 +58,7 @@ class RowChunks:
         """Rewrites the rows of these ids (ascending) as one chunk: they are ids 0.. now."""
         rows = self.take(ids)
         self.chunks, self.starts, self.next_id = [rows], [0], rows.num_rows
-        self._bytes = rows.nbytes
+        self._bytes = rows.get_total_buffer_size()
 
     def frozen(self, ids: np.ndarray) -> "FrozenRows":
         """The rows of these ids (ascending), readable from another thread while these
