@@ -169,9 +169,12 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
         return read_str(f)
     if kind == "strings":
         return [read_str(f) for _ in range(read_int(f))]
-    if kind == "namedFiles":
-        return [(name, path or content) for name, path, content in
-                ((read_str(f), read_str(f), read_bytes(f)) for _ in range(read_int(f)))]
+    if kind == "namedFiles":   # (name, a local file's path or a small file's bytes)
+        named = []
+        for _ in range(read_int(f)):
+            name, path, content = read_str(f), read_str(f), read_bytes(f)
+            named.append((name, path or content))
+        return named
     if kind.startswith("json:"):
         value = json.loads(read_bytes(f))
         check_payload(kind[5:], value)

@@ -165,9 +165,9 @@ class PythonStateWorker(
       frame = read(Commit, ListFiles)
     }
     val Seq(snapshots: Seq[StateMaintenance.NamedFile] @unchecked, pruneBelow: Long,
-      pruneSnapshot: String,
-      deletes: Seq[String] @unchecked, keepRuns: Seq[String] @unchecked, schemaFile: String,
-      schemaBytes: Array[Byte], deltaName: String, delta: InputStream) = frame._2
+      pruneSnapshot: String, deletes: Seq[String] @unchecked, keepRuns: Seq[String] @unchecked,
+      schemaFile: String, schemaBytes: Array[Byte], deltaName: String,
+      delta: InputStream) = frame._2
     // one byte past the bound tells a delta that ends within it from one that goes on
     val head = streamed(delta.readNBytes(holdBytes + 1))
     val held = head.length <= holdBytes
