@@ -312,3 +312,55 @@ def test_row_chunks_count_their_bytes_as_they_change():
     assert chunks.nbytes() == sum(c.get_total_buffer_size() for c in chunks.chunks) > 0
     chunks.clear()
     assert chunks.nbytes() == 0
+
+
+@pytest.mark.parametrize("joined_max_rows", [0, 8192])
+def test_row_chunks_take_rows_in_the_order_asked_from_one_chunk_or_many(
+        monkeypatch, joined_max_rows):
+    """A take by ids reads the same rows in the order asked, whether the chunks are one, few
+    enough to join for one take (JOINED_TAKE_MAX_ROWS), or read a take per chunk."""
+    from arrowstate.store.rows import chunks as chunks_module
+    monkeypatch.setattr(chunks_module, "JOINED_TAKE_MAX_ROWS", joined_max_rows)
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string())])
+    chunks = chunks_module.RowChunks(schema)
+    for lo, n in ((0, 7), (7, 1), (8, 3)):
+        chunks.append(pa.record_batch([pa.array(range(lo, lo + n)),
+                                       pa.array([f"v{i}" for i in range(lo, lo + n)])],
+                                      schema=schema))
+    assert len(chunks.chunks) > 1
+    for ids in ([9, 0, 7, 3, 10], [2, 2, 8], [10], list(range(11))):
+        rows = chunks.take(np.array(ids))
+        assert rows.schema == schema
+        assert rows.column(0).to_pylist() == ids
+        assert rows.column(1).to_pylist() == [f"v{i}" for i in ids]
+    assert chunks.take(np.array([], dtype=np.int64)).num_rows == 0
+    chunks.keep_only(np.array([1, 8, 10]))
+    assert len(chunks.chunks) == 1
+    assert chunks.take(np.array([2, 0])).column(1).to_pylist() == ["v10", "v1"]
+
+
+def test_a_tiny_states_snapshot_is_uncompressed_a_larger_ones_compressed():
+    """A snapshot made as bytes keeps its Arrow buffers uncompressed while its rows take at
+    most COMPACT_MAX_BYTES (compressing costs more than it saves there), else compresses
+    them with the store's codec; either loads back the same state."""
+    from arrowstate.store.formats import encoding, files
+    from arrowstate.store.formats.container import unique_id
+    from arrowstate.store.lifecycle.snapshots import Snapshot
+    for rows in (200, 20000):
+        state = _state()
+        names = [f"k{i}" for i in range(rows)]
+        state.put_rows([_key(n, _ts(1)) for n in names], pa.RecordBatch.from_arrays(
+            [pa.array(names), pa.array([_ts(1)] * rows, pa.timestamp("us", tz="UTC")),
+             pa.array(range(rows), pa.int64())], names=["a", "b", "c"]))
+        made = Snapshot(state.rows.frozen(), state.schema, 1, None, "lz4", (0, 0),
+                        threaded=False).result()
+        (name, data), = made.files
+        stored = [files.with_op(b, files.OP_PUT) for b in state.rows.all_rows(1 << 16)]
+        tiny = sum(b.get_total_buffer_size() for b in stored) <= files.COMPACT_MAX_BYTES
+        assert tiny == (rows == 200)
+        same, _ = encoding.encode(state.schema, "snapshot", 1, stored,
+                                  codec=None if tiny else "lz4", uid=unique_id(data))
+        assert data == same
+        loaded = _state()
+        loaded.load(DictFiles({name: data}), 1)
+        assert _contents(loaded) == _contents(state)

@@ -35,9 +35,9 @@ def _compressed(data) -> bytes:
     return compressor.compress(data)
 
 
-def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
+def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str, bool]:
     """The schema a columns file holds (the state columns, the op column, the format tag),
-    its IPC message and the columns file's name. Made once per schema object: a state
+    its IPC message, the columns file's name and whether a column is dictionary-encoded. Made once per schema object: a state
     commits with the same one every time. (Kept by identity: pyarrow's schema equality
     ignores field metadata, which names a family's columns.)"""
     made = _MADE.get(id(schema))
@@ -47,7 +47,8 @@ def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
         {b"format": FORMAT_2})
     message = with_op.serialize()
     digest = hashlib.blake2b(message, digest_size=16).digest()
-    made = (with_op, message, columns_file_name(digest))
+    made = (with_op, message, columns_file_name(digest),
+            any(pa.types.is_dictionary(t) for t in with_op.types))
     if len(_MADE) >= 256:
         _MADE.clear()
     _MADE[id(schema)] = (schema, made)   # the schema held: its id is not reused meanwhile
@@ -56,7 +57,7 @@ def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
 
 def columns_file(schema: pa.Schema) -> tuple[str, bytes]:
     """The name and bytes of the columns file that holds `schema` (the state columns)."""
-    _, message, name = file_schema(schema)
+    _, message, name, _ = file_schema(schema)
     end, _ = trailer(KIND_COLUMNS, FORMAT_COMPACT, 0, 0, 0, message.size, zlib.crc32(message))
     return name, message.to_pybytes() + end
 
@@ -75,9 +76,9 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
            ) -> tuple[bytes, bytes, str]:
     """A compact delta's bytes, its unique id (`uid` if given), and the name of the columns
     file it needs; `base`: the checkpoint id of the version it builds on (FLAG_BASE)."""
-    with_op, message, name = file_schema(schema)
+    with_op, message, name, dictionaries = file_schema(schema)
     rows = sum(b.num_rows for b in batches)
-    if any(pa.types.is_dictionary(f.type) for f in with_op):   # dictionaries: a message each
+    if dictionaries:   # dictionaries: a message each
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, with_op) as writer:
             for b in batches:
@@ -86,10 +87,12 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
         if not stream.slice(0, message.size).equals(message):   # what `stream` puts back
             raise AssertionError("an Arrow stream that does not begin with its schema message")
         messages = stream.slice(message.size)
-    else:   # the stream's messages after the schema's, made directly (the same bytes)
+    else:   # the stream's messages after the schema's, made directly (the same bytes: a
+        # batch's message holds no names, so one whose columns are the file's goes as it is)
+        types = with_op.types
         messages = pa.py_buffer(b"".join(
-            [pa.RecordBatch.from_arrays(b.columns, schema=with_op).serialize() for b in batches]
-            + [_EOS]))
+            [(b if b.schema.types == types else pa.RecordBatch.from_arrays(
+                b.columns, schema=with_op)).serialize() for b in batches] + [_EOS]))
     counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
     payload = b"".join([_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
                         bytes([len(counted)]), *counted,

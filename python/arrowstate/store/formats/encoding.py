@@ -25,9 +25,9 @@ def ipc_codec(spark_codec: str | None) -> str:
 
 def _write_payload(sink, schema: pa.Schema, kind: str, version: int,
                    batches: Iterable[pa.RecordBatch], figures: dict | None = None,
-                   codec: str = "lz4") -> int:
+                   codec: str | None = "lz4") -> int:
     """Writes the Arrow IPC stream of a file to `sink`, its buffers compressed with `codec`
-    (an ipc_codec: any pyarrow reads either); the rows it holds."""
+    (an ipc_codec, or None for none: any pyarrow reads each); the rows it holds."""
     meta = {b"format": FORMAT_2, b"kind": kind.encode(), b"version": str(version).encode()}
     if figures is not None:
         meta[FIGURES] = json.dumps(figures, sort_keys=True).encode()
@@ -51,7 +51,7 @@ def _full_trailer(kind: str, version: int, rows: int, length: int, payload_crc: 
 
 def encode(schema: pa.Schema, kind: str, version: int,
            batches: Iterable[pa.RecordBatch], changes: bool = False,
-           figures: dict | None = None, codec: str = "lz4", uid: bytes | None = None,
+           figures: dict | None = None, codec: str | None = "lz4", uid: bytes | None = None,
            base: bytes | None = None) -> tuple[bytes, bytes]:
     """One file's bytes and its unique id (`uid` if given); `batches` carry the state
     columns plus the op column (`changes`: change records among them, a format 3 delta;

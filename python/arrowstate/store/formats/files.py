@@ -75,10 +75,22 @@ COLUMN_NAME = b"arrowstate.column"   # value field metadata: the family's name o
 FIGURES = b"arrowstate.figures"       # a delta's schema metadata: its version's state figures
 
 
+_OPS_KEPT = 4096   # an op column of at most this many rows is a slice of a kept one
+_OPS: dict[int, pa.Array] = {}
+
+
 def with_op(batch: pa.RecordBatch, op: int) -> pa.RecordBatch:
-    ops = pa.array(np.full(batch.num_rows, op, dtype=np.int8))
-    return pa.RecordBatch.from_arrays(batch.columns + [ops],
-                                      names=batch.schema.names + [OP_COLUMN])
+    """The batch with an op column of `op` appended (a small one sliced from a kept column:
+    a task's puts are a few rows, and a new column costs more than they do)."""
+    n = batch.num_rows
+    if n <= _OPS_KEPT:
+        kept = _OPS.get(op)
+        if kept is None:
+            kept = _OPS[op] = pa.array(np.full(_OPS_KEPT, op, dtype=np.int8))
+        ops = kept.slice(0, n)
+    else:
+        ops = pa.array(np.full(n, op, dtype=np.int8))
+    return batch.append_column(OP_COLUMN, ops)
 
 
 def op_runs(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:

@@ -104,9 +104,13 @@ class Snapshot:
         name = self.name
         uid = checkpoint_uid(self.checkpoint_id)
         rows = (files.with_op(b, files.OP_PUT) for b in self._rows.batches(1 << 16))
-        if self.directory is None:
-            data, _ = encoding.encode(self._schema, SNAPSHOT, self.version, rows,
-                                      codec=self._codec, uid=uid)
+        if self.directory is None:   # a small state's, as bytes
+            batches = list(rows)
+            # Arrow compresses each buffer apart, with a codec context made for each (about
+            # 15 us): a state of a few KiB costs more to compress than to encode and ship
+            tiny = sum(b.get_total_buffer_size() for b in batches) <= files.COMPACT_MAX_BYTES
+            data, _ = encoding.encode(self._schema, SNAPSHOT, self.version, batches,
+                                      codec=None if tiny else self._codec, uid=uid)
             return name, data
         path = os.path.join(self.directory, f"{uuid.uuid4().hex}-{name}")
         try:
