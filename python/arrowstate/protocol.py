@@ -18,7 +18,8 @@ from typing import Any, BinaryIO, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from .contract import CONTRACT_VIOLATION, FRAME_SPECS, PROTOCOL_VERSION, Frame, check_payload
+from .contract import (CONTRACT_VIOLATION, FRAME_SPECS, METRICS, PROTOCOL_VERSION, Frame,
+                       check_payload)
 from .errors import ArrowStateError
 
 VERSION = PROTOCOL_VERSION
@@ -33,6 +34,9 @@ _BY_TAG: dict[int, Frame] = {f.tag: f for f in FRAME_SPECS.values()}
 
 _INT = struct.Struct("!i")
 _LONG = struct.Struct("!q")
+_METRIC = struct.Struct("!iq")   # a `metrics` item: the metric's place, its value
+_METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
+_METRIC_PLACES: dict[str, int] = {name: i for i, name in enumerate(_METRIC_NAMES)}
 
 
 def _violation(payload: str, field: str, reason: str) -> Exception:
@@ -149,6 +153,17 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
             write_str(f, name)
             write_str(f, content if isinstance(content, str) else "")
             write_bytes(f, b"" if isinstance(content, str) else content)
+    elif kind == "metrics":
+        write_int(f, len(value))
+        try:
+            f.write(b"".join([_METRIC.pack(_METRIC_PLACES[name], v)
+                              for name, v in value.items()]))
+        except (KeyError, struct.error) as e:
+            bad = next((n, v) for n, v in value.items() if n not in _METRIC_PLACES
+                       or not isinstance(v, int) or not -2**63 <= v < 2**63)
+            raise _violation(frame, f"{field}.{bad[0]}",
+                             f"{bad[0]}={bad[1]!r} is not a declared metric's integer "
+                             f"value") from e
     elif kind.startswith(("json:", "sharedJson:")):
         check_payload(kind.partition(":")[2], value)
         write_bytes(f, json.dumps(value).encode())
@@ -175,6 +190,14 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
             name, path, content = read_str(f), read_str(f), read_bytes(f)
             named.append((name, path or content))
         return named
+    if kind == "metrics":
+        metrics = {}
+        for _ in range(read_int(f)):
+            place, value = _METRIC.unpack(read_exact(f, _METRIC.size))
+            if not 0 <= place < len(_METRIC_NAMES):
+                raise _violation(frame, field, f"no metric is declared at place {place}")
+            metrics[_METRIC_NAMES[place]] = value
+        return metrics
     if kind.startswith("json:"):
         value = json.loads(read_bytes(f))
         check_payload(kind[5:], value)

@@ -189,7 +189,7 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     protocol.send(f, "COMMIT", snapshots, 2,
                   "2.arrowstate.snapshot", ["a.arrowstate.run"], [], "s.schema", b"xy",
                   "4.arrowstate.delta", protocol.Chunks(b"delta", 3))
-    protocol.send(f, "COMMITTED", {"numTotalStateRows": 5})
+    protocol.send(f, "COMMITTED", {"numTotalStateRows": 5, "stateMemory": 1 << 40})
     raw = f.getvalue()
     # the declared layout: tag, two (name, local path, content): a local file's path and no
     # content, then a small file's content and no path; prune-below and the snapshot that
@@ -219,11 +219,27 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
     assert raw[delta_at:delta_at + 21] == (
         (3).to_bytes(4, "big") + b"del" + (2).to_bytes(4, "big") + b"ta" + bytes(4)
         + contract.FRAMES["COMMITTED"].to_bytes(4, "big"))
+    # the metrics: their count, then each one's place in the declared order and its value
+    places = {name: i for i, name in enumerate(contract.METRICS)}
+    assert raw[delta_at + 21:] == ((2).to_bytes(4, "big")
+                                   + places["numTotalStateRows"].to_bytes(4, "big")
+                                   + (5).to_bytes(8, "big")
+                                   + places["stateMemory"].to_bytes(4, "big")
+                                   + (1 << 40).to_bytes(8, "big"))
+    assert protocol._read_value(io.BytesIO(raw[delta_at + 21:]), "COMMITTED", "metrics",
+                                "metrics") == {"numTotalStateRows": 5, "stateMemory": 1 << 40}
+    with pytest.raises(ArrowStateError, match="no metric is declared at place"):
+        protocol._read_value(io.BytesIO((1).to_bytes(4, "big") + len(places).to_bytes(4, "big")
+                                        + bytes(8)), "COMMITTED", "metrics", "metrics")
     with pytest.raises(ArrowStateError, match="must be Chunks") as e:
         protocol.send(io.BytesIO(), "COMMIT", [], 2, "", [], [], "", b"", "d", b"delta")
     assert e.value.parameters["field"] == "delta"
-    with pytest.raises(ArrowStateError, match="metrics"):
-        protocol.send(io.BytesIO(), "COMMITTED", {"numTotalStateRows": "5"})
+    for metrics, field in (({"numTotalStateRows": "5"}, "metrics.numTotalStateRows"),
+                           ({"stateMemory": 1, "renamed": 1}, "metrics.renamed"),
+                           ({"stateMemory": 1 << 63}, "metrics.stateMemory")):
+        with pytest.raises(ArrowStateError, match="is not a declared metric") as e:
+            protocol.send(io.BytesIO(), "COMMITTED", metrics)
+        assert e.value.parameters["field"] == field
     with pytest.raises(ArrowStateError, match="does not send"):
         protocol.send(io.BytesIO(), "TASK", _header(), _run(), b"")
     # what the JVM sends, read back: a TASK is expected, a DATA is not

@@ -237,23 +237,32 @@ object FramingTests extends UnitTests {
     assertEqual(e.pythonTraceback, "Traceback ...")
   }
 
-  test("metrics from the worker are checked as they cross") {
+  test("metrics cross as (place, value) pairs by the declared order; a place out of range fails") {
+    val places = Contract.MetricPlaces
+    val codec = reading { out =>
+      out.writeInt(Contract.Frame.Committed.tag)
+      out.writeInt(2)
+      out.writeInt(places("numTotalStateRows")); out.writeLong(5L)
+      out.writeInt(places("stateMemory")); out.writeLong(1L << 40)
+    }
+    assertEqual(codec.read(Contract.Frame.Committed)._2.head,
+      Map("numTotalStateRows" -> 5L, "stateMemory" -> (1L << 40)))
     val bad = reading { out =>
       out.writeInt(Contract.Frame.Committed.tag)
-      str(out, """{"numTotalStateRows": "five"}""")
+      out.writeInt(1)
+      out.writeInt(Contract.Metrics.size); out.writeLong(1L)
     }
     assertEqual(violation(bad.read(Contract.Frame.Committed)).getMessageParameters
-      .get("field"), "numTotalStateRows")
+      .get("field"), "metrics")
   }
 
   test("a metric the contract does not declare for the family fails") {
-    val parse = (json: String, family: String) =>
-      WorkerMetrics.parse(org.json4s.jackson.JsonMethods.parse(json), family)
-    assertEqual(parse("""{"numDroppedDuplicateRows": 2}""", "deduplicate"),
+    val check = WorkerMetrics.check _
+    assertEqual(check(Map("numDroppedDuplicateRows" -> 2L), "deduplicate"),
       Map("numDroppedDuplicateRows" -> 2L))
-    assertEqual(violation(parse("""{"rowsSeen": 1}""", "deduplicate"))
+    assertEqual(violation(check(Map("rowsSeen" -> 1L), "deduplicate"))
       .getMessageParameters.get("field"), "rowsSeen")
-    assertEqual(violation(parse("""{"numDroppedDuplicateRows": 1}""", "aggregate"))
+    assertEqual(violation(check(Map("numDroppedDuplicateRows" -> 1L), "aggregate"))
       .getMessageParameters.get("field"), "numDroppedDuplicateRows")
   }
 }

@@ -101,8 +101,10 @@ object Contract {
     /** Its key in an operator's SQL metrics. */
     def sqlName: String = sparkMetric.getOrElse(name)
   }
-  val Metrics: Seq[Metric] = (spec \ "metrics").extract[List[Metric]]
+  /** In the declared order: a `metrics` frame value names each by its place here. */
+  val Metrics: IndexedSeq[Metric] = (spec \ "metrics").extract[List[Metric]].toIndexedSeq
   val MetricsByName: Map[String, Metric] = Metrics.map(m => m.name -> m).toMap
+  val MetricPlaces: Map[String, Int] = Metrics.map(_.name).zipWithIndex.toMap
 
   /** The metric names the worker may report for operators of `family` (checked per task). */
   private val pythonMetricsByFamily: Map[String, Set[String]] = Families.keys.map { family =>

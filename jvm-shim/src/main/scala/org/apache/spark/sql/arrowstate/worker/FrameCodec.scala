@@ -19,7 +19,7 @@ import org.apache.spark.sql.arrowstate.store.StateMaintenance.NamedFile
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], namedFiles Seq[NamedFile], json:* JValue, sharedJson:* a CheckedJson
+ * Seq[String], namedFiles Seq[NamedFile], metrics Map[String, Long], json:* JValue, sharedJson:* a CheckedJson
  * (checked and rendered once where it was made) or a JValue; chunks (a file of any
  * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
  * they come, which the caller reads to its end before the next frame.
@@ -99,6 +99,14 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
           case other => throw ArrowStateException.contract(frame, field,
             s"a namedFiles item must be a NamedFile, not $other")
         }
+      case ("metrics", v: Map[_, _]) =>
+        out.writeInt(v.size)
+        v.foreach {
+          case (name: String, value: Long) if Contract.MetricPlaces.contains(name) =>
+            out.writeInt(Contract.MetricPlaces(name)); out.writeLong(value)
+          case (name, value) => throw ArrowStateException.contract(frame, s"$field.$name",
+            s"$name=$value is not a declared metric's Long value")
+        }
       case (json, v: JValue) if json.startsWith("json:") || json.startsWith("sharedJson:") =>
         ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
         writeBytes(JsonText.compact(v).getBytes(UTF_8))
@@ -123,6 +131,14 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
     case "namedFiles" =>
       Seq.fill(in.readInt())(NamedFile(new String(readBytes(), UTF_8),
         new String(readBytes(), UTF_8), readBytes()))
+    case "metrics" =>
+      Seq.fill(in.readInt()) {
+        val place = in.readInt()
+        val value = in.readLong()
+        val metric = Contract.Metrics.lift(place).getOrElse(throw ArrowStateException.contract(
+          frame, field, s"no metric is declared at place $place"))
+        metric.name -> value
+      }.toMap
     case "chunks" =>
       val stream = new ChunkedInput(frame, field)
       streaming = Some(stream)

@@ -183,7 +183,8 @@ class PythonStateWorker(
 
   /** The worker's COMMITTED after its COMMIT: the task's metrics. It sends them without
    * waiting for the delta's write (a task whose write fails destroys the worker). */
-  def readMetrics(): JValue = read(Contract.Frame.Committed)._2.head.asInstanceOf[JValue]
+  def readMetrics(): Map[String, Long] =
+    read(Contract.Frame.Committed)._2.head.asInstanceOf[Map[String, Long]]
 
   // -- requests outside tasks --
 

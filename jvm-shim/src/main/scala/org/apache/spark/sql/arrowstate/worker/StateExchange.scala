@@ -199,13 +199,13 @@ class StateExchange(
       StateMaintenance.submit(files, done.maintenance)
     }
     if (!done.held) write()
-    val reportedJson = timed(worker.readMetrics())
+    val reportedMetrics = timed(worker.readMetrics())
     finished = true
     PythonStateWorkers.giveBack(worker)
     if (done.held) write()
     val commitMs = commitNanos / 1000000
 
-    val reported = WorkerMetrics.parse(reportedJson, family)
+    val reported = WorkerMetrics.check(reportedMetrics, family)
     // a figure goes to its SQL metric (Spark's name for one Spark's Python operators show);
     // an operator leaves out what cannot be other than zero for it (ArrowStateWriter)
     def add(name: String, v: Long): Unit = {
