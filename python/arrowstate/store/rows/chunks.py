@@ -51,7 +51,14 @@ class RowChunks:
         return start
 
     def take(self, ids: np.ndarray) -> pa.RecordBatch:
-        """Rows by global id, in the order given."""
+        """Rows by global id, in the order given. Chunks of a small state are joined into
+        one first, as the joined take would join them: the next reads, until an append,
+        are a take from one chunk."""
+        if (len(ids) and len(self.chunks) > 1
+                and self.next_id - self.starts[0] <= JOINED_TAKE_MAX_ROWS):
+            joined = pa.concat_batches(self.chunks)
+            self._bytes = joined.get_total_buffer_size()
+            self.chunks, self.starts = [joined], [self.starts[0]]
         return take(self.schema, self.chunks, self.starts, ids)
 
     def keep_only(self, ids: np.ndarray) -> None:
@@ -83,7 +90,8 @@ class FrozenRows:
 
 # chunks of at most this many rows in all are read by one Arrow take over them (which joins
 # them first: about 2 us a thousand rows), not a take per chunk and one more for the order
-# (about 15 us each, as long as a small state's whole read)
+# (about 15 us each, as long as a small state's whole read); a bound, so a read's cost
+# never grows with a large state
 JOINED_TAKE_MAX_ROWS = 8192
 
 
