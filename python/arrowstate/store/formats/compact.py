@@ -37,9 +37,10 @@ def _compressed(data) -> bytes:
 
 def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str, bool]:
     """The schema a columns file holds (the state columns, the op column, the format tag),
-    its IPC message, the columns file's name and whether a column is dictionary-encoded. Made once per schema object: a state
-    commits with the same one every time. (Kept by identity: pyarrow's schema equality
-    ignores field metadata, which names a family's columns.)"""
+    its IPC message, the columns file's name and whether a column is dictionary-encoded.
+    Made once per schema object: a state commits with the same one every time. (Kept by
+    identity: pyarrow's schema equality ignores field metadata, which names a family's
+    columns.)"""
     made = _MADE.get(id(schema))
     if made is not None and made[0] is schema:
         return made[1]

@@ -19,10 +19,11 @@ import org.apache.spark.sql.arrowstate.store.StateMaintenance.NamedFile
  * their schemas (ContractSchema) as they cross. python/arrowstate/protocol.py is its twin.
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
- * Seq[String], namedFiles Seq[NamedFile], metrics Map[String, Long], json:* JValue, sharedJson:* a CheckedJson
- * (checked and rendered once where it was made) or a JValue; chunks (a file of any
- * size, streamed) FrameCodec.Chunks to write, and read as an InputStream over the chunks as
- * they come, which the caller reads to its end before the next frame.
+ * Seq[String], namedFiles Seq[NamedFile], metrics Map[String, Long], json:* JValue,
+ * sharedJson:* a CheckedJson (checked and rendered once where it was made) or a JValue;
+ * chunks (a file of any size, streamed) FrameCodec.Chunks to write, and read as an
+ * InputStream over the chunks as they come, which the caller reads to its end before the
+ * next frame.
  */
 class FrameCodec(in: DataInputStream, out: DataOutputStream) {
   import FrameCodec._
