@@ -383,9 +383,11 @@ def main() -> None:
     CHECKPOINTS = Checkpoints(args.checkpoint)
     budget = args.pyspark_memory or ("1g" if args.scaling else None)
     exchange_settings = {}
-    from bench_lib.worker import PROFILE_DIR, RECORD_DIR, WIRE_DIR, session_settings
-    if args.exchange or any(map(os.environ.get, (PROFILE_DIR, RECORD_DIR, WIRE_DIR))):   # before
-        exchange_settings = session_settings(skip=args.exchange)   # Spark: workers' python
+    from bench_lib.worker import (PROFILE_DIR, RECORD_DIR, TASK_CPU_DIR, WIRE_DIR,
+                                  session_settings)
+    wrapped = (PROFILE_DIR, RECORD_DIR, WIRE_DIR, TASK_CPU_DIR)
+    if args.exchange or any(map(os.environ.get, wrapped)):   # before Spark starts:
+        exchange_settings = session_settings(skip=args.exchange)   # the workers' python
     spark = arrowstate.configure(
         SparkSession.builder.master("local[2]").appName("arrowstate-bench")
         .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))

@@ -18,7 +18,8 @@ for each repeat, and with --profile the functions with the most own time under c
 `wire` serves again what the JVM sent each worker of a run (recorded with
 ARROWSTATE_BENCH_WIRE_DIR, any case or bench mode): each <pid>.wire through a Worker of its
 own in this process, its answers dropped, the CPU seconds a task of the whole worker (the
-frames, headers, families, commits and metrics; not the socket's system calls).
+frames, headers, families, commits and metrics; not the socket's system calls), and the
+median of each task's CPU in serve_task, which ARROWSTATE_BENCH_TASK_CPU_DIR times in Spark.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import os
 import pickle
 import pstats
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -125,8 +127,10 @@ def replay(tasks: list, timing: collections.Counter, hash_table_min_keys: int) -
         shutil.rmtree(snapshots, ignore_errors=True)
 
 
-def replay_wire(paths: list[str]) -> tuple[int, float]:
-    """Each recorded worker's conversation served again: the tasks and the CPU seconds."""
+def replay_wire(paths: list[str]) -> tuple[list[float], float]:
+    """Each recorded worker's conversation served again: each task's CPU seconds in
+    serve_task (as ARROWSTATE_BENCH_TASK_CPU_DIR times them in Spark) and the CPU seconds
+    of the whole."""
     from arrowstate import worker
 
     class Recorded:
@@ -140,12 +144,16 @@ def replay_wire(paths: list[str]) -> tuple[int, float]:
             return None
 
     local = tempfile.mkdtemp(prefix="replay-wire-")
-    served = [0]
+    served: list[float] = []
     serve_task = worker.Worker.serve_task
 
     def task(self, f, header, schema):
-        served[0] += 1
-        return serve_task(self, f, {**header, "localDir": local}, schema)
+        header = {**header, "localDir": local}
+        start = time.thread_time()
+        try:
+            return serve_task(self, f, header, schema)
+        finally:
+            served.append(time.thread_time() - start)
 
     worker.Worker.serve_task = task
     thresholds = gc.get_threshold()
@@ -162,7 +170,7 @@ def replay_wire(paths: list[str]) -> tuple[int, float]:
         worker.Worker.serve_task = serve_task
         gc.set_threshold(*thresholds)
         shutil.rmtree(local, ignore_errors=True)
-    return served[0], spent
+    return served, spent
 
 
 def main() -> None:
@@ -187,10 +195,12 @@ def main() -> None:
     if args.what == "wire":
         paths = sorted(glob.glob(os.path.join(args.dir, "*.wire")))
         for _ in range(args.repeat):
-            tasks, spent = replay_wire(paths)
-            print(json.dumps({"workers": len(paths), "tasks": tasks,
+            served, spent = replay_wire(paths)
+            print(json.dumps({"workers": len(paths), "tasks": len(served),
                               "cpu_s": round(spent, 3),
-                              "cpu_ms_per_task": round(spent * 1000 / max(tasks, 1), 3)}),
+                              "cpu_ms_per_task": round(spent * 1000 / max(len(served), 1), 3),
+                              "serve_task_us_median": round(statistics.median(served) * 1e6)
+                              if served else None}),
                   flush=True)
         if args.profile:
             profile = cProfile.Profile(time.process_time)

@@ -10,6 +10,10 @@ through `bench_lib/worker_python` (as `spark.arrowstate.pythonExec`, see `sessio
 - ARROWSTATE_BENCH_WIRE_DIR: every byte a worker reads from the JVM is appended to
   <dir>/<pid>.wire, for `replay_tasks.py wire` to serve again in one process, the whole
   worker (frames, headers, families, commits, metrics) but the socket's system calls.
+- ARROWSTATE_BENCH_TASK_CPU_DIR: each task's CPU time in the thread that serves it (the
+  time the worker runs its Python and system calls for the task, not its waits for the
+  JVM) is appended to <dir>/<pid>.txt, in microseconds, a line a task (written every 100
+  tasks); `replay_tasks.py wire` prints the same figure for the same tasks without Spark.
 - ARROWSTATE_BENCH_PROFILE_DIR: each task is profiled by cProfile on the process's CPU clock
   (time waiting for the JVM counts nothing), the stats so far written to <dir>/<pid>.prof
   every 100 tasks (`python -m pstats`, or pstats.Stats over several files).
@@ -27,6 +31,7 @@ SKIP_FILE = "ARROWSTATE_BENCH_SKIP_FILE"
 RECORD_DIR = "ARROWSTATE_BENCH_RECORD_DIR"
 PROFILE_DIR = "ARROWSTATE_BENCH_PROFILE_DIR"
 WIRE_DIR = "ARROWSTATE_BENCH_WIRE_DIR"
+TASK_CPU_DIR = "ARROWSTATE_BENCH_TASK_CPU_DIR"
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_python")
 HANDED = ("lookup", "process", "initial_state")   # the family calls a task's frames make
 
@@ -91,6 +96,23 @@ def _profiled_tasks(serve_task, directory: str):
     return serve
 
 
+def _timed_tasks(serve_task, directory: str):
+    served: list[float] = []
+
+    @functools.wraps(serve_task)
+    def serve(self, f, header, input_schema):
+        start = time.thread_time()
+        try:
+            return serve_task(self, f, header, input_schema)
+        finally:
+            served.append(time.thread_time() - start)
+            if len(served) == 100:
+                with open(os.path.join(directory, f"{os.getpid()}.txt"), "a") as out:
+                    out.writelines(f"{s * 1e6:.0f}\n" for s in served)
+                served.clear()
+    return serve
+
+
 def _recording_wire(directory: str) -> None:
     """The connection's reads teed to <directory>/<pid>.wire as they come (flushed each time:
     Spark may kill an idle worker without a word)."""
@@ -120,6 +142,9 @@ def main() -> None:
                                                     os.environ[RECORD_DIR])
     if os.environ.get(WIRE_DIR):
         _recording_wire(os.environ[WIRE_DIR])
+    if os.environ.get(TASK_CPU_DIR):
+        worker.Worker.serve_task = _timed_tasks(worker.Worker.serve_task,
+                                                os.environ[TASK_CPU_DIR])
     if os.environ.get(PROFILE_DIR):
         worker.Worker.serve_task = _profiled_tasks(worker.Worker.serve_task,
                                                    os.environ[PROFILE_DIR])

@@ -7,7 +7,7 @@ import os
 import signal
 
 
-WORKER = b"arrowstate.worker"
+WORKERS = (b"arrowstate.worker", b"bench_lib.worker")   # the bench's wraps arrowstate's
 DAEMON = b"arrowstate.worker_daemon"   # users' functions' workers are forked from it
 
 
@@ -26,7 +26,7 @@ def state_worker_pids() -> list[int]:
     for path in glob.glob("/proc/[0-9]*/cmdline"):
         pid = int(path.split("/")[2])
         args = _args(pid)
-        if WORKER in args or (DAEMON in args and DAEMON in _args(parent_pid(pid))):
+        if any(w in args for w in WORKERS) or (DAEMON in args and DAEMON in _args(parent_pid(pid))):
             pids.append(pid)
     return pids
 
