@@ -42,7 +42,6 @@ FRAME_SPECS: dict[str, Frame] = {
 FRAMES: dict[str, int] = {name: f.tag for name, f in FRAME_SPECS.items()}
 FRAME_TYPES: tuple[str, ...] = tuple(_SPEC["frameTypes"])
 PAYLOADS: dict[str, dict[str, Any]] = dict(_SPEC["payloads"])
-HEADER_FIELDS: tuple[str, ...] = tuple(PAYLOADS["header"]["properties"])
 # what contract.json's schemas may use: the JVM's checker implements exactly these
 SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties",
                              "items", "enum", "description", "x-payload"})

@@ -164,7 +164,9 @@ def _write_value(f: BinaryIO, frame: str, field: str, kind: str, value: Any) -> 
             raise _violation(frame, f"{field}.{bad[0]}",
                              f"{bad[0]}={bad[1]!r} is not a declared metric's integer "
                              f"value") from e
-    elif kind.startswith(("json:", "sharedJson:")):
+    elif kind.startswith("optionalJson:") and value is None:
+        write_bytes(f, b"")
+    elif kind.startswith(("json:", "sharedJson:", "optionalJson:")):
         check_payload(kind.partition(":")[2], value)
         write_bytes(f, json.dumps(value).encode())
     else:
@@ -204,6 +206,13 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
         return value
     if kind.startswith("sharedJson:"):
         return _shared_json(read_bytes(f), kind[11:])
+    if kind.startswith("optionalJson:"):
+        text = read_bytes(f)
+        if not text:
+            return None
+        value = json.loads(text)
+        check_payload(kind[13:], value)
+        return value
     raise _violation(frame, field, f"unknown field type {kind!r}")
 
 

@@ -4,8 +4,9 @@ One process serves one task at a time and keeps every operator partition it has 
 memory, keyed by its checkpoint directory, so a steady-state micro-batch needs no file read.
 A connection opens with HELLO both ways (protocol and package versions); then a task's
 conversation (frames and their bodies in contract.json, read and written by protocol.py):
-  TASK header, the operator's shared fields (read and checked once per micro-batch), input
-  schema -> [LIST_FILES, READ_FILE name ...: the worker reads what it needs] -> READY
+  TASK the task's own fields (binary), the executor's and the operator's shared fields
+  (JSON read and checked once per executor and micro-batch), input schema ->
+  [LIST_FILES, READ_FILE name ...: the worker reads what it needs] -> READY
   (DATA | LOOKUP | INITIAL_STATE) batch -> DATA answer | NO_DATA   (repeated; LOOKUP only
   reads state)
   END (with the last batch) -> DATA batch* END
@@ -138,6 +139,19 @@ def task_family(header: dict[str, Any], input_schema: pa.Schema):
         environment.set_spark_files(header["sparkFilesDir"],
                                     header["operator"].get("pythonIncludes", []))
     return REGISTRY[header["family"]](header["operator"], input_schema)
+
+
+def task_header(state_key: str, partition_id: int, version: int, checkpoint_id: str,
+                base_checkpoint_id: str, drop: list[str], task: dict[str, Any] | None,
+                executor: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """TASK's fields as one task header: the task's own, the executor's and the operator
+    run's (contract.json's TASK names each; a checkpoint id is None where it is empty)."""
+    return {"family": run["family"], "stateKey": state_key, "queryRunId": run["queryRunId"],
+            "operatorId": run["operatorId"], "partitionId": partition_id, "version": version,
+            "checkpointId": checkpoint_id or None,
+            "baseCheckpointId": base_checkpoint_id or None, "drop": drop, "task": task,
+            "sparkFilesDir": executor["sparkFilesDir"], "localDir": executor["localDir"],
+            "operator": run["operator"], "conf": run["conf"]}
 
 
 class Worker:
@@ -322,9 +336,7 @@ class Worker:
                     greet(f, *body)
                     greeted = True
                 elif name == "TASK":
-                    header, run, schema = body
-                    self.serve_task(f, {**header, "operator": run["operator"],
-                                        "conf": run["conf"]}, input_schema(schema))
+                    self.serve_task(f, task_header(*body[:-1]), input_schema(body[-1]))
                 elif name == "DROP":
                     self.drop(f, body[0])
                 elif name == "READ_STATE":

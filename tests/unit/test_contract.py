@@ -107,20 +107,45 @@ def test_every_family_declares_its_operator_payload_and_every_frame_type_is_know
         for fields in (frame.from_jvm, frame.from_python, frame.reply):
             for _, kind in fields or ():
                 assert kind in contract.FRAME_TYPES or (
-                    kind.startswith(("json:", "sharedJson:"))
+                    kind.startswith(("json:", "sharedJson:", "optionalJson:"))
                     and kind.partition(":")[2] in contract.PAYLOADS), (frame, kind)
 
 
-def _header():
-    return {"family": "deduplicate", "stateKey": "/ck/state/0/1", "queryRunId": "run",
-            "operatorId": 0, "partitionId": 1, "version": 3, "checkpointId": None,
-            "baseCheckpointId": None, "drop": [],
-            "task": None, "sparkFilesDir": "/tmp", "localDir": "/tmp"}
+def _executor():
+    """What an executor's tasks share (the `executor` payload)."""
+    return {"sparkFilesDir": "/tmp", "localDir": "/tmp"}
+
+
+def _task_context():
+    """pyspark's TaskContext as the JVM sends it (the `task` payload)."""
+    return {"stageId": 1, "stageAttemptNumber": 0, "partitionId": 1, "attemptNumber": 0,
+            "taskAttemptId": 7, "cpus": 1, "localProperties": {}}
+
+
+def _task_frame(run_text: bytes, task_text: bytes = b"", checkpoint_ids=("", "")) -> bytes:
+    """A TASK as the JVM writes it: the task's own fields, then the shared ones."""
+    import io
+    import json
+
+    f = io.BytesIO()
+    protocol.write_int(f, contract.FRAMES["TASK"])
+    protocol.write_str(f, "/ck/state/0/1")
+    protocol.write_int(f, 1)
+    protocol.write_long(f, 3)
+    for checkpoint_id in checkpoint_ids:
+        protocol.write_str(f, checkpoint_id)
+    protocol.write_int(f, 1)
+    protocol.write_str(f, "/ck/state/0/9")
+    protocol.write_bytes(f, task_text)
+    protocol.write_bytes(f, json.dumps(_executor()).encode())
+    protocol.write_bytes(f, run_text)
+    protocol.write_bytes(f, b"")
+    return f.getvalue()
 
 
 def _run(**operator):
     """What a deduplication's tasks share (the `operatorRun` payload)."""
-    return {"family": "deduplicate",
+    return {"family": "deduplicate", "queryRunId": "run", "operatorId": 0,
             "conf": {"minDeltasForSnapshot": 10, "minVersionsToRetain": 100,
                      "maxStateBytes": 0, "stateMemoryPercent": 50,
                      "compressionCodec": "lz4", "verifyHeldState": False,
@@ -131,10 +156,12 @@ def _run(**operator):
 
 
 @pytest.mark.parametrize("payload, change, field", [
-    ("header", lambda h: h.pop("stateKey"), "stateKey"),
-    ("header", lambda h: h.update(version="3"), "version"),
-    ("header", lambda h: h.update(renamed=1), "renamed"),
-    ("header", lambda h: h.update(task={"stageId": 1}), "task.stageAttemptNumber"),
+    ("executor", lambda e: e.pop("localDir"), "localDir"),
+    ("executor", lambda e: e.update(renamed=1), "renamed"),
+    ("task", lambda t: t.pop("stageAttemptNumber"), "stageAttemptNumber"),
+    ("task", lambda t: t.update(cpus="1"), "cpus"),
+    ("operatorRun", lambda r: r.update(operatorId="0"), "operatorId"),
+    ("operatorRun", lambda r: r.pop("queryRunId"), "queryRunId"),
     ("operatorRun", lambda r: r["operator"].pop("keyCount"), "operator.keyCount"),
     ("operatorRun", lambda r: r["operator"].update(evictByKey=1), "operator.evictByKey"),
     ("operatorRun", lambda r: r["conf"].update(maxStateBytes=None), "conf.maxStateBytes"),
@@ -142,7 +169,7 @@ def _run(**operator):
 def test_a_payload_that_does_not_match_fails_naming_the_field(payload, change, field):
     from arrowstate.errors import ArrowStateError
 
-    make = _header if payload == "header" else _run
+    make = {"executor": _executor, "task": _task_context, "operatorRun": _run}[payload]
     contract.check_payload(payload, make())
     value = make()
     change(value)
@@ -159,23 +186,42 @@ def test_a_shared_json_text_is_checked_once_and_its_value_reused():
 
     from arrowstate.errors import ArrowStateError
 
-    def task(run_text: bytes) -> bytes:
-        f = io.BytesIO()
-        protocol.write_int(f, contract.FRAMES["TASK"])
-        protocol.write_bytes(f, json.dumps(_header()).encode())
-        protocol.write_bytes(f, run_text)
-        protocol.write_bytes(f, b"")
-        return f.getvalue()
-
     good = json.dumps(_run()).encode()
-    _, (_, first, _) = protocol.receive(io.BytesIO(task(good)), "TASK")
-    _, (_, again, _) = protocol.receive(io.BytesIO(task(good)), "TASK")
+    _, (*_, first, _) = protocol.receive(io.BytesIO(_task_frame(good)), "TASK")
+    _, (*_, again, _) = protocol.receive(io.BytesIO(_task_frame(good)), "TASK")
     assert first == _run() and again is first
     bad = _run()
     bad["operator"].pop("keyCount")
     with pytest.raises(ArrowStateError) as e:   # a new text is checked
-        protocol.receive(io.BytesIO(task(json.dumps(bad).encode())), "TASK")
+        protocol.receive(io.BytesIO(_task_frame(json.dumps(bad).encode())), "TASK")
     assert e.value.parameters["field"] == "operator.keyCount"
+
+
+def test_a_tasks_binary_fields_and_shared_ones_make_the_header_the_worker_serves():
+    import io
+    import json
+
+    from arrowstate import worker
+    from arrowstate.errors import ArrowStateError
+
+    run = json.dumps(_run()).encode()
+    _, body = protocol.receive(io.BytesIO(_task_frame(run)), "TASK")
+    header = worker.task_header(*body[:-1])
+    assert header == {
+        "family": "deduplicate", "stateKey": "/ck/state/0/1", "queryRunId": "run",
+        "operatorId": 0, "partitionId": 1, "version": 3, "checkpointId": None,
+        "baseCheckpointId": None, "drop": ["/ck/state/0/9"], "task": None,
+        "sparkFilesDir": "/tmp", "localDir": "/tmp", "operator": _run()["operator"],
+        "conf": _run()["conf"]}
+    # under checkpoint format v2, with a TaskContext (a family that runs user code)
+    frame = _task_frame(run, json.dumps(_task_context()).encode(), ("id-4", "id-3"))
+    header = worker.task_header(*protocol.receive(io.BytesIO(frame), "TASK")[1][:-1])
+    assert (header["checkpointId"], header["baseCheckpointId"]) == ("id-4", "id-3")
+    assert header["task"] == _task_context()
+    bad = {**_task_context(), "cpus": "1"}
+    with pytest.raises(ArrowStateError) as e:
+        protocol.receive(io.BytesIO(_task_frame(run, json.dumps(bad).encode())), "TASK")
+    assert (e.value.parameters["payload"], e.value.parameters["field"]) == ("task", "cpus")
 
 
 def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
@@ -241,7 +287,8 @@ def test_frames_cross_as_declared_and_a_frame_out_of_turn_fails():
             protocol.send(io.BytesIO(), "COMMITTED", metrics)
         assert e.value.parameters["field"] == field
     with pytest.raises(ArrowStateError, match="does not send"):
-        protocol.send(io.BytesIO(), "TASK", _header(), _run(), b"")
+        protocol.send(io.BytesIO(), "TASK", "/ck/state/0/1", 1, 3, "", "", [], None,
+                      _executor(), _run(), b"")
     # what the JVM sends, read back: a TASK is expected, a DATA is not
     jvm = io.BytesIO()
     protocol.write_int(jvm, contract.FRAMES["DROP"])

@@ -9,7 +9,7 @@ import org.json4s.JsonDSL._
 import org.apache.spark.sql.arrowstate.contract.{CheckedJson, Contract, ContractSchema}
 import org.apache.spark.sql.arrowstate.errors.{ArrowStateException, ArrowStatePythonException}
 import org.apache.spark.sql.arrowstate.store.StateMaintenance
-import org.apache.spark.sql.arrowstate.worker.{FrameCodec, WorkerMetrics}
+import org.apache.spark.sql.arrowstate.worker.{FrameCodec, StateHeader, WorkerMetrics}
 
 /** FrameCodec writes and reads every frame as contract.json declares it; ContractSchema
  * fails a payload that does not match, naming the field. */
@@ -39,16 +39,12 @@ object FramingTests extends UnitTests {
     out.write(b)
   }
 
-  private val header: JValue =
-    ("family" -> "deduplicate") ~ ("stateKey" -> "/ck/state/0/1") ~ ("queryRunId" -> "run") ~
-      ("operatorId" -> 0) ~ ("partitionId" -> 1) ~ ("version" -> 3L) ~
-      ("checkpointId" -> JNull) ~ ("baseCheckpointId" -> JNull) ~
-      ("drop" -> List.empty[String]) ~ ("task" -> JNull) ~ ("sparkFilesDir" -> "/tmp") ~
-      ("localDir" -> "/tmp")
+  private val header = StateHeader("/ck/state/0/1", 1, 3L, "", "", Seq("/ck/state/0/9"), JNull)
+  private val executor: JValue = ("sparkFilesDir" -> "/tmp") ~ ("localDir" -> "/tmp")
 
   /** What a deduplication's tasks share (the `operatorRun` payload) with these fields. */
   private def run(operator: JValue): JValue =
-    ("family" -> "deduplicate") ~
+    ("family" -> "deduplicate") ~ ("queryRunId" -> "run") ~ ("operatorId" -> 0) ~
       ("conf" -> (("minDeltasForSnapshot" -> 10L) ~ ("minVersionsToRetain" -> 100L) ~
         ("maxStateBytes" -> 0L) ~ ("stateMemoryPercent" -> 50L) ~ ("memoryBytes" -> 0L) ~
         ("fileChunkBytes" -> 4194304L) ~ ("fileMemoryBytes" -> 67108864L) ~
@@ -76,16 +72,42 @@ object FramingTests extends UnitTests {
     assertEqual(in.available(), 0)
   }
 
-  test("a TASK's header and shared fields are checked before they are sent; good ones cross whole") {
+  test("a TASK's own fields cross in binary, its shared ones checked before they are sent") {
     val shared = new CheckedJson("operatorRun", run(dedup))
-    val bytes = written(_.write(Contract.Frame.Task, header, shared, Array[Byte](1, 2)))
-    val text = new String(bytes, UTF_8)
+    val onExecutor = new CheckedJson("executor", executor)
+    def task(values: Any*): Array[Byte] = written(_.write(Contract.Frame.Task,
+      header.fields ++ values: _*))
+    val bytes = task(onExecutor, shared, Array[Byte](1, 2))
+    val in = new DataInputStream(new ByteArrayInputStream(bytes))
+    def string(): String = {
+      val b = new Array[Byte](in.readInt())
+      in.readFully(b)
+      new String(b, UTF_8)
+    }
+    assertEqual(in.readInt(), Contract.Frame.Task.tag)
+    assertEqual(string(), "/ck/state/0/1")
+    assertEqual(in.readInt(), 1)
+    assertEqual(in.readLong(), 3L)
+    assertEqual(string(), "")   // no checkpoint ids: format v1
+    assertEqual(string(), "")
+    assertEqual(in.readInt(), 1)
+    assertEqual(string(), "/ck/state/0/9")
+    assertEqual(string(), "")   // no TaskContext: an empty optionalJson
+    assertEqual(string(), "{\"sparkFilesDir\":\"/tmp\",\"localDir\":\"/tmp\"}")
+    val text = string()
     assertTrue(text.contains("\"keyCount\":1") && !text.contains("delayMs"), text)
     assertTrue(text.contains("\"queryRunId\":\"run\""), text)
+    assertEqual(in.readInt(), 2)
+    assertEqual(in.available(), 2)
     // the shared fields go as the bytes rendered once; a JValue is checked and rendered
-    assertTrue(bytes.containsSlice(shared.bytes))
-    assertEqual(written(_.write(Contract.Frame.Task, header, run(dedup), Array[Byte](1, 2)))
-      .toSeq, bytes.toSeq)
+    assertEqual(task(executor, run(dedup), Array[Byte](1, 2)).toSeq, bytes.toSeq)
+    // a TaskContext crosses as its JSON
+    val context: JValue = ("stageId" -> 1) ~ ("stageAttemptNumber" -> 0) ~
+      ("partitionId" -> 1) ~ ("attemptNumber" -> 0) ~ ("taskAttemptId" -> 7L) ~ ("cpus" -> 1) ~
+      ("localProperties" -> JObject())
+    val withContext = written(_.write(Contract.Frame.Task,
+      header.copy(task = context).fields ++ Seq(onExecutor, shared, Array[Byte]()): _*))
+    assertTrue(new String(withContext, UTF_8).contains("\"taskAttemptId\":7"))
   }
 
   test("a payload that does not match fails naming the field") {
@@ -95,15 +117,17 @@ object FramingTests extends UnitTests {
     val retyped = dedup.transformField { case ("evictByKey", _) => "evictByKey" -> JInt(1) }
     assertEqual(violation(ContractSchema.check("operatorRun", run(retyped)))
       .getMessageParameters.get("field"), "operator.evictByKey")
-    val renamed = header merge (("stateKeyy" -> "x"): JValue)
-    assertEqual(violation(ContractSchema.check("header", renamed))
+    val renamed = executor merge (("stateKeyy" -> "x"): JValue)
+    assertEqual(violation(ContractSchema.check("executor", renamed))
       .getMessageParameters.get("field"), "stateKeyy")
-    val wrongTask = header.transformField { case ("task", _) => "task" -> ("cpus" -> 1) }
-    assertEqual(violation(ContractSchema.check("header", wrongTask))
-      .getMessageParameters.get("field"), "task.stageId")
+    val wrongTask: JValue = "cpus" -> 1
+    assertEqual(violation(ContractSchema.check("task", wrongTask))
+      .getMessageParameters.get("field"), "stageId")
     // and the codec refuses to send them, or to make the shared fields at all
-    violation(written(_.write(Contract.Frame.Task, wrongTask, run(dedup), Array.emptyByteArray)))
-    violation(written(_.write(Contract.Frame.Task, header, run(missing), Array.emptyByteArray)))
+    violation(written(_.write(Contract.Frame.Task, header.copy(task = wrongTask).fields ++
+      Seq(executor, run(dedup), Array.emptyByteArray): _*)))
+    violation(written(_.write(Contract.Frame.Task,
+      header.fields ++ Seq(executor, run(missing), Array.emptyByteArray): _*)))
     violation(new CheckedJson("operatorRun", run(missing)))
   }
 

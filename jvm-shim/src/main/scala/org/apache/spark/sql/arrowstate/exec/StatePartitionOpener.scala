@@ -14,7 +14,8 @@ import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles}
 import org.apache.spark.sql.arrowstate.tools.StateConversion
-import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, WorkerSettings}
+import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, StateHeader,
+  WorkerSettings}
 
 /**
  * Made on the driver: opens a task's exchange with the Python worker for one partition of an
@@ -43,7 +44,8 @@ case class StatePartitionOpener(
   /** What every task of this operator in this micro-batch shares (the `operatorRun`
    * payload): checked and rendered once, on the driver (StateTasks.rdd reads it there). */
   lazy val run: CheckedJson = new CheckedJson("operatorRun",
-    ("family" -> family) ~ ("conf" -> storeConf) ~ ("operator" -> operator))
+    ("family" -> family) ~ ("queryRunId" -> info.queryRunId.toString) ~
+      ("operatorId" -> info.operatorId) ~ ("conf" -> storeConf) ~ ("operator" -> operator))
 
   def open(partitionId: Int): StateExchange = {
     val dir = StateFiles.partitionDir(info.checkpointLocation, info.operatorId, partitionId)
@@ -63,12 +65,12 @@ case class StatePartitionOpener(
       val encoder = new ArrowBatchEncoder(sentSchema, timeZone)
       try {
         exchange.begin(
-          StateHeader(family, info, partitionId, dir.toString, exchange.staleKeysToDrop,
+          StateHeader(info, partitionId, dir.toString, exchange.staleKeysToDrop,
             // pyspark's TaskContext, for user code only: its local properties (every SQL
             // setting of a streaming query's session) are kilobytes a task
             if (Contract.family(family).userCode) TaskEnvironment.current() else JNull,
-            localDir, exchange.checkpointIds),
-          run, encoder.schemaIpc)
+            exchange.checkpointIds),
+          StateHeader.executor(localDir), run, encoder.schemaIpc)
       } finally encoder.close()
     }
   }

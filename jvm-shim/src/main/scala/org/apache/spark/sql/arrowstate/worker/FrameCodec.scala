@@ -3,7 +3,7 @@ package org.apache.spark.sql.arrowstate.worker
 import java.io.{DataInputStream, DataOutputStream, EOFException, InputStream}
 import java.nio.charset.StandardCharsets.UTF_8
 
-import org.json4s.JValue
+import org.json4s.{JNull, JValue}
 import org.json4s.jackson.JsonMethods
 
 import org.apache.spark.sql.arrowstate.contract.Contract.FrameSpec
@@ -20,7 +20,8 @@ import org.apache.spark.sql.arrowstate.store.StateMaintenance.NamedFile
  *
  * Values by type: int Int, long Long, bytes/arrow Array[Byte], string String, strings
  * Seq[String], namedFiles Seq[NamedFile], metrics Map[String, Long], json:* JValue,
- * sharedJson:* a CheckedJson (checked and rendered once where it was made) or a JValue;
+ * optionalJson:* a JValue or JNull (none), sharedJson:* a CheckedJson (checked and rendered
+ * once where it was made) or a JValue;
  * chunks (a file of any size, streamed) FrameCodec.Chunks to write, and read as an
  * InputStream over the chunks as they come, which the caller reads to its end before the
  * next frame.
@@ -108,7 +109,10 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
           case (name, value) => throw ArrowStateException.contract(frame, s"$field.$name",
             s"$name=$value is not a declared metric's Long value")
         }
-      case (json, v: JValue) if json.startsWith("json:") || json.startsWith("sharedJson:") =>
+      case (optional, JNull) if optional.startsWith("optionalJson:") =>
+        writeBytes(Array.emptyByteArray)
+      case (json, v: JValue) if json.startsWith("json:") || json.startsWith("sharedJson:") ||
+          json.startsWith("optionalJson:") =>
         ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
         writeBytes(JsonText.compact(v).getBytes(UTF_8))
       case (shared, v: CheckedJson) if shared == s"sharedJson:${v.payload}" =>
@@ -144,10 +148,14 @@ class FrameCodec(in: DataInputStream, out: DataOutputStream) {
       val stream = new ChunkedInput(frame, field)
       streaming = Some(stream)
       stream
-    case json if json.startsWith("json:") || json.startsWith("sharedJson:") =>
-      val v = JsonMethods.parse(new String(readBytes(), UTF_8))
-      ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
-      v
+    case json if json.startsWith("json:") || json.startsWith("sharedJson:") ||
+        json.startsWith("optionalJson:") =>
+      val text = readBytes()
+      if (text.isEmpty && json.startsWith("optionalJson:")) JNull else {
+        val v = JsonMethods.parse(new String(text, UTF_8))
+        ContractSchema.check(json.substring(json.indexOf(':') + 1), v)
+        v
+      }
     case other => throw ArrowStateException.contract(frame, field, s"unknown type $other")
   }
 

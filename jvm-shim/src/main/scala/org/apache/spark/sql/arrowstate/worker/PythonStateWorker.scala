@@ -107,12 +107,12 @@ class PythonStateWorker(
 
   // -- a task (python/arrowstate/worker.py's docstring: TASK ... COMMITTED) --
 
-  /** TASK: the header (checked against contract.json), what the operator's tasks share
+  /** TASK: the task's own fields, what the executor's and the operator's tasks share
    * (checked once) and the schema of the rows sent; flushed, or left to go with the task's
    * first frame. */
-  def beginTask(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte],
-      flush: Boolean): Unit = {
-    codec.write(Contract.Frame.Task, header, run, inputSchemaIpc)
+  def beginTask(header: StateHeader, executor: CheckedJson, run: CheckedJson,
+      inputSchemaIpc: Array[Byte], flush: Boolean): Unit = {
+    codec.write(Contract.Frame.Task, header.fields ++ Seq(executor, run, inputSchemaIpc): _*)
     if (flush) codec.flush()
   }
 

@@ -2,8 +2,6 @@ package org.apache.spark.sql.arrowstate.worker
 
 import scala.collection.mutable
 
-import org.json4s.JValue
-
 import org.apache.spark.SparkException
 import org.apache.spark.TaskContext
 import org.apache.spark.internal.Logging
@@ -63,8 +61,9 @@ class StateExchange(
    * is read before the first answer. A worker that must load the state gets TASK at once, so
    * the load overlaps the task's first input; one that holds it gets TASK with the first
    * frame, one send and one wake-up fewer. */
-  def begin(header: JValue, run: CheckedJson, inputSchemaIpc: Array[Byte]): Unit = timed {
-    worker.beginTask(header, run, inputSchemaIpc, flush = !holdsState)
+  def begin(header: StateHeader, executor: CheckedJson, run: CheckedJson,
+      inputSchemaIpc: Array[Byte]): Unit = timed {
+    worker.beginTask(header, executor, run, inputSchemaIpc, flush = !holdsState)
     readySeen = false
   }
 
