@@ -14,8 +14,8 @@ import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, CheckedJson, Contract}
 import org.apache.spark.sql.arrowstate.store.{CheckpointIds, StateFiles}
 import org.apache.spark.sql.arrowstate.tools.StateConversion
-import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment, StateExchange, StateHeader,
-  WorkerSettings}
+import org.apache.spark.sql.arrowstate.worker.{CommittedPartitions, FunctionEnvironment,
+  StateExchange, StateHeader, WorkerSettings}
 
 /**
  * Made on the driver: opens a task's exchange with the Python worker for one partition of an
