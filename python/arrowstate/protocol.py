@@ -200,18 +200,14 @@ def _read_value(f: BinaryIO, frame: str, field: str, kind: str) -> Any:
                 raise _violation(frame, field, f"no metric is declared at place {place}")
             metrics[_METRIC_NAMES[place]] = value
         return metrics
-    if kind.startswith("json:"):
-        value = json.loads(read_bytes(f))
-        check_payload(kind[5:], value)
-        return value
     if kind.startswith("sharedJson:"):
         return _shared_json(read_bytes(f), kind[11:])
-    if kind.startswith("optionalJson:"):
+    if kind.startswith(("json:", "optionalJson:")):
         text = read_bytes(f)
-        if not text:
+        if not text and kind.startswith("optionalJson:"):   # none
             return None
         value = json.loads(text)
-        check_payload(kind[13:], value)
+        check_payload(kind.partition(":")[2], value)
         return value
     raise _violation(frame, field, f"unknown field type {kind!r}")
 
