@@ -125,12 +125,16 @@ def _micro_batch_run(spark, tmp_path, build):
 
 
 # spark.arrowstate.realTime.flushMs: 0 (the default) sends the rows queued when the worker
-# is free; above 0 a flush waits that long after its first row for more
-@pytest.mark.parametrize("family,flush_ms", [*((f, 0) for f in sorted(FAMILIES)),
-                                             ("transformWithState", 20)])
+# is free; above 0 a flush waits that long after its first row for more. A flush of at most
+# one row (maxRecordsPerBatch 1) has the input's thread wait while one is in flight.
+@pytest.mark.parametrize("family,flush_ms,flush_rows", [
+    *((f, 0, None) for f in sorted(FAMILIES)), ("transformWithState", 20, None),
+    ("transformWithStateInPandas", 0, 1)])
 def test_python_state_functions_run_in_real_time_mode(spark, spark_conf, real_time_conf,
-                                                      tmp_path, family, flush_ms):
+                                                      tmp_path, family, flush_ms, flush_rows):
     spark_conf(**{"spark.arrowstate.realTime.flushMs": flush_ms})
+    if flush_rows:
+        spark_conf(**{"spark.sql.execution.arrow.maxRecordsPerBatch": flush_rows})
     build, node = FAMILIES[family]
     expected, native_checkpoint = _micro_batch_run(spark, tmp_path, build)
     rows, plans, checkpoint = _real_time_run(spark, tmp_path, build)

@@ -1,6 +1,6 @@
 package org.apache.spark.sql.arrowstate.exec
 
-import java.util.concurrent.{LinkedBlockingQueue, TimeUnit}
+import scala.collection.mutable
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
@@ -13,15 +13,19 @@ import org.apache.spark.sql.arrowstate.worker.StateExchange
 /**
  * A partition's rows in real-time mode, where the input of a batch goes on for the batch's
  * whole duration and each row's result is wanted as it arrives: rows go to the worker in
- * small flushes and each flush's answer is yielded before the next row is waited for.
+ * small flushes, one in flight at a time, and each flush's answer is yielded as it comes.
  *
  * A flush begins with the first row that arrives and takes the rows that come within
- * `flushNanos` after it (spark.arrowstate.realTime.flushMs), at most `maxRows`. Waiting on
- * the input is bounded that way only if it is not blocked in the input iterator, which
- * blocks until the next row comes: so a thread of the task reads the input (copying each
- * row) into a queue, and the task's thread gathers flushes from the queue, sends them and
- * yields what `answer` makes of each flush's rows (given only when `keepInput`) and the
- * worker's answer to it. Only the task's thread encodes and talks to the worker.
+ * `flushNanos` after it (spark.arrowstate.realTime.flushMs), at most `maxRows`; with 0, the
+ * rows that came while the last flush was in flight. The input iterator blocks until the
+ * next row comes, so a thread of the task reads it, and that thread posts a flush itself when
+ * none is in flight and its gathering is over: a row that finds the worker free goes to it
+ * straight from the input's thread, without waking the task's thread first (one wake-up
+ * fewer on the row's way, each one a wait for a core on a busy executor). The task's thread
+ * reads the answers (only it reads from the worker), posts the rows that came meanwhile at
+ * once, before it yields what `answer` makes of the answered flush's rows (kept only when
+ * `keepInput`) and the worker's answer, and posts a gathering flush at its deadline. Posting
+ * (the encoder, the socket's writes) is under `lock`.
  */
 class RealTimeRows(
     rows: Iterator[InternalRow],
@@ -37,9 +41,33 @@ class RealTimeRows(
   // the state is loaded before the first row comes, not on the first flush's time
   exchange.awaitReady()
 
-  private case class Failed(cause: Throwable)
-  private val End = new Object
-  private val queue = new LinkedBlockingQueue[AnyRef]()
+  private val lock = new Object
+  // under lock: the flush being gathered, the one in flight, the input's end or failure
+  private var gathered = 0
+  private var gatherDeadline = 0L
+  private var gatheredRows = mutable.ArrayBuffer[InternalRow]()
+  private var inFlight = false
+  private var inFlightRows: Seq[InternalRow] = Nil
+  private var postedAt = 0L
+  private var answered: Option[Array[Byte]] = None
+  private var ended = false
+  private var failure: Throwable = null
+  private var closed = false   // the task is over: nothing more goes to the worker
+
+  private def gatheringOver: Boolean =
+    gathered >= maxRows || ended || System.nanoTime() - gatherDeadline >= 0
+
+  /** Posts the gathered rows as one flush (under lock, none in flight). */
+  private def post(): Unit = {
+    val batch = encoder.finishBatch()
+    inFlightRows = gatheredRows.toSeq
+    gatheredRows = mutable.ArrayBuffer[InternalRow]()
+    gathered = 0
+    postedAt = System.nanoTime()
+    exchange.post(batch)(a => answered = a)
+    inFlight = true
+    lock.notifyAll()
+  }
 
   private val context = TaskContext.get()
   private val reader = new Thread(
@@ -47,53 +75,68 @@ class RealTimeRows(
     override def run(): Unit = {
       TaskContext.setTaskContext(context)
       try {
-        while (rows.hasNext) queue.put(rows.next().copy())
-        queue.put(End)
+        var open = true
+        while (open && rows.hasNext) {
+          val row = rows.next()
+          open = lock.synchronized {
+            while (gathered >= maxRows && !closed) lock.wait()   // the worker is behind
+            if (!closed) {
+              if (gathered == 0) gatherDeadline = System.nanoTime() + flushNanos
+              encoder.append(project(row))
+              if (keepInput) gatheredRows += row.copy()
+              gathered += 1
+              if (!inFlight && gatheringOver) post()
+              else if (gathered == 1) lock.notifyAll()   // the task's thread times the gathering
+            }
+            !closed
+          }
+        }
+        lock.synchronized { ended = true; lock.notifyAll() }
       } catch {
         case _: InterruptedException =>   // the task ended first
-        case t: Throwable => queue.put(Failed(t))
+        case t: Throwable => lock.synchronized { failure = t; lock.notifyAll() }
       } finally TaskContext.unset()
     }
   }
   reader.setDaemon(true)
   reader.start()
-  context.addTaskCompletionListener[Unit](_ => reader.interrupt())
+  context.addTaskCompletionListener[Unit] { _ =>
+    lock.synchronized { closed = true; lock.notifyAll() }
+    reader.interrupt()
+  }
 
   private var current: Iterator[InternalRow] = Iterator.empty
-  private var ended = false
-  private var flushed = scala.collection.mutable.ArrayBuffer[InternalRow]()
 
-  /** Appends a queued item to the flush; false at the input's end. */
-  private def append(item: AnyRef): Boolean = item match {
-    case End => ended = true; false
-    case Failed(cause) => throw cause
-    case row: InternalRow =>
-      encoder.append(project(row))
-      if (keepInput) flushed += row
-      true
+  /** Waits until a flush is in flight (posting a gathered one at its deadline); false once
+   * the input ended with nothing left to send. */
+  private def awaitFlight(): Boolean = lock.synchronized {
+    while (!inFlight) {
+      if (failure != null) throw failure
+      if (gathered > 0 && gatheringOver) post()
+      else if (ended && gathered == 0) { closed = true; return false }
+      else if (gathered > 0) {
+        val waitNanos = gatherDeadline - System.nanoTime()
+        lock.wait(waitNanos / 1000000, (waitNanos % 1000000).toInt)
+      } else lock.wait()
+    }
+    true
   }
 
   override def hasNext: Boolean = {
     while (!current.hasNext) {
-      if (ended || !append(queue.take())) return false
-      var gathered = 1
-      val deadline = System.nanoTime() + flushNanos
-      var more = true
-      while (more && gathered < maxRows) {
-        val wait = deadline - System.nanoTime()
-        val item = if (wait > 0) queue.poll(wait, TimeUnit.NANOSECONDS) else queue.poll()
-        more = item != null && append(item)
-        if (more) gathered += 1
+      if (!awaitFlight()) return false
+      exchange.settle()   // only this thread reads; the reader posts only when none in flight
+      val (sent, out) = lock.synchronized {
+        FlushRoundTrips.record(System.nanoTime() - postedAt)
+        val done = (inFlightRows, answered)
+        inFlight = false
+        inFlightRows = Nil
+        answered = None
+        // what came meanwhile goes before this answer is yielded
+        if (gathered > 0 && gatheringOver) post() else lock.notifyAll()
+        done
       }
-      var out: Option[Array[Byte]] = None
-      val batch = encoder.finishBatch()
-      val posted = System.nanoTime()
-      exchange.post(batch)(a => out = a)
-      exchange.settle()
-      FlushRoundTrips.record(System.nanoTime() - posted)
-      val sent = flushed
-      flushed = scala.collection.mutable.ArrayBuffer[InternalRow]()
-      current = answer(sent.toSeq, out)
+      current = answer(sent, out)
     }
     true
   }
