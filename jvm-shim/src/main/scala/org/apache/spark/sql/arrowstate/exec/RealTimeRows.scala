@@ -1,5 +1,7 @@
 package org.apache.spark.sql.arrowstate.exec
 
+import java.util.concurrent.{ScheduledThreadPoolExecutor, ThreadFactory, TimeUnit}
+
 import scala.collection.mutable
 
 import org.apache.spark.TaskContext
@@ -17,15 +19,21 @@ import org.apache.spark.sql.arrowstate.worker.StateExchange
  *
  * A flush begins with the first row that arrives and takes the rows that come within
  * `flushNanos` after it (spark.arrowstate.realTime.flushMs), at most `maxRows`; with 0, the
- * rows that came while the last flush was in flight. The input iterator blocks until the
- * next row comes, so a thread of the task reads it, and that thread posts a flush itself when
- * none is in flight and its gathering is over: a row that finds the worker free goes to it
- * straight from the input's thread, without waking the task's thread first (one wake-up
- * fewer on the row's way, each one a wait for a core on a busy executor). The task's thread
- * reads the answers (only it reads from the worker), posts the rows that came meanwhile at
- * once, before it yields what `answer` makes of the answered flush's rows (kept only when
- * `keepInput`) and the worker's answer, and posts a gathering flush at its deadline. Posting
- * (the encoder, the socket's writes) is under `lock`.
+ * rows that came while the last flush was in flight.
+ *
+ * Each wake-up on a row's way is a wait for a core on a busy executor, so a flush is posted
+ * by the thread that is awake when it is due, and the task's thread sleeps only in its read
+ * of the worker's next answer (only it reads from the worker):
+ *  - the input iterator blocks until the next row comes, so a thread of the task reads it;
+ *    a row that finds no flush in flight (and its gathering over) goes to the worker from
+ *    that thread;
+ *  - the task's thread, woken by an answer, posts the rows that came meanwhile before it
+ *    yields what `answer` makes of the answered flush's rows (kept only when `keepInput`)
+ *    and the worker's answer;
+ *  - a gathering that ends with no row coming is posted by a timer.
+ * At the input's end with no flush in flight, the input's thread posts an empty flush, whose
+ * answer wakes the task's thread; a failure there destroys the worker, which wakes it too.
+ * Posting (the encoder, the socket's writes) is under `lock`.
  */
 class RealTimeRows(
     rows: Iterator[InternalRow],
@@ -49,10 +57,9 @@ class RealTimeRows(
   private var inFlight = false
   private var inFlightRows: Seq[InternalRow] = Nil
   private var postedAt = 0L
-  private var answered: Option[Array[Byte]] = None
   private var ended = false
   private var failure: Throwable = null
-  private var closed = false   // the task is over: nothing more goes to the worker
+  private var closed = false   // the task is over or its input done: nothing more is posted
 
   private def gatheringOver: Boolean =
     gathered >= maxRows || ended || System.nanoTime() - gatherDeadline >= 0
@@ -63,10 +70,32 @@ class RealTimeRows(
     inFlightRows = gatheredRows.toSeq
     gatheredRows = mutable.ArrayBuffer[InternalRow]()
     gathered = 0
-    postedAt = System.nanoTime()
-    exchange.post(batch)(a => answered = a)
     inFlight = true
-    lock.notifyAll()
+    postedAt = System.nanoTime()
+    exchange.send(batch)
+    lock.notifyAll()   // an input's thread waiting for room
+  }
+
+  /** Posts the gathered rows if their gathering is over, else has the timer post them at its
+   * deadline (under lock). */
+  private def postIfDue(): Unit = if (!inFlight && !closed && gathered > 0) {
+    if (gatheringOver) post()
+    else RealTimeRows.timer.schedule(new Runnable {
+      override def run(): Unit = posting(postIfDue())
+    }, gatherDeadline - System.nanoTime(), TimeUnit.NANOSECONDS)
+  }
+
+  /** Runs `body` under lock on a thread other than the task's: its failure is the task's,
+   * and destroys the worker, whose closed connection wakes the task's thread. */
+  private def posting(body: => Unit): Unit = {
+    val failed = lock.synchronized {
+      try { body; false } catch {
+        case t: Throwable =>
+          if (!closed && failure == null) failure = t
+          !closed
+      }
+    }
+    if (failed) exchange.abort()
   }
 
   private val context = TaskContext.get()
@@ -78,23 +107,26 @@ class RealTimeRows(
         var open = true
         while (open && rows.hasNext) {
           val row = rows.next()
-          open = lock.synchronized {
+          posting {
             while (gathered >= maxRows && !closed) lock.wait()   // the worker is behind
             if (!closed) {
               if (gathered == 0) gatherDeadline = System.nanoTime() + flushNanos
               encoder.append(project(row))
               if (keepInput) gatheredRows += row.copy()
               gathered += 1
-              if (!inFlight && gatheringOver) post()
-              else if (gathered == 1) lock.notifyAll()   // the task's thread times the gathering
+              postIfDue()
             }
-            !closed
           }
+          open = lock.synchronized(!closed && failure == null)
         }
-        lock.synchronized { ended = true; lock.notifyAll() }
+        // the task's thread waits for an answer: an empty flush's, if nothing is in flight
+        if (open) posting {
+          ended = true
+          if (!inFlight && gathered == 0 && !closed) post() else postIfDue()
+        }
       } catch {
         case _: InterruptedException =>   // the task ended first
-        case t: Throwable => lock.synchronized { failure = t; lock.notifyAll() }
+        case t: Throwable => posting(throw t)
       } finally TaskContext.unset()
     }
   }
@@ -106,35 +138,30 @@ class RealTimeRows(
   }
 
   private var current: Iterator[InternalRow] = Iterator.empty
-
-  /** Waits until a flush is in flight (posting a gathered one at its deadline); false once
-   * the input ended with nothing left to send. */
-  private def awaitFlight(): Boolean = lock.synchronized {
-    while (!inFlight) {
-      if (failure != null) throw failure
-      if (gathered > 0 && gatheringOver) post()
-      else if (ended && gathered == 0) { closed = true; return false }
-      else if (gathered > 0) {
-        val waitNanos = gatherDeadline - System.nanoTime()
-        lock.wait(waitNanos / 1000000, (waitNanos % 1000000).toInt)
-      } else lock.wait()
-    }
-    true
-  }
+  private var done = false
 
   override def hasNext: Boolean = {
     while (!current.hasNext) {
-      if (!awaitFlight()) return false
-      exchange.settle()   // only this thread reads; the reader posts only when none in flight
-      val (sent, out) = lock.synchronized {
-        FlushRoundTrips.record(System.nanoTime() - postedAt)
-        val done = (inFlightRows, answered)
+      lock.synchronized {
+        if (failure != null) throw failure
+        if (done) { closed = true; return false }
+      }
+      // something is in flight, or will be: the input's thread posts a row or the input's
+      // end, the timer a gathering
+      val out = try exchange.nextAnswer() catch {
+        case e: Throwable => lock.synchronized { if (failure != null) throw failure }; throw e
+      }
+      val sent = lock.synchronized {
+        val roundTrip = System.nanoTime() - postedAt
+        FlushRoundTrips.record(roundTrip)
+        exchange.waitedFor(roundTrip)
+        val rows = inFlightRows
         inFlight = false
         inFlightRows = Nil
-        answered = None
         // what came meanwhile goes before this answer is yielded
-        if (gathered > 0 && gatheringOver) post() else lock.notifyAll()
-        done
+        postIfDue()
+        done = !inFlight && ended && gathered == 0
+        rows
       }
       current = answer(sent, out)
     }
@@ -151,4 +178,17 @@ object RealTimeRows {
   /** How long a flush gathers rows after its first (spark.arrowstate.realTime.flushMs). */
   def flushNanos(conf: SQLConf): Long =
     ArrowStateConf.long(conf, ArrowStateConf.RealTimeFlushMs) * 1000000L
+
+  /** Posts gatherings that end with no row coming (flushMs above 0), for every task. */
+  private lazy val timer = {
+    val t = new ScheduledThreadPoolExecutor(1, new ThreadFactory {
+      override def newThread(r: Runnable): Thread = {
+        val thread = new Thread(r, "arrowstate real-time flush timer")
+        thread.setDaemon(true)
+        thread
+      }
+    })
+    t.setRemoveOnCancelPolicy(true)
+    t
+  }
 }
