@@ -205,9 +205,11 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: 
         _check_engine(name, engine, explain(False))
         time.sleep(args.rt_warmup)
         trips.drain()
+        cpu_before = _cpu(spark)
         start = time.time_ns()
         time.sleep(args.rt_seconds)
         due = producer.schedule.due_within(start, time.time_ns())
+        cpu = [after - before for after, before in zip(_cpu(spark), cpu_before)]
         round_trips = sorted(n / 1e6 for n in trips.drain())
 
         def measured():
@@ -241,10 +243,30 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: 
                 "max_ms": round(ordered[-1], 1),
                 "p50_ms_by_tenth": [round(percentile(t, 50), 1) for t in tenths if t]}
                if ordered else {}),
+            # where the window's CPU went: the machine's two cores, Spark's JVM, the state
+            # workers (what bounds latency once the cores are full)
+            "machine_busy_pct": round(100 * cpu[0] / cpu[1], 1) if cpu[1] else None,
+            "jvm_cpu_ms_per_record": round(1000 * cpu[2] / max(len(due), 1), 3),
+            "worker_cpu_ms_per_record": round(1000 * cpu[3] / max(len(due), 1), 3),
             **({"flushes": len(round_trips),
                 "flush_round_trip_p50_ms": round(percentile(round_trips, 50), 2),
                 "flush_round_trip_p99_ms": round(percentile(round_trips, 99), 2)}
                if round_trips else {})}
+
+
+def _cpu(spark) -> tuple[float, float, float, float]:
+    """The machine's busy and total CPU time (/proc/stat, all cores), then the CPU seconds of
+    Spark's JVM (the gateway's process: driver and executor in local mode) and of its state
+    workers, so far."""
+    import os
+    from procinfo import own_cpu_seconds, own_state_worker_pids   # (tests/helpers)
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]   # idle, iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return ((sum(ticks) - idle) / hz, sum(ticks) / hz,
+            own_cpu_seconds(spark.sparkContext._gateway.proc.pid),
+            sum(map(own_cpu_seconds, own_state_worker_pids())))
 
 
 def _check_engine(name: str, engine: str, plan: str) -> None:
