@@ -2,6 +2,7 @@ package org.apache.spark.sql.arrowstate.arrow
 
 import java.io.{ByteArrayInputStream, ByteArrayOutputStream}
 import java.nio.channels.Channels
+import java.util.concurrent.ConcurrentHashMap
 
 import scala.jdk.CollectionConverters._
 
@@ -121,10 +122,36 @@ object ArrowBatches {
     extends AutoCloseable {
     private val batch =
       try loaded.columnar(width) catch { case e: Throwable => loaded.close(); throw e }
-    Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit](_ => loaded.close()))
+    private val openInTask = OpenInTask.add(loaded)
     def numRows: Int = batch.numRows
     def row(i: Int): InternalRow = batch.getRow(i)
-    override def close(): Unit = loaded.close()
+    override def close(): Unit = {
+      loaded.close()
+      openInTask.foreach(_.remove(loaded))
+    }
+  }
+
+  /** The batches each running task holds open, closed when it ends: one completion listener a
+   * task, not one a batch, which a real-time task would add per flush for as long as its
+   * batch runs (each keeping its batch's objects until the task's end). */
+  private object OpenInTask {
+    private val byTask = new ConcurrentHashMap[Long, java.util.Set[LoadedBatch]]()
+
+    def add(batch: LoadedBatch): Option[java.util.Set[LoadedBatch]] =
+      Option(TaskContext.get()).map { context =>
+        val task = context.taskAttemptId()
+        var first = false
+        val open = byTask.computeIfAbsent(task, { _ =>
+          first = true
+          ConcurrentHashMap.newKeySet[LoadedBatch]()
+        })
+        open.add(batch)
+        if (first) context.addTaskCompletionListener[Unit] { _ =>
+          Option(byTask.remove(task)).foreach(_.toArray(Array.empty[LoadedBatch])
+            .foreach(_.close()))
+        }
+        open
+      }
   }
 
   def open(bytes: Array[Byte], width: Int): OpenBatch = new OpenBatch(new LoadedBatch(bytes), width)
