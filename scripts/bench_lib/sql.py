@@ -87,6 +87,7 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
     from bench_lib.checkpoints import per_batch
     from procinfo import jvm_and_state_worker_cpu_seconds
     import json
+    engines = (True,) if args.arrowstate_only else (False, True)
     source = tempfile.mkdtemp(prefix="bench-small-")
     write_batches(source, args.small_batch_rows * args.small_batch_count,
                   args.small_batch_count, args.keys)
@@ -101,7 +102,7 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                        "batches": args.small_batch_count, "runs": args.runs}
             # the engines alternate, after --warmup rounds of each (worker start, JIT)
             for i in range(args.warmup):
-                for on in ((False, True) if i % 2 == 0 else (True, False)):
+                for on in (engines if i % 2 == 0 else engines[::-1]):
                     run_once(spark, source, cases[name], on)
             triggers = {False: [], True: []}
             commits = {False: [], True: []}
@@ -109,7 +110,7 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
             asked = {False: [], True: []}
             cpu = {False: [], True: []}   # (JVM, state workers) ms per stateful task
             for i in range(args.runs):
-                for on in ((True, False) if i % 2 == 0 else (False, True)):
+                for on in (engines[::-1] if i % 2 == 0 else engines):
                     asked_before, cpu_before = requests(), jvm_and_state_worker_cpu_seconds()
                     _, progress = run_once(spark, source, cases[name], on)
                     spent = [b - a for a, b in zip(cpu_before,
@@ -126,7 +127,7 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                     updates[on].append(statistics.median(
                         sum(op["allUpdatesTimeMs"] for op in p["stateOperators"])
                         for p in steady))
-            for on in (False, True):
+            for on in engines:
                 engine = "arrowstate" if on else "native"
                 figures[f"{engine}_trigger_ms"] = round(statistics.median(triggers[on]))
                 figures[f"{engine}_commit_ms_summed_over_tasks"] = round(
@@ -140,8 +141,9 @@ def small_batches(spark, args, cases: dict, run_once, write_batches,
                         statistics.median(c[1] for c in cpu[on]), 3)
                 if asked[on][0]:
                     figures[f"{engine}_store_requests_per_batch"] = asked[on][-1]
-            figures["arrowstate_vs_native_trigger"] = round(
-                figures["arrowstate_trigger_ms"] / figures["native_trigger_ms"], 3)
+            if False in engines:
+                figures["arrowstate_vs_native_trigger"] = round(
+                    figures["arrowstate_trigger_ms"] / figures["native_trigger_ms"], 3)
             print(json.dumps(figures), flush=True)
             results.append(figures)
     finally:
