@@ -1,8 +1,7 @@
 package org.apache.spark.sql.arrowstate.worker
 
 import java.io._
-import java.nio.ByteBuffer
-import java.nio.channels.{ReadableByteChannel, WritableByteChannel}
+import java.nio.channels.Channels
 
 import scala.collection.mutable
 
@@ -36,10 +35,8 @@ class PythonStateWorker(
   if (channel.getLocalAddress.isInstanceOf[java.net.InetSocketAddress]) {
     channel.socket().setTcpNoDelay(true)
   }
-  private val in = new DataInputStream(new BufferedInputStream(
-    PythonStateWorker.inputOf(channel), 1 << 16))
-  private val out = new DataOutputStream(new BufferedOutputStream(
-    PythonStateWorker.outputOf(channel), 1 << 16))
+  private val in = new DataInputStream(new BufferedInputStream(Channels.newInputStream(channel), 1 << 16))
+  private val out = new DataOutputStream(new BufferedOutputStream(Channels.newOutputStream(channel), 1 << 16))
   /** State keys whose copy in this process went stale because another worker took them over. */
   val staleStateKeys: mutable.Set[String] = mutable.Set.empty
   /** When it was last given back (for the idle timeout). */
@@ -244,27 +241,6 @@ class PythonStateWorker(
 }
 
 object PythonStateWorker {
-  // The channel's streams, read and written directly: in real-time mode one thread waits in
-  // a read while another writes (RealTimeRows), and java.nio's Channels streams take the
-  // channel's blocking lock on each read and write, so a write would wait for the answer
-  // to the very batch it is sending.
-  private def inputOf(channel: ReadableByteChannel): InputStream = new InputStream {
-    override def read(): Int = {
-      val one = new Array[Byte](1)
-      if (read(one, 0, 1) < 0) -1 else one(0) & 0xff
-    }
-    override def read(b: Array[Byte], off: Int, len: Int): Int =
-      if (len == 0) 0 else channel.read(ByteBuffer.wrap(b, off, len))
-  }
-
-  private def outputOf(channel: WritableByteChannel): OutputStream = new OutputStream {
-    override def write(b: Int): Unit = write(Array(b.toByte), 0, 1)
-    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
-      val buffer = ByteBuffer.wrap(b, off, len)
-      while (buffer.hasRemaining) channel.write(buffer)
-    }
-  }
-
   /** What a worker's COMMIT has the task write: the columns file (name, bytes) the delta
    * needs, if the partition lacks it, then the delta; whether the delta is `held` whole in
    * memory (else `delta` reads the rest of it from the worker's connection); and the

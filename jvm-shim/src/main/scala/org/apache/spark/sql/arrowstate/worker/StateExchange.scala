@@ -25,8 +25,7 @@ class StateExchange(
   private val PythonStateWorkers.Lent(worker, drops, holdsState) =
     PythonStateWorkers.borrow(stateKey, provider, settings)
   private var finished = false
-  // (added to by two threads in real-time mode: RealTimeRows)
-  private val pythonNanos = new java.util.concurrent.atomic.AtomicLong()
+  private var pythonNanos = 0L
   private var bytesToPython = 0L
   private var bytesFromPython = 0L
 
@@ -52,7 +51,7 @@ class StateExchange(
 
   private def timed[T](body: => T): T = {
     val t0 = System.nanoTime()
-    try body finally pythonNanos.addAndGet(System.nanoTime() - t0)
+    try body finally pythonNanos += System.nanoTime() - t0
   }
 
   private var readySeen = true
@@ -114,22 +113,6 @@ class StateExchange(
       onAnswer(timed(readAnswer()))
     }
 
-  /** Real-time mode (RealTimeRows): a flush's batch, sent by whichever of the task's threads
-   * posts it, one at a time; `nextAnswer` reads its answer on the task's thread, which waits
-   * there before the batch is sent, so the wait is not timed: `waitedFor` adds the flush's
-   * round trip. */
-  def send(batchIpc: Array[Byte]): Unit = sendFrame(Contract.Frame.Data, batchIpc, flush = true)
-
-  def nextAnswer(): Option[Array[Byte]] = readAnswer()
-
-  def waitedFor(nanos: Long): Unit = pythonNanos.addAndGet(nanos)
-
-  /** Destroys the worker now, from any thread: a read of it waiting on another ends. */
-  def abort(): Unit = {
-    PythonStateWorkers.destroy(worker)
-    worker.kill()
-  }
-
   /** Sends a batch of initial-state rows (before any input); the worker answers none. */
   def initialState(batchIpc: Array[Byte]): Unit = {
     settle()
@@ -147,10 +130,7 @@ class StateExchange(
   }
 
   private def write(frame: Contract.FrameSpec, batchIpc: Array[Byte],
-      flush: Boolean = true): Unit = timed(sendFrame(frame, batchIpc, flush))
-
-  private def sendFrame(frame: Contract.FrameSpec, batchIpc: Array[Byte], flush: Boolean)
-    : Unit = {
+      flush: Boolean = true): Unit = timed {
     if (endSent) throw SparkException.internalError(s"arrowstate: ${frame.name} after END")
     worker.sendBatch(frame, batchIpc, flush)
     bytesToPython += batchIpc.length
@@ -241,7 +221,7 @@ class StateExchange(
     reported.foreach { case (k, v) => add(k, v) }
     add("commitTimeMs", commitMs)
     if (countsInstance) add("numStateStoreInstances", 1)
-    add("pythonWorkerTimeMs", pythonNanos.get / 1000000)
+    add("pythonWorkerTimeMs", pythonNanos / 1000000)
     add("arrowBytesToPython", bytesToPython)
     add("arrowBytesFromPython", bytesFromPython)
     add("stateRowsAdopted", adoptedRows)
