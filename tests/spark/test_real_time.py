@@ -125,8 +125,8 @@ def _micro_batch_run(spark, tmp_path, build):
 
 
 # spark.arrowstate.realTime.flushMs: 0 (the default) sends the rows queued when the worker
-# is free; above 0 a flush waits that long after its first row for more. A flush of at most
-# one row (maxRecordsPerBatch 1) has the input's thread wait while one is in flight.
+# is free; above 0 a flush waits that long after its first row for more. With flushes of at
+# most one row (maxRecordsPerBatch 1) the rows queued meanwhile go one flush each.
 @pytest.mark.parametrize("family,flush_ms,flush_rows", [
     *((f, 0, None) for f in sorted(FAMILIES)), ("transformWithState", 20, None),
     ("transformWithStateInPandas", 0, 1)])
