@@ -33,6 +33,7 @@ HDFS or S3: bench_lib/checkpoints.py), named on its line.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -258,7 +259,6 @@ def _cpu(spark) -> tuple[float, float, float, float]:
     """The machine's busy and total CPU time (/proc/stat, all cores), then the CPU seconds of
     Spark's JVM (the gateway's process: driver and executor in local mode) and of its state
     workers, so far."""
-    import os
     from procinfo import own_cpu_seconds, own_state_worker_pids   # (tests/helpers)
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]

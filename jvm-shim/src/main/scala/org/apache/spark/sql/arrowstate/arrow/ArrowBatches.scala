@@ -140,16 +140,15 @@ object ArrowBatches {
     def add(batch: LoadedBatch): Option[java.util.Set[LoadedBatch]] =
       Option(TaskContext.get()).map { context =>
         val task = context.taskAttemptId()
-        var first = false
-        val open = byTask.computeIfAbsent(task, { _ =>
-          first = true
-          ConcurrentHashMap.newKeySet[LoadedBatch]()
-        })
-        open.add(batch)
-        if (first) context.addTaskCompletionListener[Unit] { _ =>
-          Option(byTask.remove(task)).foreach(_.toArray(Array.empty[LoadedBatch])
-            .foreach(_.close()))
+        val fresh = ConcurrentHashMap.newKeySet[LoadedBatch]()
+        val open = Option(byTask.putIfAbsent(task, fresh)).getOrElse {
+          context.addTaskCompletionListener[Unit] { _ =>
+            Option(byTask.remove(task)).foreach(_.toArray(Array.empty[LoadedBatch])
+              .foreach(_.close()))
+          }
+          fresh
         }
+        open.add(batch)
         open
       }
   }
