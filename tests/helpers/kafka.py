@@ -89,6 +89,16 @@ def connector_jars(cache: Path | None = None) -> list[str]:
                       cache)["connector"]
 
 
+def new_cluster_id() -> str:
+    """A cluster id as Kafka's Uuid.randomUuid makes one: 22 characters of URL-safe base64,
+    never starting with '-', which StorageTool's argument parser takes for an option (a
+    1-in-64 failure, seen in CI)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaBroker:
     """A one-node Kafka broker in KRaft mode (broker and controller in one JVM) on loopback,
     in a temp dir: `with KafkaBroker() as kafka: kafka.bootstrap`. Topics are created on
@@ -167,7 +177,7 @@ class KafkaBroker:
         # a new cluster's storage: its id (22 characters of URL-safe base64, as Kafka's
         # Uuid) and the metadata log's first records; the static voters list needs no
         # --standalone
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         with open(self.log, "wb") as out:
             done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t",
                                              cluster_id, "-c", str(props)),
