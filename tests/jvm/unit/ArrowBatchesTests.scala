@@ -1,13 +1,20 @@
 package org.apache.spark.sql.arrowstate.unit
 
+import java.io.ByteArrayOutputStream
+import java.nio.channels.Channels
+
+import org.apache.arrow.vector.VectorSchemaRoot
+import org.apache.arrow.vector.ipc.ArrowStreamWriter
+
 import org.apache.spark.{TaskContext, TaskContextImpl}
 import org.apache.spark.sql.arrowstate.arrow.{ArrowBatchEncoder, ArrowBatches}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
+import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
 import org.apache.spark.sql.util.ArrowUtils
 
-/** The worker's answers as the JVM reads them: their memory goes back when read, or at the
- * task's end at the latest. */
+/** The rows the JVM sends as Arrow streams, and the worker's answers as the JVM reads them:
+ * their memory goes back when read, or at the task's end at the latest. */
 object ArrowBatchesTests extends UnitTests {
   private def answer(values: Long*): Array[Byte] = {
     val encoder = new ArrowBatchEncoder(StructType(Seq(StructField("c0", LongType))), "UTC")
@@ -40,5 +47,47 @@ object ArrowBatchesTests extends UnitTests {
       context.markTaskCompleted(None)
       assertEqual(ArrowUtils.rootAllocator.getAllocatedMemory, before, "memory after the task")
     } finally TaskContext.unset()
+  }
+
+  test("an encoded batch is the stream Arrow's own writer writes, the schema made once") {
+    val schema = StructType(Seq(StructField("c0", StringType), StructField("c1", LongType),
+      StructField("c2", StructType(Seq(StructField("a", DoubleType), StructField("a", DateType)))),
+      StructField("c3", ArrayType(IntegerType))))
+    val rows = Seq(
+      InternalRow(UTF8String.fromString("k"), 1L, InternalRow(0.5, 3), null),
+      InternalRow(null, 2L, null, org.apache.spark.sql.catalyst.util.ArrayData.toArrayData(
+        Array(1, 2, 3))))
+    val encoder = new ArrowBatchEncoder(schema, "UTC")
+    val arrowSchema = ArrowUtils.toArrowSchema(schema, "UTC", false, false)
+    def written(count: Int): Array[Byte] = {
+      // Arrow's writer over the same rows, loaded into a root of the same schema
+      val root = VectorSchemaRoot.create(arrowSchema, ArrowUtils.rootAllocator)
+      val check = new ArrowBatchEncoder(schema, "UTC")
+      try {
+        val reader = ArrowBatches.open(check.encode(rows.take(count).iterator), 4)
+        val writer = org.apache.spark.sql.execution.arrow.ArrowWriter.create(root)
+        (0 until reader.numRows).foreach(i => writer.write(reader.row(i)))
+        writer.finish()
+        reader.close()
+        val bytes = new ByteArrayOutputStream()
+        val w = new ArrowStreamWriter(root, null, Channels.newChannel(bytes))
+        w.start(); w.writeBatch(); w.end()
+        bytes.toByteArray
+      } finally { check.close(); root.close() }
+    }
+    try {
+      // twice each: the second batch's stream must start with the same schema
+      for (count <- Seq(2, 1, 2)) {
+        assertTrue(encoder.encode(rows.take(count).iterator).sameElements(written(count)),
+          s"a batch of $count rows as Arrow writes it")
+      }
+      val empty = new ByteArrayOutputStream()
+      val root = VectorSchemaRoot.create(arrowSchema, ArrowUtils.rootAllocator)
+      try {
+        val w = new ArrowStreamWriter(root, null, Channels.newChannel(empty))
+        w.start(); w.end()
+      } finally root.close()
+      assertTrue(encoder.schemaIpc.sameElements(empty.toByteArray), "the schema alone")
+    } finally encoder.close()
   }
 }

@@ -7,8 +7,9 @@ import java.util.concurrent.ConcurrentHashMap
 import scala.jdk.CollectionConverters._
 
 import org.apache.arrow.memory.BufferAllocator
-import org.apache.arrow.vector.{BitVector, VectorSchemaRoot}
-import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter}
+import org.apache.arrow.vector.{BitVector, VectorSchemaRoot, VectorUnloader}
+import org.apache.arrow.vector.ipc.{ArrowStreamReader, ArrowStreamWriter, WriteChannel}
+import org.apache.arrow.vector.ipc.message.{IpcOption, MessageSerializer}
 
 import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.InternalRow
@@ -29,15 +30,30 @@ class ArrowBatchEncoder(schema: StructType, timeZoneId: String) extends AutoClos
     ArrowUtils.toArrowSchema(schema, timeZoneId, false, false), allocator)
   private val writer = RowsIntoArrow(root)
 
+  // The schema's IPC message, made once: each batch's stream starts with it (a new stream
+  // writer serialised it again for every batch, a third of a one-row flush's encoding)
+  private val schemaMessage: Array[Byte] = {
+    val bytes = new ByteArrayOutputStream()
+    MessageSerializer.serialize(new WriteChannel(Channels.newChannel(bytes)), root.getSchema,
+      IpcOption.DEFAULT)
+    bytes.toByteArray
+  }
+
+  /** A stream of the schema, the batch built (when `withBatch`) and the end of the stream:
+   * the bytes an ArrowStreamWriter writes for them. */
   private def ipc(withBatch: Boolean): Array[Byte] = {
     // sized for the batch's buffers and the schema and message headers, so the stream is
     // not copied as it grows (a doubling from 32 bytes copies a large batch a dozen times)
     val size = if (withBatch) root.getFieldVectors.asScala.map(_.getBufferSize.toLong).sum else 0L
-    val bytes = new ByteArrayOutputStream(math.min(size + 16384L, Int.MaxValue - 8L).toInt)
-    val w = new ArrowStreamWriter(root, null, Channels.newChannel(bytes))
-    w.start()
-    if (withBatch) w.writeBatch()
-    w.end()
+    val bytes = new ByteArrayOutputStream(
+      math.min(size + schemaMessage.length + 4096L, Int.MaxValue - 8L).toInt)
+    bytes.write(schemaMessage)
+    val out = new WriteChannel(Channels.newChannel(bytes))
+    if (withBatch) {
+      val batch = new VectorUnloader(root).getRecordBatch
+      try MessageSerializer.serialize(out, batch, IpcOption.DEFAULT) finally batch.close()
+    }
+    ArrowStreamWriter.writeEndOfStream(out, IpcOption.DEFAULT)
     bytes.toByteArray
   }
 
