@@ -29,6 +29,13 @@ the flushes in the window and the p50 and p99 of their round trip to the worker
 (`flush_round_trip_*_ms`: from a flush posted to its answer read, in the executor:
 exec/FlushRoundTrips.scala). Each case's checkpoint goes where --checkpoint says (local disk,
 HDFS or S3: bench_lib/checkpoints.py), named on its line.
+
+The cases run in turn, in --rt-warmup-rounds rounds (lines marked `"warmup": true`) and then
+--rt-rounds measured ones (each line with its `round`), then one `summary` line per case:
+the median of each figure over the measured rounds. One JVM runs every case, and the first
+case in it carries a minute or more of the JIT compiling the path all cases share (its median
+latency fell from 62 to 35 ms over a 30-second window, and its JVM CPU a record was twice the
+next case's), so a figure from a single pass favours the cases that run later.
 """
 from __future__ import annotations
 
@@ -106,6 +113,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rt-seconds", type=float, default=60,
                         help="--real-time: the measured window of each case")
     parser.add_argument("--rt-warmup", type=float, default=15)
+    parser.add_argument("--rt-rounds", type=int, default=3,
+                        help="--real-time: measured rounds of every case, in turn")
+    parser.add_argument("--rt-warmup-rounds", type=int, default=1,
+                        help="--real-time: rounds of every case before them, printed as "
+                             "warm-up: the JIT compiles the shared path (Kafka, the shuffle) "
+                             "in the first case for a minute or more")
     parser.add_argument("--rt-batch", default="10 minutes",
                         help="--real-time: a real-time batch's length (longer than a case)")
 
@@ -156,10 +169,19 @@ def real_time(args) -> None:
             ).getOrCreate()
             spark.sparkContext.setLogLevel("OFF")
             try:
-                for rate in rates:
-                    for name in cases:
-                        print(json.dumps(_run_case(spark, broker, name, rate, keys, args,
-                                                   checkpoints.new())), flush=True)
+                measured: dict[tuple, list[dict]] = {}
+                for round_ in range(args.rt_warmup_rounds + args.rt_rounds):
+                    warmup = round_ < args.rt_warmup_rounds
+                    for rate in rates:
+                        for name in cases:
+                            line = _run_case(spark, broker, name, rate, keys, args,
+                                             checkpoints.new(), round_)
+                            line.update(round=round_, warmup=warmup)
+                            print(json.dumps(line), flush=True)
+                            if not warmup:
+                                measured.setdefault((name, rate), []).append(line)
+                for lines in measured.values():
+                    print(json.dumps(summary(lines)), flush=True)
             finally:
                 spark.stop()
     finally:
@@ -167,12 +189,34 @@ def real_time(args) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: str) -> dict:
+# a case's figures its summary line gives the median of, over the measured rounds
+SUMMED_UP = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "machine_busy_pct",
+             "jvm_cpu_ms_per_record", "worker_cpu_ms_per_record", "flushes",
+             "flush_round_trip_p50_ms", "flush_round_trip_p99_ms")
+
+
+def summary(lines: list[dict]) -> dict:
+    """One case's measured rounds summed up: the median of each figure (`SUMMED_UP`), each
+    round's p50 and p99 beside it, and the records never received over all rounds."""
+    import statistics
+    first = lines[0]
+    return {"case": first["case"], "engine": first["engine"], "mode": first["mode"],
+            "checkpoint": first["checkpoint"], "records_per_s": first["records_per_s"],
+            "summary": f"median of {len(lines)} rounds",
+            **{k: round(statistics.median(line[k] for line in lines), 3)
+               for k in SUMMED_UP if all(line.get(k) is not None for line in lines)},
+            "p50_ms_by_round": [line.get("p50_ms") for line in lines],
+            "p99_ms_by_round": [line.get("p99_ms") for line in lines],
+            "never_received": sum(line["never_received"] for line in lines)}
+
+
+def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: str,
+              round_: int = 0) -> dict:
     from kafka import PacedProducer, TopicRecorder   # (tests/helpers, on the path here)
     from latency import percentile, schedule_latencies
 
     engine, mode, build, stands_for = CASES[name]
-    tag = f"{name}-{rate}"
+    tag = f"{name}-{rate}-{round_}"
     topic_in, topic_out = f"in-{tag}", f"out-{tag}"
     broker.create_topic(topic_in, args.rt_partitions)
     broker.create_topic(topic_out, args.rt_partitions)
