@@ -305,7 +305,7 @@ class Worker:
         while (frame := p.receive(f, "DATA", "END"))[0] == "DATA":
             batches.append(p.ipc_to_batch(frame[1][0]))
         snapshot = importing.snapshot(request["version"], request["valueSchema"], batches,
-                                         schema)
+                                      schema, request.get("checkpointId"))
         p.send(f, "IMPORT_STATE", p.Chunks(snapshot, request["fileChunkBytes"]))
         f.flush()
 

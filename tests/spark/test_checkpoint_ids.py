@@ -123,6 +123,46 @@ def test_leaving_arrowstate_on_format_v2_fails_saying_why(spark, spark_conf, tmp
     assert "format v2" in str(failed.value)
 
 
+# Spark's state under format v2 becoming arrowstate's: adopted on the first load, or by
+# `state import` between two runs
+V2_ADOPTIONS = [("dedup", "first load"), ("aggregate", "first load"),
+                ("applyInPandasWithState", "import"), ("aggregate", "import")]
+
+
+@pytest.mark.parametrize("name, how", V2_ADOPTIONS, ids=[f"{n}-{h}" for n, h in V2_ADOPTIONS])
+def test_sparks_format_v2_state_becomes_arrowstates_with_sparks_answers(
+        spark, spark_conf, tmp_path, name, how):
+    """A checkpoint Spark's RocksDB store wrote under format v2 (as real-time mode makes
+    them), continued with arrowstate on, after its state is imported or on its first load:
+    the state of the version the commit log names becomes arrowstate's, and the query goes on
+    with Spark's answers, across a restart after it."""
+    spark_conf(**V2)
+    build, node, mode = QUERIES[name]
+    native = native_run(spark, tmp_path, EVENTS, BATCHES, build, output_mode=mode,
+                        restart_after=[1, 2])
+    said = {}
+
+    def switch_on(i, checkpoint):
+        if how == "import" and not said:
+            said.update(state_command("import", checkpoint))
+        spark.conf.set("spark.arrowstate.enabled", "true")
+        return False
+
+    ours = run_query(spark, str(tmp_path), EVENTS, BATCHES, build, arrowstate=False,
+                     output_mode=mode, restart_after=[1, 2], on_restart=switch_on,
+                     custom_metrics=["stateRowsAdopted"])
+    assert ours.outputs == native.outputs
+    assert ours.figures == native.figures
+    assert node in ours.plans[-1]
+    adopted = [b for b, c in ours.custom.items() if (c[0]["stateRowsAdopted"] or 0) > 0]
+    if how == "import":
+        [imported] = said["imported"]
+        assert imported["version"] == 2 and imported["rows"] > 0, said
+        assert adopted == [], ours.custom
+    else:
+        assert len(adopted) == 1, ours.custom
+
+
 # -- late attempts ----------------------------------------------------------------------------
 # Spark's promise under format v2: an attempt that did not commit (a zombie or speculative
 # task, a stage run again) leaves files beside the committed ones, and no load picks them.

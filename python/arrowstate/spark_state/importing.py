@@ -21,9 +21,11 @@ def our_rows(batch: pa.RecordBatch, value_schema: dict) -> pa.RecordBatch:
 
 
 def snapshot(version: int, value_schema_json: str, batches: Iterable[pa.RecordBatch],
-             empty_schema: pa.Schema) -> bytes:
+             empty_schema: pa.Schema, checkpoint_id: str | None = None) -> bytes:
     """One arrowstate snapshot of `version` holding every row of `batches`; `empty_schema`
-    (Spark's key and value columns) gives the columns when no row comes."""
+    (Spark's key and value columns) gives the columns when no row comes. `checkpoint_id`
+    (checkpoint format v2): the id the commit log names for the version, the snapshot's
+    unique id (its file is named with it: `names.file_name`)."""
     value_schema = json.loads(value_schema_json)
     rows = [our_rows(b, value_schema) for b in batches]
     if not rows:
@@ -31,6 +33,7 @@ def snapshot(version: int, value_schema_json: str, batches: Iterable[pa.RecordBa
         rows = [our_rows(empty, value_schema)]
     schema = rows[0].schema
     data, _ = encoding.encode(schema, file_names.SNAPSHOT, version,
-                              (store_files.with_op(r, store_files.OP_PUT) for r in rows))
+                              (store_files.with_op(r, store_files.OP_PUT) for r in rows),
+                              uid=file_names.checkpoint_uid(checkpoint_id))
     return data
 

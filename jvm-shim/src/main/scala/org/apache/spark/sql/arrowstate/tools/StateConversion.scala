@@ -24,7 +24,7 @@ import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.store.StateFiles
+import org.apache.spark.sql.arrowstate.store.{CheckpointLineage, StateFiles}
 import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
 /**
@@ -57,7 +57,13 @@ object StateConversion {
       providerClass: String,
       timeZone: String): Array[Long] = {
     val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
-    val storeConf = storeConfWith(session.sessionState.conf, providerClass)
+    // a checkpoint whose commit log names ids is of format v2 (the offset log does not say):
+    // Spark's store reads a version by its id only when its conf says so
+    val formatV2 = direction == "import" && CheckpointLineage.committedId(stateRoot, operatorId,
+      0, version, session.sessionState.newHadoopConf()).isDefined
+    val storeConf = storeConfWith(session.sessionState.conf, providerClass,
+      sqlSettings = if (formatV2) Map(SQLConf.STATE_STORE_CHECKPOINT_FORMAT_VERSION.key -> "2")
+                    else Map.empty)
     val settings = ArrowStateStoreProvider.workerSettings(storeConf)
     direction match {
       // export: per partition holding arrowstate's state, its rows in the format of Spark's
@@ -82,12 +88,15 @@ object StateConversion {
         }
       // import: per partition, `<version>.arrowstate.snapshot` of what Spark's store holds at
       // that version (rows to a Python state worker in Spark's schemas, as Arrow with the
-      // query's time zone; it lays them out as the family's columns)
+      // query's time zone; it lays them out as the family's columns). Under checkpoint format
+      // v2, the version the commit log names (read with its id) and the snapshot named with
+      // that id, the lineage the query's next batch loads from
       case "import" =>
         val rowsPerBatch = batchSize(session.sessionState.conf)
         perPartition(session, partitions) { (partition, conf) =>
-          importPartition(StateStoreId(stateRoot, operatorId, partition), version, keySchema,
-            valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
+          val id = CheckpointLineage.committedId(stateRoot, operatorId, partition, version, conf)
+          importPartition(StateStoreId(stateRoot, operatorId, partition), version, id, id,
+            keySchema, valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
         }
       case other => throw SparkException.internalError(
         s"arrowstate: no state conversion '$other' (export or import)")
@@ -198,10 +207,13 @@ object StateConversion {
     DataType.fromJson(json).asInstanceOf[StructType]
 
   /** One partition of an import; also how an arrowstate operator adopts Spark's state
-   * on its first load. */
+   * on its first load. `readId`: the checkpoint id Spark's store committed the version with
+   * (format v2); `snapshotId`: the one the snapshot is named with (none: format v1's name). */
   def importPartition(
       id: StateStoreId,
       version: Long,
+      readId: Option[String],
+      snapshotId: Option[String],
       keySchema: StructType,
       valueSchema: StructType,
       storeConf: StateStoreConf,
@@ -211,9 +223,9 @@ object StateConversion {
       batchSize: Int): Long = {
     val provider = sparkProvider(id, keySchema, valueSchema, storeConf, conf)
     try {
-      val store = provider.getReadStore(version)
+      val store = provider.getReadStore(version, readId)
       try {
-        writeSnapshot(id, version, keySchema, valueSchema,
+        writeSnapshot(id, version, snapshotId, keySchema, valueSchema,
           store.iterator().map(pair => InternalRow(pair.key, pair.value)), conf, settings,
           timeZone, batchSize)
       } finally store.abort()
@@ -221,7 +233,8 @@ object StateConversion {
   }
 
   /**
-   * Writes `<version>.arrowstate.snapshot` of one partition holding `rows` (each a key
+   * Writes `<version>.arrowstate.snapshot` of one partition (`<version>_<checkpointId>...`
+   * with a checkpoint id, which it carries as its unique id) holding `rows` (each a key
    * struct and a value struct in Spark's schemas): they go to a Python state worker as
    * Arrow (with the query's session time zone), which lays them out as the family's
    * columns and encodes the snapshot. The rows written.
@@ -229,6 +242,7 @@ object StateConversion {
   private def writeSnapshot(
       id: StateStoreId,
       version: Long,
+      checkpointId: Option[String],
       keySchema: StructType,
       valueSchema: StructType,
       rows: Iterator[InternalRow],
@@ -240,7 +254,8 @@ object StateConversion {
       StructType(Seq(StructField("key", keySchema), StructField("value", valueSchema))),
       timeZone)
     val request: JValue = ("version" -> version) ~ ("valueSchema" -> valueSchema.json) ~
-      ("fileChunkBytes" -> ArrowStateConf.fileChunkBytes(SQLConf.get))
+      ("fileChunkBytes" -> ArrowStateConf.fileChunkBytes(SQLConf.get)) ~
+      ("checkpointId" -> checkpointId)
     val worker = PythonStateWorkers.borrowAny(settings)
     var done = false
     var count = 0L
@@ -260,7 +275,8 @@ object StateConversion {
       if (inBatch > 0) send()
       val files = new StateFiles(StateFiles.partitionDir(id.checkpointRootLocation,
         id.operatorId, id.partitionId), conf)
-      worker.readImportedSnapshot(files.write(s"$version${StateFiles.SnapshotSuffix}", _))
+      val name = checkpointId.fold(s"$version")(c => s"${version}_$c")
+      worker.readImportedSnapshot(files.write(s"$name${StateFiles.SnapshotSuffix}", _))
       done = true
       PythonStateWorkers.giveBack(worker)
       count
@@ -302,7 +318,7 @@ object StateConversion {
       else keySchema.fieldNames.take(prefixColumns).map(rows.col("key").getField).toSeq
     rows.repartition(partitions, partitionBy: _*).select("key", "value")
       .queryExecution.toRdd.mapPartitionsWithIndex { (partition, it) =>
-        Iterator(writeSnapshot(StateStoreId(stateRoot, operatorId, partition), version,
+        Iterator(writeSnapshot(StateStoreId(stateRoot, operatorId, partition), version, None,
           keySchema, valueSchema, it.map(r => InternalRow(r.getStruct(0, k), r.getStruct(1, v))),
           hadoopConf.value.value, settings, timeZone, rowsPerBatch))
       }.collect()
@@ -310,10 +326,12 @@ object StateConversion {
 
   /** The state store conf of `sqlConf` (a task's conf is read-only) with another provider. */
   private def storeConfWith(sqlConf: SQLConf, providerClass: String,
-      extraOptions: Map[String, String] = Map.empty): StateStoreConf = {
+      extraOptions: Map[String, String] = Map.empty,
+      sqlSettings: Map[String, String] = Map.empty): StateStoreConf = {
     val conf = new SQLConf
     sqlConf.getAllConfs.foreach { case (k, v) => conf.setConfString(k, v) }
     conf.setConfString(SQLConf.STATE_STORE_PROVIDER_CLASS.key, providerClass)
+    sqlSettings.foreach { case (k, v) => conf.setConfString(k, v) }
     new StateStoreConf(conf, extraOptions)
   }
 
@@ -365,8 +383,12 @@ object StateConversion {
       ArrowStateStoreProvider.nativeClass(new StateStoreConf(sqlConf)),
       if (plainDedup) Map(StateStoreConf.FORMAT_VALIDATION_CHECK_VALUE_CONFIG -> "false")
       else Map.empty)
+    // under format v2, the version the commit log names, read with its id; the snapshot
+    // keeps format v1's name, which this task's worker loads (CheckpointIds' checkedBase)
+    val readId = info.getStateStoreCkptId(partitionId).flatMap(ids => Option(ids))
+      .flatMap(_.headOption)
     importPartition(StateStoreId(info.checkpointLocation, info.operatorId, partitionId),
-      info.storeVersion, keySchema, valueSchema, storeConf, conf,
+      info.storeVersion, readId, None, keySchema, valueSchema, storeConf, conf,
       settings, timeZone, batchSize(sqlConf))
   }
 }
