@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Iterator, NamedTuple
 
 import pyarrow as pa
 
+from . import arrow_stream
 from .contract import (CONTRACT_VIOLATION, FRAME_SPECS, METRICS, PROTOCOL_VERSION, Frame,
                        check_payload)
 from .errors import ArrowStateError
@@ -288,26 +289,10 @@ def mask_batch(keep) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(keep, pa.bool_())], schema=MASK_SCHEMA)
 
 
-# An `arrow` value is an IPC stream: the schema's message, the batch's, the end-of-stream
-# marker. Written and read as those messages directly, where pyarrow's stream writer and
-# reader cost three times as much for a small batch (the bytes are the same: the tests
-# compare them); a schema with dictionaries (which need messages of their own) goes the
-# long way.
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# An `arrow` value is an IPC stream of one batch, written as its messages (`arrow_stream`);
+# read after its schema's message when that schema came before
 _KNOWN_SCHEMAS: list[tuple[bytes, pa.Schema]] = []   # (schema's IPC message, schema)
-
-
-def _has_dictionary(schema: pa.Schema) -> bool:
-    return any(pa.types.is_dictionary(f.type) for f in schema)
-
-
-def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
-    if _has_dictionary(batch.schema):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as w:
-            w.write_batch(batch)
-        return sink.getvalue().to_pybytes()
-    return b"".join((batch.schema.serialize(), batch.serialize(), _EOS))
+batch_to_ipc = arrow_stream.stream
 
 
 def ipc_to_batch(payload: bytes) -> pa.RecordBatch:
@@ -321,7 +306,7 @@ def ipc_to_batch(payload: bytes) -> pa.RecordBatch:
     # the schema's message as this writer wrote it (Arrow Java pads it otherwise than
     # pyarrow): the continuation marker, the metadata's length, the metadata
     message = payload[:8 + int.from_bytes(payload[4:8], "little")]
-    if payload[:4] == _EOS[:4] and not _has_dictionary(reader.schema):
+    if payload[:4] == arrow_stream.EOS[:4] and not arrow_stream.has_dictionary(reader.schema):
         if len(_KNOWN_SCHEMAS) >= 8:
             _KNOWN_SCHEMAS.pop()
         _KNOWN_SCHEMAS.insert(0, (message, reader.schema))

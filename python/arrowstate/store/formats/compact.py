@@ -14,13 +14,13 @@ import zlib
 import pyarrow as pa
 import zstandard
 
+from ... import arrow_stream
 from ...contract import FILES
 from .container import (FORMAT_2, FORMAT_COMPACT, KIND_COLUMNS, KIND_DELTA, STATE_FIGURES,
                         CorruptStateFile, checked_trailer, trailer)
 from .names import columns_file_name
 
 FLAG_CHANGES = 1               # the trailer's flag: change records among the rows
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"   # an Arrow stream's end
 _HEAD = struct.Struct("<16sI")   # columns file id, length of the messages
 _MADE: dict[int, tuple] = {}   # id(schema) -> (schema, what file_schema made of it)
 # a ZSTD compressor kept per thread: its context is made once, where Arrow's compress makes
@@ -35,9 +35,9 @@ def _compressed(data) -> bytes:
     return compressor.compress(data)
 
 
-def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str, bool]:
+def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str]:
     """The schema a columns file holds (the state columns, the op column, the format tag),
-    its IPC message, the columns file's name and whether a column is dictionary-encoded.
+    its IPC message and the columns file's name.
     Made once per schema object: a state commits with the same one every time. (Kept by
     identity: pyarrow's schema equality ignores field metadata, which names a family's
     columns.)"""
@@ -48,8 +48,7 @@ def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str, bool]:
         {b"format": FORMAT_2})
     message = with_op.serialize()
     digest = hashlib.blake2b(message, digest_size=16).digest()
-    made = (with_op, message, columns_file_name(digest),
-            any(pa.types.is_dictionary(t) for t in with_op.types))
+    made = (with_op, message, columns_file_name(digest))
     if len(_MADE) >= 256:
         _MADE.clear()
     _MADE[id(schema)] = (schema, made)   # the schema held: its id is not reused meanwhile
@@ -58,7 +57,7 @@ def file_schema(schema: pa.Schema) -> tuple[pa.Schema, pa.Buffer, str, bool]:
 
 def columns_file(schema: pa.Schema) -> tuple[str, bytes]:
     """The name and bytes of the columns file that holds `schema` (the state columns)."""
-    _, message, name, _ = file_schema(schema)
+    _, message, name = file_schema(schema)
     end, _ = trailer(KIND_COLUMNS, FORMAT_COMPACT, 0, 0, 0, message.size, zlib.crc32(message))
     return name, message.to_pybytes() + end
 
@@ -77,23 +76,11 @@ def encode(schema: pa.Schema, version: int, batches: list[pa.RecordBatch], chang
            ) -> tuple[bytes, bytes, str]:
     """A compact delta's bytes, its unique id (`uid` if given), and the name of the columns
     file it needs; `base`: the checkpoint id of the version it builds on (FLAG_BASE)."""
-    with_op, message, name, dictionaries = file_schema(schema)
+    with_op, message, name = file_schema(schema)
     rows = sum(b.num_rows for b in batches)
-    if dictionaries:   # dictionaries: a message each
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, with_op) as writer:
-            for b in batches:
-                writer.write_batch(pa.RecordBatch.from_arrays(b.columns, schema=with_op))
-        stream = sink.getvalue()
-        if not stream.slice(0, message.size).equals(message):   # what `stream` puts back
-            raise AssertionError("an Arrow stream that does not begin with its schema message")
-        messages = stream.slice(message.size)
-    else:   # the stream's messages after the schema's, made directly (the same bytes: a
-        # batch's message holds no names, so one whose columns are the file's goes as it is)
-        types = with_op.types
-        messages = pa.py_buffer(b"".join(
-            [(b if b.schema.types == types else pa.RecordBatch.from_arrays(
-                b.columns, schema=with_op)).serialize() for b in batches] + [_EOS]))
+    # the stream's messages after the schema's (which the columns file holds, and a read
+    # puts back)
+    messages = arrow_stream.after_schema(with_op, message, batches)
     counted = [] if figures is None else [_leb128(int(figures[k])) for k in STATE_FIGURES]
     payload = b"".join([_HEAD.pack(bytes.fromhex(name[:32]), messages.size),
                         bytes([len(counted)]), *counted,
