@@ -270,6 +270,8 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: 
         producer.stop()
         recorder.stop()
         stop()
+        from bench import unload_state_stores
+        unload_state_stores(spark)   # Spark's RocksDB stores of the stopped query, if any
     latencies, never = measured()
     in_order = [latencies[s] for s in sorted(latencies)]
     ordered = sorted(in_order)
