@@ -212,6 +212,7 @@ def summary(lines: list[dict]) -> dict:
 
 def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: str,
               round_: int = 0) -> dict:
+    from bench import unload_state_stores
     from kafka import PacedProducer, TopicRecorder   # (tests/helpers, on the path here)
     from latency import percentile, schedule_latencies
 
@@ -270,7 +271,6 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: 
         producer.stop()
         recorder.stop()
         stop()
-        from bench import unload_state_stores
         unload_state_stores(spark)   # Spark's RocksDB stores of the stopped query, if any
     latencies, never = measured()
     in_order = [latencies[s] for s in sorted(latencies)]

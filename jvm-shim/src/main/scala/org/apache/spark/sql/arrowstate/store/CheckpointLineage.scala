@@ -29,10 +29,15 @@ object CheckpointIds {
   def forTask(info: StatefulOperatorStateInfo, partitionId: Int, enabled: Boolean,
       adopted: Boolean): CheckpointIds =
     if (!enabled) None else {
-      val base = info.getStateStoreCkptId(partitionId).flatMap(ids => Option(ids).flatMap(_.headOption))
+      val base = committedBase(info, partitionId)
       CheckpointIds(Some(java.util.UUID.randomUUID().toString), base,
         if (adopted) scala.None else base)
     }
+
+  /** The id the commit log names for the version a task of this partition loads (format
+   * v2; none under v1). */
+  def committedBase(info: StatefulOperatorStateInfo, partitionId: Int): Option[String] =
+    info.getStateStoreCkptId(partitionId).flatMap(ids => Option(ids).flatMap(_.headOption))
 }
 
 object CheckpointLineage {

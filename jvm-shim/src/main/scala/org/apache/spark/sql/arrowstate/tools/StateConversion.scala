@@ -24,7 +24,7 @@ import org.apache.spark.util.SerializableConfiguration
 import org.apache.spark.sql.arrowstate.arrow.ArrowBatchEncoder
 import org.apache.spark.sql.arrowstate.contract.{ArrowStateConf, Contract}
 import org.apache.spark.sql.arrowstate.errors.ArrowStateException
-import org.apache.spark.sql.arrowstate.store.{CheckpointLineage, StateFiles}
+import org.apache.spark.sql.arrowstate.store.{CheckpointIds, CheckpointLineage, StateFiles}
 import org.apache.spark.sql.arrowstate.worker.{PythonStateWorkers, WorkerSettings}
 
 /**
@@ -385,10 +385,8 @@ object StateConversion {
       else Map.empty)
     // under format v2, the version the commit log names, read with its id; the snapshot
     // keeps format v1's name, which this task's worker loads (CheckpointIds' checkedBase)
-    val readId = info.getStateStoreCkptId(partitionId).flatMap(ids => Option(ids))
-      .flatMap(_.headOption)
     importPartition(StateStoreId(info.checkpointLocation, info.operatorId, partitionId),
-      info.storeVersion, readId, None, keySchema, valueSchema, storeConf, conf,
-      settings, timeZone, batchSize(sqlConf))
+      info.storeVersion, CheckpointIds.committedBase(info, partitionId), None, keySchema,
+      valueSchema, storeConf, conf, settings, timeZone, batchSize(sqlConf))
   }
 }
