@@ -32,10 +32,14 @@ HDFS or S3: bench_lib/checkpoints.py), named on its line.
 
 The cases run in turn, in --rt-warmup-rounds rounds (lines marked `"warmup": true`) and then
 --rt-rounds measured ones (each line with its `round`), then one `summary` line per case:
-the median of each figure over the measured rounds. One JVM runs every case, and the first
-case in it carries a minute or more of the JIT compiling the path all cases share (its median
-latency fell from 62 to 35 ms over a 30-second window, and its JVM CPU a record was twice the
-next case's), so a figure from a single pass favours the cases that run later.
+the median of each figure over the measured rounds, and, beside Spark's JVM
+transformWithState (the reference), each round's p50 and p99 over the reference's in that
+round and their medians (`p50_vs_reference`): the machine's speed drifts between rounds,
+both engines' latencies climbing together (`steal_pct` on each line: the CPU the hypervisor
+gave elsewhere). One JVM runs every case, and the first case in it carries a minute or more
+of the JIT compiling the path all cases share (its median latency fell from 62 to 35 ms
+over a 30-second window, and its JVM CPU a record was twice the next case's), so a figure
+from a single pass favours the cases that run later.
 """
 from __future__ import annotations
 
@@ -180,8 +184,9 @@ def real_time(args) -> None:
                             print(json.dumps(line), flush=True)
                             if not warmup:
                                 measured.setdefault((name, rate), []).append(line)
-                for lines in measured.values():
-                    print(json.dumps(summary(lines)), flush=True)
+                for (name, rate), lines in measured.items():
+                    reference = measured.get((REFERENCE, rate)) if name != REFERENCE else None
+                    print(json.dumps(summary(lines, reference)), flush=True)
             finally:
                 spark.stop()
     finally:
@@ -190,16 +195,32 @@ def real_time(args) -> None:
 
 
 # a case's figures its summary line gives the median of, over the measured rounds
-SUMMED_UP = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "machine_busy_pct",
+SUMMED_UP = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "machine_busy_pct", "steal_pct",
              "jvm_cpu_ms_per_record", "worker_cpu_ms_per_record", "flushes",
              "flush_round_trip_p50_ms", "flush_round_trip_p99_ms")
 
 
-def summary(lines: list[dict]) -> dict:
+# the case the others are measured against, round by round
+REFERENCE = "tws_jvm_real_time"
+
+
+def summary(lines: list[dict], reference: list[dict] | None = None) -> dict:
     """One case's measured rounds summed up: the median of each figure (`SUMMED_UP`), each
-    round's p50 and p99 beside it, and the records never received over all rounds."""
+    round's p50 and p99 beside it, and the records never received over all rounds. Given the
+    reference case's lines of the same rounds: each round's p50 and p99 over the reference's
+    in that round, and their medians; the machine's speed drifts between rounds (both
+    engines' latencies climb together), so a ratio within a round is the fair one."""
     import statistics
     first = lines[0]
+    ratios = {}
+    by_round = {line["round"]: line for line in reference or []}
+    for figure in ("p50_ms", "p99_ms"):
+        paired = [line[figure] / by_round[line["round"]][figure] for line in lines
+                  if by_round.get(line["round"], {}).get(figure) and line.get(figure)]
+        if paired:
+            name = figure.replace("_ms", "_vs_reference")
+            ratios[name] = round(statistics.median(paired), 2)
+            ratios[f"{name}_by_round"] = [round(r, 2) for r in paired]
     return {"case": first["case"], "engine": first["engine"], "mode": first["mode"],
             "checkpoint": first["checkpoint"], "records_per_s": first["records_per_s"],
             "summary": f"median of {len(lines)} rounds",
@@ -207,7 +228,8 @@ def summary(lines: list[dict]) -> dict:
                for k in SUMMED_UP if all(line.get(k) is not None for line in lines)},
             "p50_ms_by_round": [line.get("p50_ms") for line in lines],
             "p99_ms_by_round": [line.get("p99_ms") for line in lines],
-            "never_received": sum(line["never_received"] for line in lines)}
+            "never_received": sum(line["never_received"] for line in lines),
+            **({"reference": REFERENCE, **ratios} if ratios else {})}
 
 
 def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: str,
@@ -293,16 +315,19 @@ def _run_case(spark, broker, name: str, rate: int, keys: int, args, checkpoint: 
             # where the window's CPU went: the machine's two cores, Spark's JVM, the state
             # workers (what bounds latency once the cores are full)
             "machine_busy_pct": round(100 * cpu[0] / cpu[1], 1) if cpu[1] else None,
-            "jvm_cpu_ms_per_record": round(1000 * cpu[2] / max(len(due), 1), 3),
-            "worker_cpu_ms_per_record": round(1000 * cpu[3] / max(len(due), 1), 3),
+            # the share the hypervisor gave other machines: a slower machine, not our work
+            "steal_pct": round(100 * cpu[2] / cpu[1], 1) if cpu[1] else None,
+            "jvm_cpu_ms_per_record": round(1000 * cpu[3] / max(len(due), 1), 3),
+            "worker_cpu_ms_per_record": round(1000 * cpu[4] / max(len(due), 1), 3),
             **({"flushes": len(round_trips),
                 "flush_round_trip_p50_ms": round(percentile(round_trips, 50), 2),
                 "flush_round_trip_p99_ms": round(percentile(round_trips, 99), 2)}
                if round_trips else {})}
 
 
-def _cpu(spark) -> tuple[float, float, float, float]:
-    """The machine's busy and total CPU time (/proc/stat, all cores), then the CPU seconds of
+def _cpu(spark) -> tuple[float, float, float, float, float]:
+    """The machine's busy, total and stolen CPU time (/proc/stat, all cores; busy counts the
+    stolen), then the CPU seconds of
     Spark's JVM (the gateway's process: driver and executor in local mode) and of its state
     workers, so far."""
     from procinfo import own_cpu_seconds, own_state_worker_pids   # (tests/helpers)
@@ -310,7 +335,7 @@ def _cpu(spark) -> tuple[float, float, float, float]:
         ticks = [int(x) for x in f.readline().split()[1:]]
     idle = ticks[3] + ticks[4]   # idle, iowait
     hz = os.sysconf("SC_CLK_TCK")
-    return ((sum(ticks) - idle) / hz, sum(ticks) / hz,
+    return ((sum(ticks) - idle) / hz, sum(ticks) / hz, ticks[7] / hz,
             own_cpu_seconds(spark.sparkContext._gateway.proc.pid),
             sum(map(own_cpu_seconds, own_state_worker_pids())))
 
