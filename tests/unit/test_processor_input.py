@@ -2,6 +2,7 @@
 own conversion gives (Arrow's as_py per cell, Row(*names)(*values), asDict(True) then
 from_pylist)."""
 import datetime
+import decimal
 import pickle
 
 import numpy as np
@@ -73,6 +74,8 @@ def test_rows_behave_as_pyspark_rows():
     assert pickle.loads(pickle.dumps(fast)).asDict() == native.asDict()
     with pytest.raises(AttributeError):
         fast.missing
+    # one class per fields, made once (a real-time flush is a batch)
+    assert row_class(names, Row) is type(fast) and row_class(names[:2], Row) is not type(fast)
 
 
 def test_output_rows_by_column_and_by_name():
@@ -86,6 +89,13 @@ def test_output_rows_by_column_and_by_name():
                                                                   ("b", pa.string())]))])
     rows = [Row(key=1, inner=Row(b="x", a=2))]   # by name within the struct too
     assert rows_to_arrow(rows, nested).to_pylist() == [{"key": 1, "inner": {"a": 2, "b": "x"}}]
+    typed = pa.schema([("t", pa.timestamp("us", tz="UTC")), ("d", pa.date32()),
+                       ("b", pa.binary()), ("x", pa.decimal128(10, 2)), ("s", pa.string())])
+    rows = [Row(t=datetime.datetime(2024, 1, 1, 5), d=datetime.date(2024, 1, 2), b=b"ab",
+                x=decimal.Decimal("1.25"), s="v"), Row(t=None, d=None, b=None, x=None, s=None)]
+    expected = pa.RecordBatch.from_pylist([r.asDict(True) for r in rows], schema=typed)
+    assert rows_to_arrow(rows, typed).equals(expected)
+    assert rows_to_arrow(rows, typed).schema == typed
     with pytest.raises(AttributeError):   # as pyspark's worker fails on a plain tuple
         rows_to_arrow([(1, 2)], schema)
     with pytest.raises(pa.ArrowInvalid):

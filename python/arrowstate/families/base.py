@@ -59,6 +59,8 @@ def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
     keys that Arrow orders and compares as Spark does (no floats, nothing nested)."""
     if not batches:
         return []
+    if len(batches) == 1 and batches[0].num_rows == 1:
+        return list(batches)   # (a real-time flush of a row: nothing to order)
     table = pa.Table.from_batches(batches)
     # by position: a key column may share its name with a value column
     keys = pa.table([table.column(i) for i in key_indices],

@@ -118,7 +118,13 @@ def _datetime_states(wall: np.ndarray) -> list[bytes]:
 def row_class(names: list[str], base: type) -> type:
     """pyspark Rows of these fields (`base`: pyspark's Row), made as cheaply as a Row can be:
     a subclass holds the field names, so a row is one tuple (tuple.__new__(cls, values)).
-    Rows of it behave as pyspark's (fields, asDict, pickling as a Row)."""
+    Rows of it behave as pyspark's (fields, asDict, pickling as a Row). One class per
+    fields: made once, not for each batch (a real-time flush is a batch)."""
+    return _row_class(tuple(names), base)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...], base: type) -> type:
     return type("Row", (base,), {"__fields__": list(names)})
 
 
