@@ -11,7 +11,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from arrowstate import contract
 from arrowstate.families import REGISTRY, Aggregate, Deduplicate, FlatMapGroupsWithState
-from arrowstate.families.base import sorted_by_key
+from arrowstate.families.base import grouped_by_key, sorted_by_key
 from family_tasks import TS, commit, seconds as _seconds, session_task, task, tws_task
 
 def _mask(answer):
@@ -300,6 +300,22 @@ def test_sorted_by_key_orders_as_sparks_sort_stably_nulls_first_in_batches():
     assert rows == [(None, 1), (None, 4), (None, 1), ("a", 2), ("a", 2), ("ab", 5),
                     ("b", 0), ("b", 3), ("b", 0)]
     assert sorted_by_key([], [0], 10) == []
+
+
+def test_a_real_time_flush_is_grouped_by_key_in_the_order_rows_came():
+    batch = pa.record_batch([pa.array(["b", None, "a", "b", None, "ab", "b"]),
+                             pa.array(range(7)), pa.array([2, 1, 1, 2, 1, 1, 3])],
+                            names=["k", "v", "k"])
+    out = grouped_by_key(batch, [0, 2], 3)
+    assert [len(b) for b in out] == [3, 3, 1]
+    rows = [(k, k2, v) for b in out for k, v, k2 in zip(*(c.to_pylist() for c in b.columns))]
+    # keys in the order their first rows came, each key's rows together in their order
+    assert rows == [("b", 2, 0), ("b", 2, 3), (None, 1, 1), (None, 1, 4), ("a", 1, 2),
+                    ("ab", 1, 5), ("b", 3, 6)]
+    distinct = batch.slice(0, 3)   # the usual flush: distinct keys, as they came
+    assert grouped_by_key(distinct, [0], 10)[0] is distinct
+    one, empty = batch.slice(0, 1), batch.slice(0, 0)
+    assert grouped_by_key(one, [0], 10) == [one] and grouped_by_key(empty, [0], 10) == [empty]
 
 
 @pytest.mark.parametrize("sorted_input", [True, False])

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import keys as keycodec
 from ..spark_state.layout import SparkLayout
 from ..store.formats import evolution
 from ..store.versions.versioned import VersionedState
@@ -59,8 +60,6 @@ def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
     keys that Arrow orders and compares as Spark does (no floats, nothing nested)."""
     if not batches:
         return []
-    if len(batches) == 1 and batches[0].num_rows == 1:
-        return list(batches)   # (a real-time flush of a row: nothing to order)
     table = pa.Table.from_batches(batches)
     # by position: a key column may share its name with a value column
     keys = pa.table([table.column(i) for i in key_indices],
@@ -76,10 +75,33 @@ def sorted_by_key(batches: list[pa.RecordBatch], key_indices: list[int],
     return table.combine_chunks().to_batches(max_chunksize=max_rows)
 
 
+def grouped_by_key(batch: pa.RecordBatch, key_indices: list[int],
+                   max_rows: int) -> list[pa.RecordBatch]:
+    """A real-time flush's rows with each key's rows together, in the order they came, the
+    keys in the order their first rows came (as Spark's real-time operators take rows as
+    they arrive; a sort would order them by key), in batches of at most max_rows rows.
+    Keys are told apart as `keys.rows` tells them (what the families group by). A flush of
+    distinct keys, the usual one, goes as it is."""
+    n = batch.num_rows
+    if n > 1:
+        groups = keycodec.rows([batch.column(i) for i in key_indices], n)
+        where: dict = {}
+        for i, group in enumerate(groups):
+            where.setdefault(group, []).append(i)
+        if len(where) < n:
+            order = [i for rows in where.values() for i in rows]
+            if order != list(range(n)):
+                batch = batch.take(pa.array(order, pa.int64()))
+    if n <= max_rows:
+        return [batch]
+    return [batch.slice(start, max_rows) for start in range(0, n, max_rows)]
+
+
 class UnsortedInput:
     """A function family's input rows when the JVM did not sort them by key (the operator's
     `inputSorted` false): held until the task's last batch, then sorted once. Not in
-    real-time mode, where each flush is sorted on its own."""
+    real-time mode, where each flush's rows are grouped by key on their own
+    (`grouped_by_key`)."""
 
     def __init__(self, operator: dict[str, Any], key_indices: list[int],
                  max_rows: int) -> None:

@@ -26,8 +26,8 @@ import pyarrow as pa
 from ..spark_state.flatmap import LAYOUT
 from ..spark_state.layout import arrow_fields
 from ..store.versions.versioned import VersionedState
-from .base import (STORE_METRICS, FamilyBase, UnsortedInput, gather_rows, live_clock_ms,
-                   sorted_by_key)
+from .base import (STORE_METRICS, FamilyBase, UnsortedInput, gather_rows, grouped_by_key,
+                   live_clock_ms)
 from .group_state_values import StateValueWriter, python_values
 from .pandas_io import PandasIO
 
@@ -248,8 +248,8 @@ class FlatMapGroupsWithState(FamilyBase):
         if self.timeout_conf == "ProcessingTimeTimeout":
             self.batch_ts = live_clock_ms()
         with self.updating():
-            # the flush's rows are all the function gets of them: sorted, each key is one call
-            for part in sorted_by_key([batch], self.key_indices, self._unsorted.max_rows):
+            # the flush's rows are all the function gets of them: each key is one call
+            for part in grouped_by_key(batch, self.key_indices, self._unsorted.max_rows):
                 self._process(state, part)
             if self._pending is not None:
                 self._call(self._pending, timed_out=False)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from ... import keys as keycodec
 from ...spark_state.transform_with_state import LAYOUT, STATE_NAME, TIMER_VARIABLE
 from ...store.versions.versioned import VersionedState
-from ..base import WATERMARK_METRICS, FamilyBase, UnsortedInput, live_clock_ms, sorted_by_key
+from ..base import WATERMARK_METRICS, FamilyBase, UnsortedInput, grouped_by_key, live_clock_ms
 from ..pandas_io import PandasIO
 from .across_runs import AcrossRuns
 from .context import NO_KEY, OperationContext
@@ -166,8 +166,8 @@ class TransformWithState(AcrossRuns, FamilyBase):
         self._tick()
         with self.updating():
             self._seed()
-            # the flush's rows are all the processor gets of them: sorted, each key is one call
-            for part in sorted_by_key([batch], self.key_indices, self.input.max_rows):
+            # the flush's rows are all the processor gets of them: each key is one call
+            for part in grouped_by_key(batch, self.key_indices, self.input.max_rows):
                 self._process(part)
             self._call(self.input.rest())
             self._expire_timers()
