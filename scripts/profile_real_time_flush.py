@@ -65,7 +65,8 @@ def main() -> None:
     start = time.perf_counter()
     for i in range(args.flushes):
         family.process(state, flush(i))
-    print(f"{'Row' if args.rows else 'pandas'} API, {k} rows a flush: {(time.perf_counter() - start) / args.flushes * 1000:.2f} ms "
+    per_flush_ms = (time.perf_counter() - start) / args.flushes * 1000
+    print(f"{'Row' if args.rows else 'pandas'} API, {k} rows a flush: {per_flush_ms:.2f} ms "
           "a flush")
     profile = cProfile.Profile()
     profile.enable()
