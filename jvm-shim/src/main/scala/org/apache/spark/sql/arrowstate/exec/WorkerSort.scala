@@ -35,16 +35,17 @@ object WorkerSort {
       ArrowStateConf.workerMemoryBytes(session.sessionState.conf, session.sparkContext.conf) == 0
 
   /** Whether the worker groups `plan`'s input by these keys itself: in real-time mode always
-   * (a sort would hold the rows until the batch's end; the worker sorts each flush), else
-   * where it applies. The node then requires no ordering of its input (`inputSorted` false). */
+   * (a sort would hold the rows until the batch's end; the worker groups each flush's rows
+   * by key), else where it applies. The node then requires no ordering of its input
+   * (`inputSorted` false). */
   def inWorker(plan: SparkPlan, grouping: Seq[Attribute], session: SparkSession): Boolean =
     TriggerMode.of(plan) == TriggerMode.RealTime || applies(grouping, session)
 
   /** Why the worker cannot group these keys in real-time mode, where only it can: a key of a
-   * type that does not sort alike (None when every key does). */
+   * type whose values Arrow does not compare as Spark does (None when every key's does). */
   def realTimeKeyReason(grouping: Seq[Attribute]): Option[String] =
     grouping.find(a => !sortsAlikeInArrow(a.dataType)).map { a =>
-      s"grouping key ${a.name} of type ${a.dataType.sql} does not sort alike in Arrow and " +
+      s"grouping key ${a.name} of type ${a.dataType.sql} is not compared alike in Arrow and " +
         "Spark, and the worker groups each flush's rows by key itself"
     }
 
