@@ -5,6 +5,7 @@ import time
 
 import pytest
 from pyspark import cloudpickle
+from pyspark.sql import functions as F
 
 import procinfo
 import real_time as rt
@@ -284,3 +285,31 @@ def test_without_the_allowlist_real_time_operators_stay_spark_s(test_jar):
     error, spark_error = seen["function_error"], seen["function_spark_error"]
     assert "OPERATOR_OR_SINK_NOT_IN_ALLOWLIST" in (spark_error or ""), spark_error
     assert "FlatMapGroupsInPandasWithStateExec" in (error or "") and "Arrow" not in error, error
+
+
+def test_a_key_the_worker_cannot_group_leaves_the_function_to_spark(spark, real_time_conf,
+                                                                    tmp_path):
+    """A real-time transformWithState grouped by a double (which Arrow does not compare as
+    Spark does) stays Spark's, its reason in EXPLAIN; Spark then refuses the Python operator
+    in real-time mode with its own error, as without arrowstate. (The error names the node's
+    class, here the subclass of Spark's node that arrowstate's planning makes for the
+    processor's pre-init: TransformWithStateInPySparkPlanned.)"""
+    source = rt.LowLatencySource(spark)
+    by_double = source.df.withColumn("user", F.col("v").cast("double"))
+    sink = rt.RecordingSink(str(tmp_path / "out.jsonl"))
+    query = (sink.writer(by_double.groupBy("user").transformWithState(
+                 rt.RunningTotalRows(), "user double, v long, n long, total long", "Update",
+                 "None"))
+             .outputMode("update").trigger(realTime="1 second")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        source.add([("a", 1)])
+        _wait(lambda: query.exception() is not None, what="Spark's refusal")
+        error = str(query.exception())
+        assert "OPERATOR_OR_SINK_NOT_IN_ALLOWLIST" in error, error
+        assert "TransformWithStateInPySpark" in error, error
+        explained = query._jsq.explainInternal(False)
+        assert ("grouping key user of type DOUBLE is not compared alike in Arrow and Spark"
+                in explained), explained
+    finally:
+        query.stop()
