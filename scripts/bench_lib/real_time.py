@@ -35,8 +35,8 @@ The cases run in turn, in --rt-warmup-rounds rounds (lines marked `"warmup": tru
 the median of each figure over the measured rounds, and, beside Spark's JVM
 transformWithState (the reference), each round's p50 and p99 over the reference's in that
 round and their medians (`p50_vs_reference`): the machine's speed drifts between rounds,
-both engines' latencies climbing together (`steal_pct` on each line: the CPU the hypervisor
-gave elsewhere). One JVM runs every case, and the first case in it carries a minute or more
+at times both engines' latencies climbing together (`steal_pct` on each line: the CPU the
+hypervisor gave elsewhere). One JVM runs every case, and the first case in it carries a minute or more
 of the JIT compiling the path all cases share (its median latency fell from 62 to 35 ms
 over a 30-second window, and its JVM CPU a record was twice the next case's), so a figure
 from a single pass favours the cases that run later.
@@ -208,8 +208,8 @@ def summary(lines: list[dict], reference: list[dict] | None = None) -> dict:
     """One case's measured rounds summed up: the median of each figure (`SUMMED_UP`), each
     round's p50 and p99 beside it, and the records never received over all rounds. Given the
     reference case's lines of the same rounds: each round's p50 and p99 over the reference's
-    in that round, and their medians; the machine's speed drifts between rounds (both
-    engines' latencies climb together), so a ratio within a round is the fair one."""
+    in that round, and their medians; the machine's speed drifts between rounds (at times
+    both engines' latencies climb together), so a ratio within a round is the fair one."""
     import statistics
     first = lines[0]
     ratios = {}

@@ -48,18 +48,25 @@ object CheckpointLineage {
    * None when the log has no entry or no ids (format v1).
    */
   def committedId(stateRoot: String, operatorId: Long, partitionId: Int, version: Long,
-      hadoopConf: Configuration): Option[String] = {
+      hadoopConf: Configuration): Option[String] =
+    committedIds(stateRoot, operatorId, version, hadoopConf).lift(partitionId).flatten
+
+  /** `committedId` of every partition of the operator, by partition, from one read of the
+   * commit log (empty when the log has no entry or no ids). */
+  def committedIds(stateRoot: String, operatorId: Long, version: Long,
+      hadoopConf: Configuration): Seq[Option[String]] = {
     val entry = new Path(new Path(new Path(stateRoot).getParent, "commits"), (version - 1).toString)
     val fs = entry.getFileSystem(hadoopConf)
-    if (version < 1 || !fs.exists(entry)) return None
+    if (version < 1 || !fs.exists(entry)) return Nil
     val in = fs.open(entry)
     val text = try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
-    text.linesIterator.drop(1).nextOption().flatMap { json =>
+    text.linesIterator.drop(1).nextOption().toSeq.flatMap { json =>
       JsonMethods.parse(json) \ "stateUniqueIds" \ operatorId.toString match {
-        case JArray(partitions) => partitions.lift(partitionId).collect {
-          case JArray(JString(id) :: _) => id
+        case JArray(partitions) => partitions.map {
+          case JArray(JString(id) :: _) => Some(id)
+          case _ => None
         }
-        case _ => None
+        case _ => Nil
       }
     }
   }

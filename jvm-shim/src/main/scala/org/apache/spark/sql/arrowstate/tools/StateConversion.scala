@@ -59,8 +59,9 @@ object StateConversion {
     val (keySchema, valueSchema) = (schema(keySchemaJson), schema(valueSchemaJson))
     // a checkpoint whose commit log names ids is of format v2 (the offset log does not say):
     // Spark's store reads a version by its id only when its conf says so
-    val formatV2 = direction == "import" && CheckpointLineage.committedId(stateRoot, operatorId,
-      0, version, session.sessionState.newHadoopConf()).isDefined
+    val committedIds = if (direction != "import") Nil else CheckpointLineage.committedIds(
+      stateRoot, operatorId, version, session.sessionState.newHadoopConf())
+    val formatV2 = committedIds.exists(_.isDefined)
     val storeConf = storeConfWith(session.sessionState.conf, providerClass,
       sqlSettings = if (formatV2) Map(SQLConf.STATE_STORE_CHECKPOINT_FORMAT_VERSION.key -> "2")
                     else Map.empty)
@@ -94,7 +95,7 @@ object StateConversion {
       case "import" =>
         val rowsPerBatch = batchSize(session.sessionState.conf)
         perPartition(session, partitions) { (partition, conf) =>
-          val id = CheckpointLineage.committedId(stateRoot, operatorId, partition, version, conf)
+          val id = committedIds.lift(partition).flatten
           importPartition(StateStoreId(stateRoot, operatorId, partition), version, id, id,
             keySchema, valueSchema, storeConf, conf, settings, timeZone, rowsPerBatch)
         }
